@@ -1,0 +1,3 @@
+module github.com/sluice-net/sluice/bench
+
+go 1.26

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Includes and small helpers shared by every Sluice program. */
+#pragma once
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/in.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+/* <linux/icmp.h> pulls in libc headers that the BPF target cannot use, so the
+ * few ICMP definitions the datapath needs live here (values from RFC 792). */
+#define ICMP_ECHOREPLY		0
+#define ICMP_DEST_UNREACH	3
+#define ICMP_ECHO		8
+#define ICMP_TIME_EXCEEDED	11
+#define ICMP_PORT_UNREACH	3	/* code of ICMP_DEST_UNREACH */
+#define ICMP_FRAG_NEEDED	4	/* code of ICMP_DEST_UNREACH */
+
+struct icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;	/* network order */
+	union {
+		struct {
+			__be16 id;		/* network order */
+			__be16 sequence;	/* network order */
+		} echo;
+		__be32 gateway;
+		struct {
+			__be16 unused;
+			__be16 mtu;		/* network order */
+		} frag;
+	} un;
+};
+
+#define __always_inline inline __attribute__((always_inline))
+
+/* Layout guard: a key or value whose size drifts from what Go expects fails to build. */
+#define ASSERT_SIZE(type, size) _Static_assert(sizeof(type) == (size), #type " layout changed: bump the map version")

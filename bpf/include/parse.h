@@ -1,0 +1,157 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Packet parsing: Ethernet, IPv4, TCP/UDP/ICMP into a struct packet.
+ *
+ * The parser records offsets and copies of the fields the datapath needs, so later
+ * stages rewrite the packet with skb helpers by offset and never hold a packet
+ * pointer across a helper call that may move the data.
+ *
+ * Rules (documented in README "Datapath rules"):
+ *  - Anything that is not IPv4 is PARSE_NOT_IPV4 and passes untouched.
+ *  - An IPv4 header shorter than 20 bytes, a header length field below 5, a total
+ *    length shorter than the header, or an L4 header cut short is PARSE_MALFORMED.
+ *  - IP options are skipped using the header length; they do not change the verdict.
+ *  - Fragments (MF set or a non-zero offset) are flagged; they are never NATed.
+ */
+#pragma once
+
+#include "common.h"
+
+#define IP_MF		0x2000
+#define IP_OFFSET	0x1fff
+
+#define TCP_FLAG_FIN	0x01
+#define TCP_FLAG_SYN	0x02
+#define TCP_FLAG_RST	0x04
+#define TCP_FLAG_ACK	0x10
+
+enum parse_result {
+	PARSE_OK = 0,
+	PARSE_NOT_IPV4,
+	PARSE_MALFORMED,
+};
+
+struct packet {
+	__u32 l3_off;		/* offset of the IPv4 header from the start of the frame */
+	__u32 l4_off;		/* offset of the L4 header (l3_off + ihl * 4) */
+	__be32 saddr;		/* network order */
+	__be32 daddr;		/* network order */
+	__be16 sport;		/* network order; ICMP echo: the identifier; else 0 */
+	__be16 dport;		/* network order; ICMP echo: the identifier; else 0 */
+	__u16 ip_len;		/* host order: IPv4 total length */
+	__u8 proto;		/* IPPROTO_* */
+	__u8 tcp_flags;		/* TCP_FLAG_* of a TCP packet */
+	__u8 icmp_type;
+	__u8 icmp_code;
+	__u8 fragment;		/* 1 when MF is set or the fragment offset is not zero */
+	__u8 ttl;
+};
+
+/* Make the first len bytes linear so direct packet access can see them. */
+static __always_inline int pull(struct __sk_buff *skb, __u32 len)
+{
+	if ((void *)(long)skb->data + len <= (void *)(long)skb->data_end)
+		return 0;
+	if (skb->len < len)
+		return -1;
+	return bpf_skb_pull_data(skb, len);
+}
+
+static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
+{
+	void *data, *data_end;
+
+	if (p->fragment) {
+		/* Only a first fragment carries the L4 header; none of them is NATed,
+		 * so the ports are not needed. */
+		return PARSE_OK;
+	}
+
+	switch (p->proto) {
+	case IPPROTO_TCP: {
+		if (pull(skb, p->l4_off + sizeof(struct tcphdr)))
+			return PARSE_MALFORMED;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		struct tcphdr *tcp = data + p->l4_off;
+		if ((void *)(tcp + 1) > data_end)
+			return PARSE_MALFORMED;
+		if (tcp->doff < 5)
+			return PARSE_MALFORMED;
+		p->sport = tcp->source;
+		p->dport = tcp->dest;
+		p->tcp_flags = ((__u8 *)tcp)[13];
+		return PARSE_OK;
+	}
+	case IPPROTO_UDP: {
+		if (pull(skb, p->l4_off + sizeof(struct udphdr)))
+			return PARSE_MALFORMED;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		struct udphdr *udp = data + p->l4_off;
+		if ((void *)(udp + 1) > data_end)
+			return PARSE_MALFORMED;
+		p->sport = udp->source;
+		p->dport = udp->dest;
+		return PARSE_OK;
+	}
+	case IPPROTO_ICMP: {
+		if (pull(skb, p->l4_off + sizeof(struct icmphdr)))
+			return PARSE_MALFORMED;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		struct icmphdr *icmp = data + p->l4_off;
+		if ((void *)(icmp + 1) > data_end)
+			return PARSE_MALFORMED;
+		p->icmp_type = icmp->type;
+		p->icmp_code = icmp->code;
+		if (icmp->type == ICMP_ECHO || icmp->type == ICMP_ECHOREPLY) {
+			p->sport = icmp->un.echo.id;
+			p->dport = icmp->un.echo.id;
+		}
+		return PARSE_OK;
+	}
+	default:
+		return PARSE_OK;
+	}
+}
+
+static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
+{
+	void *data, *data_end;
+
+	__builtin_memset(p, 0, sizeof(*p));
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return PARSE_NOT_IPV4;
+
+	p->l3_off = sizeof(struct ethhdr);
+	if (pull(skb, p->l3_off + sizeof(struct iphdr)))
+		return PARSE_MALFORMED;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return PARSE_MALFORMED;
+	if (eth->h_proto != bpf_htons(ETH_P_IP))
+		return PARSE_NOT_IPV4;
+
+	struct iphdr *ip = data + p->l3_off;
+	if ((void *)(ip + 1) > data_end)
+		return PARSE_MALFORMED;
+	if (ip->version != 4 || ip->ihl < 5)
+		return PARSE_MALFORMED;
+
+	__u32 hdr_len = ip->ihl * 4;
+	p->ip_len = bpf_ntohs(ip->tot_len);
+	if (p->ip_len < hdr_len || skb->len < p->l3_off + p->ip_len)
+		return PARSE_MALFORMED;
+
+	p->l4_off = p->l3_off + hdr_len;
+	p->saddr = ip->saddr;
+	p->daddr = ip->daddr;
+	p->proto = ip->protocol;
+	p->ttl = ip->ttl;
+	p->fragment = (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)) != 0;
+
+	return parse_l4(skb, p);
+}

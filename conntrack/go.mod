@@ -1,0 +1,3 @@
+module github.com/sluice-net/sluice/conntrack
+
+go 1.26

@@ -1,0 +1,200 @@
+package bpftest
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+)
+
+// Frame addresses used by every built packet: the datapath never looks at them.
+var (
+	srcMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 1}
+	dstMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 2}
+)
+
+// TCP flag sets for PacketSpec.TCPFlags.
+const (
+	FIN = 1 << iota
+	SYN
+	RST
+	PSH
+	ACK
+)
+
+// PacketSpec describes an Ethernet/IPv4 frame to build.
+type PacketSpec struct {
+	Src, Dst netip.AddrPort
+	Proto    layers.IPProtocol // TCP, UDP or ICMPv4
+	TCPFlags uint8             // for TCP
+	Seq      uint32            // for TCP
+	ICMPType uint8             // for ICMPv4
+	ICMPCode uint8
+	ICMPID   uint16 // echo identifier
+	Payload  []byte
+	TTL      uint8 // 64 when zero
+	// IPOptions are appended to the IPv4 header (padded to 4 bytes).
+	IPOptions []byte
+	// Fragment sets the More Fragments bit.
+	Fragment bool
+}
+
+// Build serialises spec with valid lengths and checksums.
+func Build(spec PacketSpec) []byte {
+	ttl := spec.TTL
+	if ttl == 0 {
+		ttl = 64
+	}
+	eth := &layers.Ethernet{SrcMAC: srcMAC, DstMAC: dstMAC, EthernetType: layers.EthernetTypeIPv4}
+	ip := &layers.IPv4{
+		Version: 4, TTL: ttl, Protocol: spec.Proto, Id: 0x1234,
+		SrcIP: spec.Src.Addr().AsSlice(), DstIP: spec.Dst.Addr().AsSlice(),
+	}
+	if spec.Fragment {
+		ip.Flags = layers.IPv4MoreFragments
+	}
+	if len(spec.IPOptions) > 0 {
+		ip.Options = []layers.IPv4Option{{OptionType: spec.IPOptions[0], OptionLength: uint8(len(spec.IPOptions)), OptionData: spec.IPOptions[2:]}}
+	}
+	ls := []gopacket.SerializableLayer{eth, ip}
+	switch spec.Proto {
+	case layers.IPProtocolTCP:
+		tcp := &layers.TCP{
+			SrcPort: layers.TCPPort(spec.Src.Port()), DstPort: layers.TCPPort(spec.Dst.Port()),
+			Seq: spec.Seq, Window: 65535,
+			FIN: spec.TCPFlags&FIN != 0, SYN: spec.TCPFlags&SYN != 0, RST: spec.TCPFlags&RST != 0,
+			PSH: spec.TCPFlags&PSH != 0, ACK: spec.TCPFlags&ACK != 0,
+		}
+		if err := tcp.SetNetworkLayerForChecksum(ip); err != nil {
+			panic(err)
+		}
+		ls = append(ls, tcp)
+	case layers.IPProtocolUDP:
+		udp := &layers.UDP{SrcPort: layers.UDPPort(spec.Src.Port()), DstPort: layers.UDPPort(spec.Dst.Port())}
+		if err := udp.SetNetworkLayerForChecksum(ip); err != nil {
+			panic(err)
+		}
+		ls = append(ls, udp)
+	case layers.IPProtocolICMPv4:
+		ls = append(ls, &layers.ICMPv4{
+			TypeCode: layers.CreateICMPv4TypeCode(spec.ICMPType, spec.ICMPCode),
+			Id:       spec.ICMPID, Seq: 1,
+		})
+	}
+	ls = append(ls, gopacket.Payload(spec.Payload))
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
+		panic(fmt.Sprintf("build packet %+v: %v", spec, err))
+	}
+	return buf.Bytes()
+}
+
+// TCPPacket builds a TCP segment with the given flags.
+func TCPPacket(src, dst netip.AddrPort, flags uint8) []byte {
+	return Build(PacketSpec{Src: src, Dst: dst, Proto: layers.IPProtocolTCP, TCPFlags: flags})
+}
+
+// UDPPacket builds a UDP datagram.
+func UDPPacket(src, dst netip.AddrPort, payload []byte) []byte {
+	return Build(PacketSpec{Src: src, Dst: dst, Proto: layers.IPProtocolUDP, Payload: payload})
+}
+
+// Decoded is a parsed frame with the fields tests assert on.
+type Decoded struct {
+	Packet   gopacket.Packet
+	IP       *layers.IPv4
+	TCP      *layers.TCP
+	UDP      *layers.UDP
+	ICMP     *layers.ICMPv4
+	Src, Dst netip.AddrPort
+}
+
+// Decode parses an Ethernet frame and verifies the IPv4 and L4 checksums.
+func Decode(frame []byte) (*Decoded, error) {
+	p := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
+	if el := p.ErrorLayer(); el != nil {
+		return nil, fmt.Errorf("decode: %v", el.Error())
+	}
+	d := &Decoded{Packet: p}
+	ipl, ok := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	if !ok {
+		return nil, fmt.Errorf("decode: no IPv4 layer")
+	}
+	d.IP = ipl
+	src, _ := netip.AddrFromSlice(ipl.SrcIP.To4())
+	dst, _ := netip.AddrFromSlice(ipl.DstIP.To4())
+	var sport, dport uint16
+	if t, ok := p.Layer(layers.LayerTypeTCP).(*layers.TCP); ok {
+		d.TCP, sport, dport = t, uint16(t.SrcPort), uint16(t.DstPort)
+	}
+	if u, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP); ok {
+		d.UDP, sport, dport = u, uint16(u.SrcPort), uint16(u.DstPort)
+	}
+	if c, ok := p.Layer(layers.LayerTypeICMPv4).(*layers.ICMPv4); ok {
+		d.ICMP = c
+	}
+	d.Src, d.Dst = netip.AddrPortFrom(src, sport), netip.AddrPortFrom(dst, dport)
+	if err := VerifyChecksums(frame); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+// VerifyChecksums checks the IPv4 header checksum and the TCP, UDP or ICMP
+// checksum of an Ethernet frame, computed from scratch.
+func VerifyChecksums(frame []byte) error {
+	const ethLen = 14
+	if len(frame) < ethLen+20 {
+		return fmt.Errorf("frame too short: %d bytes", len(frame))
+	}
+	ip := frame[ethLen:]
+	ihl := int(ip[0]&0x0f) * 4
+	total := int(binary.BigEndian.Uint16(ip[2:4]))
+	if total > len(ip) || ihl > total {
+		return fmt.Errorf("bad IPv4 lengths: ihl %d total %d frame %d", ihl, total, len(ip))
+	}
+	if s := checksum(ip[:ihl], 0); s != 0 {
+		return fmt.Errorf("IPv4 header checksum invalid (sum %#04x)", s)
+	}
+	l4 := ip[ihl:total]
+	if binary.BigEndian.Uint16(ip[6:8])&0x3fff != 0 {
+		return nil // a fragment's L4 checksum covers data in other fragments
+	}
+	switch ip[9] {
+	case 6, 17:
+		if ip[9] == 17 && len(l4) >= 8 && binary.BigEndian.Uint16(l4[6:8]) == 0 {
+			return nil // UDP without checksum
+		}
+		var pseudo uint32
+		pseudo += uint32(binary.BigEndian.Uint16(ip[12:14])) + uint32(binary.BigEndian.Uint16(ip[14:16]))
+		pseudo += uint32(binary.BigEndian.Uint16(ip[16:18])) + uint32(binary.BigEndian.Uint16(ip[18:20]))
+		pseudo += uint32(ip[9]) + uint32(len(l4))
+		if s := checksum(l4, pseudo); s != 0 {
+			return fmt.Errorf("L4 (protocol %d) checksum invalid (sum %#04x)", ip[9], s)
+		}
+	case 1:
+		if s := checksum(l4, 0); s != 0 {
+			return fmt.Errorf("ICMP checksum invalid (sum %#04x)", s)
+		}
+	}
+	return nil
+}
+
+// checksum returns the ones' complement of the ones' complement sum of b plus
+// initial; zero means the data carries a valid checksum.
+func checksum(b []byte, initial uint32) uint16 {
+	sum := initial
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}

@@ -1,0 +1,11 @@
+// Package gen holds the Go bindings and BPF objects generated from ../bpf by
+// bpf2go (committed, never edited by hand), and the loader that turns them into
+// a running collection.
+//
+// Regenerate with `go generate ./gen/...` from the repository root (needs clang-19,
+// llvm-19 and libbpf-dev; see .ci/install).
+package gen
+
+// The multiarch include directories provide <asm/types.h> from linux-libc-dev;
+// clang ignores the one that does not exist on this architecture.
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Wextra -Werror -idirafter /usr/include/x86_64-linux-gnu -idirafter /usr/include/aarch64-linux-gnu -I../bpf/include" -type if_stats_key -type if_stats Sluice ../bpf/sluice.c

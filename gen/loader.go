@@ -1,0 +1,53 @@
+package gen
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// LoadOptions configures Load. The zero value loads every program with private,
+// unpinned maps, which is what a unit test of one program usually wants.
+type LoadOptions struct {
+	// Maps replaces maps of the object by name. The agent passes the pinned maps
+	// opened by package maps, so that programs and userspace share one set and
+	// state survives a restart. Maps not named here are created unpinned.
+	Maps map[string]*ebpf.Map
+	// Constants sets the programs' load-time constants (`volatile const` globals)
+	// by name before loading.
+	Constants map[string]any
+}
+
+// Spec returns a fresh copy of the collection spec of every Sluice program and map.
+func Spec() (*ebpf.CollectionSpec, error) {
+	return LoadSluice()
+}
+
+// Load loads every Sluice program into the kernel.
+func Load(opts LoadOptions) (*SluiceObjects, error) {
+	spec, err := LoadSluice()
+	if err != nil {
+		return nil, err
+	}
+	for name, value := range opts.Constants {
+		v, ok := spec.Variables[name]
+		if !ok {
+			return nil, fmt.Errorf("load sluice programs: no constant %q", name)
+		}
+		if err := v.Set(value); err != nil {
+			return nil, fmt.Errorf("load sluice programs: constant %q: %w", name, err)
+		}
+	}
+	var objs SluiceObjects
+	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: opts.Maps})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			// The last lines of the log say why; the whole log is kept for %+v.
+			return nil, fmt.Errorf("load sluice programs: %w", ve)
+		}
+		return nil, fmt.Errorf("load sluice programs: %w", err)
+	}
+	return &objs, nil
+}

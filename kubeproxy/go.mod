@@ -1,0 +1,3 @@
+module github.com/sluice-net/sluice/kubeproxy
+
+go 1.26

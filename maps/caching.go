@@ -1,0 +1,192 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// CachingMap keeps the desired contents of a map next to a cache of what the
+// dataplane holds, and writes only the difference.
+//
+// Use: LoadDataplaneState once (it reads the map back, so a restarted agent
+// adopts what is there), then SetDesired / DeleteDesired freely, then one of the
+// Apply methods. Only keys whose desired value differs from the cached dataplane
+// value are written; keys that are no longer desired are deleted. A key already
+// gone from the map counts as deleted.
+//
+// Not safe for concurrent use.
+type CachingMap[K comparable, V comparable] struct {
+	m         *Map[K, V]
+	desired   map[K]V
+	dataplane map[K]V
+}
+
+// ApplyStats counts the map operations one Apply performed.
+type ApplyStats struct {
+	Writes  int
+	Deletes int
+}
+
+// Add returns the sum of two stats.
+func (s ApplyStats) Add(o ApplyStats) ApplyStats {
+	return ApplyStats{Writes: s.Writes + o.Writes, Deletes: s.Deletes + o.Deletes}
+}
+
+// NewCachingMap wraps m with empty desired and dataplane caches.
+func NewCachingMap[K comparable, V comparable](m *Map[K, V]) *CachingMap[K, V] {
+	return &CachingMap[K, V]{m: m, desired: map[K]V{}, dataplane: map[K]V{}}
+}
+
+// Map returns the wrapped map.
+func (c *CachingMap[K, V]) Map() *Map[K, V] { return c.m }
+
+// LoadDataplaneState replaces the dataplane cache with the map's contents.
+func (c *CachingMap[K, V]) LoadDataplaneState() error {
+	state := make(map[K]V, len(c.dataplane))
+	err := c.m.Iterate(func(k K, v V) bool {
+		state[k] = v
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	c.dataplane = state
+	return nil
+}
+
+// SetDesired makes k→v part of the desired state.
+func (c *CachingMap[K, V]) SetDesired(k K, v V) { c.desired[k] = v }
+
+// DeleteDesired removes k from the desired state.
+func (c *CachingMap[K, V]) DeleteDesired(k K) { delete(c.desired, k) }
+
+// ClearDesired empties the desired state (ApplyAll then deletes everything).
+func (c *CachingMap[K, V]) ClearDesired() { clear(c.desired) }
+
+// GetDesired returns the desired value of k.
+func (c *CachingMap[K, V]) GetDesired(k K) (V, bool) {
+	v, ok := c.desired[k]
+	return v, ok
+}
+
+// GetDataplane returns the cached dataplane value of k.
+func (c *CachingMap[K, V]) GetDataplane(k K) (V, bool) {
+	v, ok := c.dataplane[k]
+	return v, ok
+}
+
+// IterDataplane calls fn for every cached dataplane entry until it returns false.
+func (c *CachingMap[K, V]) IterDataplane(fn func(K, V) bool) {
+	for k, v := range c.dataplane {
+		if !fn(k, v) {
+			return
+		}
+	}
+}
+
+// PendingUpdates counts desired entries that differ from the dataplane.
+func (c *CachingMap[K, V]) PendingUpdates() int {
+	n := 0
+	for k, v := range c.desired {
+		if cur, ok := c.dataplane[k]; !ok || cur != v {
+			n++
+		}
+	}
+	return n
+}
+
+// applyChunk bounds one batch syscall, so a failure loses little progress.
+const applyChunk = 1024
+
+// ApplyUpdatesOnly writes desired entries that are missing or different in the
+// dataplane, and deletes nothing.
+func (c *CachingMap[K, V]) ApplyUpdatesOnly() (ApplyStats, error) {
+	var stats ApplyStats
+	keys := make([]K, 0, applyChunk)
+	vals := make([]V, 0, applyChunk)
+	flush := func() error {
+		n, err := c.m.BatchUpdate(keys, vals, ebpf.UpdateAny)
+		for i := range n {
+			c.dataplane[keys[i]] = vals[i]
+		}
+		stats.Writes += n
+		keys, vals = keys[:0], vals[:0]
+		return err
+	}
+	for k, v := range c.desired {
+		if cur, ok := c.dataplane[k]; ok && cur == v {
+			continue
+		}
+		keys = append(keys, k)
+		vals = append(vals, v)
+		if len(keys) == applyChunk {
+			if err := flush(); err != nil {
+				return stats, err
+			}
+		}
+	}
+	return stats, flush()
+}
+
+// ApplyDeletionsOnly deletes dataplane entries that are not desired, and writes
+// nothing.
+func (c *CachingMap[K, V]) ApplyDeletionsOnly() (ApplyStats, error) {
+	var stats ApplyStats
+	keys := make([]K, 0, applyChunk)
+	for k := range c.dataplane {
+		if _, ok := c.desired[k]; ok {
+			continue
+		}
+		keys = append(keys, k)
+		if len(keys) == applyChunk {
+			n, err := c.deleteAll(keys)
+			stats.Deletes += n
+			if err != nil {
+				return stats, err
+			}
+			keys = keys[:0]
+		}
+	}
+	n, err := c.deleteAll(keys)
+	stats.Deletes += n
+	return stats, err
+}
+
+// deleteAll deletes keys in batches. A batch stops at a key that is already gone;
+// that key is dropped from the cache as deleted and the batch resumes after it.
+func (c *CachingMap[K, V]) deleteAll(keys []K) (int, error) {
+	deleted := 0
+	for len(keys) > 0 {
+		n, err := c.m.BatchDelete(keys)
+		for _, k := range keys[:n] {
+			delete(c.dataplane, k)
+		}
+		deleted += n
+		keys = keys[n:]
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrKeyNotExist) || len(keys) == 0 {
+			return deleted, err
+		}
+		delete(c.dataplane, keys[0])
+		keys = keys[1:]
+	}
+	return deleted, nil
+}
+
+// ApplyAll writes updates first, then deletions, so a reader of the map never
+// misses an entry that is desired both before and after.
+func (c *CachingMap[K, V]) ApplyAll() (ApplyStats, error) {
+	up, err := c.ApplyUpdatesOnly()
+	if err != nil {
+		return up, fmt.Errorf("apply updates: %w", err)
+	}
+	del, err := c.ApplyDeletionsOnly()
+	if err != nil {
+		return up.Add(del), fmt.Errorf("apply deletions: %w", err)
+	}
+	return up.Add(del), nil
+}

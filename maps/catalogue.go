@@ -1,0 +1,268 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen"
+)
+
+// DefaultPinDir is where the agent pins its maps unless told otherwise.
+const DefaultPinDir = "/sys/fs/bpf/sluice"
+
+// NamePrefix starts the name of every Sluice map. The name ends in _vN, the
+// layout version: any change to a map's key or value layout bumps N in
+// bpf/include, so a pin of an older layout has another name and is never opened
+// as if it were the new one. Same-named pins whose type, sizes, capacity or flags
+// differ are refused by Open with an error naming the map and the mismatch.
+const NamePrefix = "sl_"
+
+// Def names one map of the catalogue together with its Go key and value types.
+type Def[K comparable, V any] struct {
+	Name string
+}
+
+// In returns the typed map of d in s.
+func (d Def[K, V]) In(s *Set) (*Map[K, V], error) {
+	m, ok := s.maps[d.Name]
+	if !ok {
+		return nil, fmt.Errorf("map %s is not open in %s", d.Name, s.dir)
+	}
+	return NewMap[K, V](m)
+}
+
+// The catalogue's typed entries.
+var (
+	IfStats = Def[gen.SluiceIfStatsKey, gen.SluiceIfStats]{Name: gen.SluiceMapSlIfstatsV1}
+)
+
+// docs says what each map is for; every map of the object must have a line
+// (a test checks), which keeps the catalogue complete.
+var docs = map[string]string{
+	gen.SluiceMapSlIfstatsV1: "per-interface packet counters of sl_count",
+}
+
+// Info describes one map of the catalogue.
+type Info struct {
+	Name      string
+	Type      ebpf.MapType
+	KeySize   uint32
+	ValueSize uint32
+	// Capacity is the default number of entries; OpenOptions.Capacity overrides it.
+	Capacity uint32
+	Flags    uint32
+	Doc      string
+}
+
+// Catalogue lists every Sluice map, sorted by name, as the BPF object defines it.
+func Catalogue() ([]Info, error) {
+	specs, err := mapSpecs()
+	if err != nil {
+		return nil, err
+	}
+	infos := make([]Info, 0, len(specs))
+	for _, s := range specs {
+		infos = append(infos, Info{
+			Name: s.Name, Type: s.Type, KeySize: s.KeySize, ValueSize: s.ValueSize,
+			Capacity: s.MaxEntries, Flags: s.Flags, Doc: docs[s.Name],
+		})
+	}
+	return infos, nil
+}
+
+// mapSpecs returns the specs of the object's sl_ maps, sorted by name.
+func mapSpecs() ([]*ebpf.MapSpec, error) {
+	spec, err := gen.Spec()
+	if err != nil {
+		return nil, err
+	}
+	var specs []*ebpf.MapSpec
+	for name, ms := range spec.Maps {
+		if strings.HasPrefix(name, NamePrefix) {
+			specs = append(specs, ms)
+		}
+	}
+	slices.SortFunc(specs, func(a, b *ebpf.MapSpec) int { return strings.Compare(a.Name, b.Name) })
+	return specs, nil
+}
+
+// OpenOptions configures Open.
+type OpenOptions struct {
+	// PinDir is the bpffs directory holding the pins; DefaultPinDir when empty.
+	PinDir string
+	// Capacity overrides the default capacity of maps by name.
+	Capacity map[string]uint32
+}
+
+// Set is the catalogue's maps, open and pinned.
+type Set struct {
+	dir  string
+	maps map[string]*ebpf.Map
+}
+
+// Open creates or reuses every catalogue map pinned under opts.PinDir.
+func Open(opts OpenOptions) (*Set, error) {
+	dir := cmpOr(opts.PinDir, DefaultPinDir)
+	specs, err := mapSpecs()
+	if err != nil {
+		return nil, err
+	}
+	for name := range opts.Capacity {
+		if !slices.ContainsFunc(specs, func(s *ebpf.MapSpec) bool { return s.Name == name }) {
+			return nil, fmt.Errorf("capacity for unknown map %q", name)
+		}
+	}
+	s := &Set{dir: dir, maps: map[string]*ebpf.Map{}}
+	for _, spec := range specs {
+		if c, ok := opts.Capacity[spec.Name]; ok {
+			spec.MaxEntries = c
+		}
+		m, err := OpenPinned(dir, spec)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.maps[spec.Name] = m
+	}
+	return s, nil
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// Dir is the pin directory of the set.
+func (s *Set) Dir() string { return s.dir }
+
+// Map returns the named map, or nil.
+func (s *Set) Map(name string) *ebpf.Map { return s.maps[name] }
+
+// All returns the maps by name, as gen.LoadOptions.Maps wants them.
+func (s *Set) All() map[string]*ebpf.Map { return s.maps }
+
+// Close closes the handles; the pins, and so the maps, stay.
+func (s *Set) Close() error {
+	var errs []error
+	for _, m := range s.maps {
+		errs = append(errs, m.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Unpin removes the pins of every map of the set, so the maps disappear once no
+// program or handle uses them.
+func (s *Set) Unpin() error {
+	var errs []error
+	for name, m := range s.maps {
+		if err := m.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// OpenPinned returns the map pinned at dir/spec.Name after checking it matches
+// spec, or creates and pins it when there is no pin.
+func OpenPinned(dir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
+	path := filepath.Join(dir, spec.Name)
+	for range 2 {
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if err == nil {
+			if err := checkPinned(m, spec, path); err != nil {
+				m.Close()
+				return nil, err
+			}
+			return m, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("map %s: open pin %s: %w", spec.Name, path, err)
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("map %s: pin directory: %w", spec.Name, err)
+		}
+		fresh := spec.Copy()
+		fresh.Pinning = ebpf.PinNone
+		m, err = ebpf.NewMap(fresh)
+		if err != nil {
+			return nil, fmt.Errorf("map %s: create: %w", spec.Name, err)
+		}
+		err = m.Pin(path)
+		if err == nil {
+			return m, nil
+		}
+		m.Close()
+		if !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("map %s: pin at %s: %w", spec.Name, path, err)
+		}
+		// Another process pinned it first: go round and reuse theirs.
+	}
+	return nil, fmt.Errorf("map %s: pin at %s keeps changing", spec.Name, path)
+}
+
+// LayoutError reports a pinned map that does not match the layout this build
+// expects. It is never used silently.
+type LayoutError struct {
+	Map, Path string
+	Mismatch  string
+}
+
+func (e *LayoutError) Error() string {
+	return fmt.Sprintf("map %s pinned at %s has another layout (%s); remove the pin (sluice cleanup) to recreate it", e.Map, e.Path, e.Mismatch)
+}
+
+func checkPinned(m *ebpf.Map, spec *ebpf.MapSpec, path string) error {
+	var diffs []string
+	cmp := func(what string, got, want uint32) {
+		if got != want {
+			diffs = append(diffs, fmt.Sprintf("%s %d, want %d", what, got, want))
+		}
+	}
+	if m.Type() != spec.Type {
+		diffs = append(diffs, fmt.Sprintf("type %v, want %v", m.Type(), spec.Type))
+	}
+	cmp("key size", m.KeySize(), spec.KeySize)
+	cmp("value size", m.ValueSize(), spec.ValueSize)
+	cmp("capacity", m.MaxEntries(), spec.MaxEntries)
+	cmp("flags", m.Flags(), spec.Flags)
+	if len(diffs) > 0 {
+		return &LayoutError{Map: spec.Name, Path: path, Mismatch: strings.Join(diffs, ", ")}
+	}
+	return nil
+}
+
+// StalePins lists pins in dir that look like Sluice maps (sl_ prefix) but are not
+// in this build's catalogue: maps of an older layout version, left by an older
+// agent. The agent reports them; cleanup removes them.
+func StalePins(dir string) ([]string, error) {
+	specs, err := mapSpecs()
+	if err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(cmpOr(dir, DefaultPinDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var stale []string
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, NamePrefix) || e.IsDir() {
+			continue
+		}
+		if !slices.ContainsFunc(specs, func(s *ebpf.MapSpec) bool { return s.Name == name }) {
+			stale = append(stale, name)
+		}
+	}
+	return stale, nil
+}

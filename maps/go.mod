@@ -1,0 +1,12 @@
+module github.com/sluice-net/sluice/maps
+
+go 1.26
+
+require (
+	github.com/cilium/ebpf v0.22.0
+	github.com/google/gopacket v1.1.19
+	github.com/sluice-net/sluice/gen v0.0.0
+	golang.org/x/sys v0.43.0
+)
+
+replace github.com/sluice-net/sluice/gen => ../gen

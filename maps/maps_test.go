@@ -1,0 +1,367 @@
+package maps_test
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/maps"
+)
+
+func openSet(t *testing.T) *maps.Set {
+	t.Helper()
+	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	return set
+}
+
+// randomize fills v with random bytes: a round trip must preserve every byte.
+func randomize[T any](rng *rand.Rand, v *T) {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(v)), unsafe.Sizeof(*v))
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+}
+
+func roundTrip[K comparable, V comparable](d maps.Def[K, V]) func(t *testing.T, s *maps.Set) {
+	return func(t *testing.T, s *maps.Set) {
+		m, err := d.In(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(1, 2))
+		for range 20 {
+			var k K
+			var v V
+			randomize(rng, &k)
+			randomize(rng, &v)
+			if err := m.Put(k, v, ebpf.UpdateAny); err != nil {
+				t.Fatal(err)
+			}
+			got, err := m.Get(k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != v {
+				t.Fatalf("%s: got %+v, want %+v", d.Name, got, v)
+			}
+			if err := m.Delete(k); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.Get(k); !errors.Is(err, maps.ErrKeyNotExist) {
+				t.Fatalf("%s: after delete: %v, want ErrKeyNotExist", d.Name, err)
+			}
+		}
+	}
+}
+
+// roundTrips must name every map of the catalogue: a map added to bpf/include
+// without a typed Def and a round trip here fails TestCatalogueRoundTrips.
+var roundTrips = map[string]func(*testing.T, *maps.Set){
+	maps.IfStats.Name: roundTrip(maps.IfStats),
+}
+
+func TestCatalogueRoundTrips(t *testing.T) {
+	set := openSet(t)
+	cat, err := maps.Catalogue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cat) == 0 {
+		t.Fatal("empty catalogue")
+	}
+	for _, info := range cat {
+		t.Run(info.Name, func(t *testing.T) {
+			if info.Doc == "" {
+				t.Errorf("map %s has no doc line in the catalogue", info.Name)
+			}
+			if !strings.HasSuffix(info.Name[:len(info.Name)-1], "_v") {
+				t.Errorf("map %s does not end in a layout version _vN", info.Name)
+			}
+			rt, ok := roundTrips[info.Name]
+			if !ok {
+				t.Fatalf("map %s has no typed round trip", info.Name)
+			}
+			rt(t, set)
+		})
+	}
+}
+
+func TestIterateVisitsEveryEntryOnce(t *testing.T) {
+	bpftest.Require(t)
+	const n = 100_000
+	for _, typ := range []ebpf.MapType{ebpf.Hash, ebpf.LRUHash} {
+		t.Run(typ.String(), func(t *testing.T) {
+			// LRU maps evict from per-CPU free lists before they are nominally
+			// full, so give them room: this test is about iteration, not eviction.
+			m := newTestMap(t, typ, 4*n)
+			keys, vals := make([]uint32, n), make([]uint64, n)
+			for i := range keys {
+				keys[i], vals[i] = uint32(i)*7+3, uint64(i)<<20
+			}
+			if w, err := m.BatchUpdate(keys, vals, ebpf.UpdateAny); err != nil || w != n {
+				t.Fatalf("batch update: wrote %d: %v", w, err)
+			}
+			seen := make(map[uint32]int, n)
+			err := m.Iterate(func(k uint32, v uint64) bool {
+				seen[k]++
+				if want := uint64((k-3)/7) << 20; v != want {
+					t.Errorf("key %d: value %d, want %d", k, v, want)
+				}
+				return true
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(seen) != n {
+				t.Fatalf("iterate saw %d distinct keys, want %d", len(seen), n)
+			}
+			for k, c := range seen {
+				if c != 1 {
+					t.Fatalf("key %d seen %d times", k, c)
+				}
+			}
+		})
+	}
+}
+
+// LPM tries have no batch lookup: Iterate walks them key by key.
+func TestIterateFallsBackForLPMTrie(t *testing.T) {
+	bpftest.Require(t)
+	type lpmKey struct {
+		Prefix uint32
+		Addr   [4]byte
+	}
+	raw, err := ebpf.NewMap(&ebpf.MapSpec{Name: "sl_test_lpm", Type: ebpf.LPMTrie, KeySize: 8, ValueSize: 4, MaxEntries: 100, Flags: 1 /* BPF_F_NO_PREALLOC */})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	m, err := maps.NewMap[lpmKey, uint32](raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if err := m.Put(lpmKey{Prefix: 24, Addr: [4]byte{10, byte(i), 0, 0}}, uint32(i), ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := 0
+	if err := m.Iterate(func(k lpmKey, v uint32) bool { count++; return k.Addr[1] == byte(v) }); err != nil {
+		t.Fatal(err)
+	}
+	if count != 50 {
+		t.Fatalf("iterated %d entries, want 50", count)
+	}
+}
+
+func newTestMap(tb testing.TB, typ ebpf.MapType, capacity uint32) *maps.Map[uint32, uint64] {
+	tb.Helper()
+	raw, err := ebpf.NewMap(&ebpf.MapSpec{Name: "sl_test", Type: typ, KeySize: 4, ValueSize: 8, MaxEntries: capacity})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { raw.Close() })
+	m, err := maps.NewMap[uint32, uint64](raw)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return m
+}
+
+func TestNewMapRejectsWrongSizes(t *testing.T) {
+	bpftest.Require(t)
+	raw, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := maps.NewMap[uint64, uint64](raw); err == nil || !strings.Contains(err.Error(), "key type uint64 is 8 bytes") {
+		t.Fatalf("wrong key size: %v", err)
+	}
+	if _, err := maps.NewMap[uint32, *uint64](raw); err == nil || !strings.Contains(err.Error(), "pointers") {
+		t.Fatalf("pointer value: %v", err)
+	}
+}
+
+func TestFullMapError(t *testing.T) {
+	bpftest.Require(t)
+	m := newTestMap(t, ebpf.Hash, 4)
+	for i := range uint32(4) {
+		if err := m.Put(i, 1, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := m.Put(99, 1, ebpf.UpdateAny)
+	if !errors.Is(err, maps.ErrFull) {
+		t.Fatalf("put into full map: %v, want ErrFull", err)
+	}
+	if !strings.Contains(err.Error(), "map sl_test is full (4 entries)") {
+		t.Fatalf("error %q does not say which map is full", err)
+	}
+	// Overwriting an existing key of a full map still works.
+	if err := m.Put(2, 5, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.BatchUpdate([]uint32{100, 101}, []uint64{1, 1}, ebpf.UpdateAny)
+	if !errors.Is(err, maps.ErrFull) || !strings.Contains(err.Error(), "is full (4 entries)") {
+		t.Fatalf("batch update into full map: %v", err)
+	}
+}
+
+func TestCachingMapWritesOnlyTheDifference(t *testing.T) {
+	bpftest.Require(t)
+	const n = 10_000
+	m := newTestMap(t, ebpf.Hash, 2*n)
+	c := maps.NewCachingMap(m)
+	if err := c.LoadDataplaneState(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range uint32(n) {
+		c.SetDesired(i, uint64(i))
+	}
+	st, err := c.ApplyAll()
+	if err != nil || st != (maps.ApplyStats{Writes: n}) {
+		t.Fatalf("first apply: %+v %v", st, err)
+	}
+	c.SetDesired(1234, 42)
+	st, err = c.ApplyAll()
+	if err != nil || st != (maps.ApplyStats{Writes: 1}) {
+		t.Fatalf("one change: %+v %v, want exactly one write", st, err)
+	}
+	if v, _ := m.Get(1234); v != 42 {
+		t.Fatalf("map holds %d, want 42", v)
+	}
+	st, err = c.ApplyAll()
+	if err != nil || st != (maps.ApplyStats{}) {
+		t.Fatalf("no change: %+v %v", st, err)
+	}
+
+	// A fresh cache over the same map adopts the dataplane and writes nothing.
+	c2 := maps.NewCachingMap(m)
+	if err := c2.LoadDataplaneState(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range uint32(n) {
+		c2.SetDesired(i, uint64(i))
+	}
+	c2.SetDesired(1234, 42)
+	if st, err := c2.ApplyAll(); err != nil || st != (maps.ApplyStats{}) {
+		t.Fatalf("adopted state: %+v %v, want no writes", st, err)
+	}
+
+	// Deletions: keys removed behind the cache's back count as deleted.
+	for i := range uint32(10) {
+		c2.DeleteDesired(i)
+	}
+	for i := range uint32(5) {
+		if err := m.Delete(i * 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err = c2.ApplyDeletionsOnly()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Writes != 0 || st.Deletes != 5 {
+		t.Fatalf("deletions: %+v, want 5 deletes (5 were already gone)", st)
+	}
+	for i := range uint32(10) {
+		if _, err := m.Get(i); !errors.Is(err, maps.ErrKeyNotExist) {
+			t.Fatalf("key %d still present: %v", i, err)
+		}
+	}
+	if _, ok := c2.GetDataplane(3); ok {
+		t.Fatal("cache still lists deleted key 3")
+	}
+}
+
+func TestPinnedMapSurvivesReopen(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	set, err := maps.Open(maps.OpenOptions{PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := maps.IfStats.In(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, val := ifStatsEntry(7, 99)
+	if err := m.Put(key, val, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	set.Close()
+
+	set2, err := maps.Open(maps.OpenOptions{PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set2.Close()
+	m2, err := maps.IfStats.In(set2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := m2.Get(key)
+	if err != nil || got != val {
+		t.Fatalf("after reopen: %+v %v, want %+v", got, err, val)
+	}
+}
+
+func TestPinnedMapWithOtherLayoutIsRefused(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	cat, err := maps.Catalogue()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := cat[0]
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: info.Type, KeySize: info.KeySize, ValueSize: info.ValueSize + 8, MaxEntries: info.Capacity, Flags: info.Flags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.Pin(filepath.Join(dir, info.Name)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = maps.Open(maps.OpenOptions{PinDir: dir})
+	var le *maps.LayoutError
+	if !errors.As(err, &le) {
+		t.Fatalf("open over a mismatched pin: %v, want LayoutError", err)
+	}
+	if le.Map != info.Name || !strings.Contains(err.Error(), info.Name) || !strings.Contains(err.Error(), "value size") {
+		t.Fatalf("error does not name the map and mismatch: %v", err)
+	}
+	// The foreign pin is left alone.
+	if _, err := os.Stat(filepath.Join(dir, info.Name)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStalePinsListsOlderLayouts(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.Pin(filepath.Join(dir, "sl_ifstats_v0")); err != nil {
+		t.Fatal(err)
+	}
+	set, err := maps.Open(maps.OpenOptions{PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	stale, err := maps.StalePins(dir)
+	if err != nil || len(stale) != 1 || stale[0] != "sl_ifstats_v0" {
+		t.Fatalf("stale pins: %v %v", stale, err)
+	}
+}

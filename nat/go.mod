@@ -1,0 +1,3 @@
+module github.com/sluice-net/sluice/nat
+
+go 1.26

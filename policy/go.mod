@@ -1,0 +1,3 @@
+module github.com/sluice-net/sluice/policy
+
+go 1.26
