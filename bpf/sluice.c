@@ -2,6 +2,7 @@
 /* Entry programs of Sluice. Each is short: it calls the stages in include/ in order. */
 
 #include "common.h"
+#include "datapath.h"
 #include "parse.h"
 #include "stats.h"
 
@@ -36,4 +37,32 @@ int sl_count(struct __sk_buff *skb)
 	else if (p.proto == IPPROTO_UDP)
 		__sync_fetch_and_add(&st->udp, 1);
 	return TC_ACT_OK;
+}
+
+/* Ingress of a workload's host-side veth: traffic leaving the pod. */
+SEC("tc")
+int sl_from_wl(struct __sk_buff *skb)
+{
+	return pipeline(skb, HOOK_FROM_WL);
+}
+
+/* Egress of a workload's host-side veth: traffic entering the pod. */
+SEC("tc")
+int sl_to_wl(struct __sk_buff *skb)
+{
+	return pipeline(skb, HOOK_TO_WL);
+}
+
+/* Ingress of a data interface: traffic from outside the node. */
+SEC("tc")
+int sl_from_host(struct __sk_buff *skb)
+{
+	return pipeline(skb, HOOK_FROM_HOST);
+}
+
+/* Egress of a data interface: traffic leaving the node. */
+SEC("tc")
+int sl_to_host(struct __sk_buff *skb)
+{
+	return pipeline(skb, HOOK_TO_HOST);
 }

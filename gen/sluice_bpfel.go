@@ -13,6 +13,143 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type SluiceAffKey struct {
+	_      structs.HostLayout
+	SvcId  uint32
+	Client uint32
+}
+
+type SluiceAffValue struct {
+	_     structs.HostLayout
+	Ts    uint64
+	Addr  uint32
+	Port  uint16
+	Flags SluiceBeFlags
+	Pad   uint8
+}
+
+type SluiceBeFlags uint8
+
+const (
+	SluiceBeFlagsBE_LOCAL SluiceBeFlags = 1
+)
+
+type SluiceBeKey struct {
+	_       structs.HostLayout
+	SvcId   uint32
+	Ordinal uint32
+}
+
+type SluiceBeValue struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Port  uint16
+	Flags SluiceBeFlags
+	Pad   uint8
+}
+
+type SluiceConfig struct {
+	_           structs.HostLayout
+	NodeIp      uint32
+	SnatPortMin uint16
+	SnatPortMax uint16
+}
+
+type SluiceCounter uint32
+
+const (
+	SluiceCounterCNT_DROP_MALFORMED        SluiceCounter = 0
+	SluiceCounterCNT_DROP_SRC_RANGE        SluiceCounter = 1
+	SluiceCounterCNT_DROP_NO_LOCAL_BACKEND SluiceCounter = 2
+	SluiceCounterCNT_DROP_BACKEND_MISSING  SluiceCounter = 3
+	SluiceCounterCNT_DROP_SNAT_PORTS       SluiceCounter = 4
+	SluiceCounterCNT_DROP_CT_CREATE        SluiceCounter = 5
+	SluiceCounterCNT_DROP_REJECT_FAILED    SluiceCounter = 6
+	SluiceCounterCNT_REJECT_NO_ENDPOINTS   SluiceCounter = 7
+	SluiceCounterCNT_PASS_FRAGMENT         SluiceCounter = 8
+	SluiceCounterCNT_ICMP_ECHO_ANSWERED    SluiceCounter = 9
+	SluiceCounterCNT_ICMP_ERROR_TRANSLATED SluiceCounter = 10
+	SluiceCounterCNT_MAX                   SluiceCounter = 11
+)
+
+type SluiceCtFlags uint8
+
+const (
+	SluiceCtFlagsCT_SNAT          SluiceCtFlags = 1
+	SluiceCtFlagsCT_FROM_HOST     SluiceCtFlags = 2
+	SluiceCtFlagsCT_BACKEND_LOCAL SluiceCtFlags = 4
+)
+
+type SluiceCtKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type SluiceCtType uint8
+
+const (
+	SluiceCtTypeCT_FORWARD SluiceCtType = 1
+	SluiceCtTypeCT_REVERSE SluiceCtType = 2
+)
+
+type SluiceCtValue struct {
+	_        structs.HostLayout
+	Created  uint64
+	LastSeen uint64
+	Peer     SluiceCtKey
+	NatAddr  uint32
+	SnatAddr uint32
+	NatPort  uint16
+	SnatPort uint16
+	SvcId    uint32
+	TcpSeen  uint32
+	Type     SluiceCtType
+	Flags    SluiceCtFlags
+	Pad      [2]uint8
+}
+
+type SluiceFeFlags uint32
+
+const (
+	SluiceFeFlagsFE_INT_LOCAL  SluiceFeFlags = 1
+	SluiceFeFlagsFE_EXT_LOCAL  SluiceFeFlags = 2
+	SluiceFeFlagsFE_SRC_RANGES SluiceFeFlags = 4
+	SluiceFeFlagsFE_EXTERNAL   SluiceFeFlags = 8
+)
+
+type SluiceFeKey struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type SluiceFeValue struct {
+	_               structs.HostLayout
+	SvcId           uint32
+	Count           uint32
+	LocalCount      uint32
+	AffinityTimeout uint32
+	Flags           SluiceFeFlags
+	Pad             uint32
+}
+
+type SluiceHostipKey struct {
+	_    structs.HostLayout
+	Addr uint32
+}
+
+type SluiceHostipValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
 type SluiceIfStats struct {
 	_         structs.HostLayout
 	Packets   uint64
@@ -29,12 +166,36 @@ type SluiceIfStatsKey struct {
 	Ifindex uint32
 }
 
+type SluiceSrcrangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Src       uint32
+}
+
+type SluiceSrcrangeValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	SluiceMapSlIfstatsV1 = "sl_ifstats_v1"
-	SluiceProgSlCount    = "sl_count"
+	SluiceMapSlAffV1      = "sl_aff_v1"
+	SluiceMapSlBeV1       = "sl_be_v1"
+	SluiceMapSlConfigV1   = "sl_config_v1"
+	SluiceMapSlCountersV1 = "sl_counters_v1"
+	SluiceMapSlCtV1       = "sl_ct_v1"
+	SluiceMapSlFeV1       = "sl_fe_v1"
+	SluiceMapSlHostipV1   = "sl_hostip_v1"
+	SluiceMapSlIfstatsV1  = "sl_ifstats_v1"
+	SluiceMapSlSrcrangeV1 = "sl_srcrange_v1"
+	SluiceProgSlCount     = "sl_count"
+	SluiceProgSlFromHost  = "sl_from_host"
+	SluiceProgSlFromWl    = "sl_from_wl"
+	SluiceProgSlToHost    = "sl_to_host"
+	SluiceProgSlToWl      = "sl_to_wl"
 )
 
 // LoadSluice returns the embedded CollectionSpec for Sluice.
@@ -79,14 +240,26 @@ type SluiceSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceProgramSpecs struct {
-	SlCount *ebpf.ProgramSpec `ebpf:"sl_count"`
+	SlCount    *ebpf.ProgramSpec `ebpf:"sl_count"`
+	SlFromHost *ebpf.ProgramSpec `ebpf:"sl_from_host"`
+	SlFromWl   *ebpf.ProgramSpec `ebpf:"sl_from_wl"`
+	SlToHost   *ebpf.ProgramSpec `ebpf:"sl_to_host"`
+	SlToWl     *ebpf.ProgramSpec `ebpf:"sl_to_wl"`
 }
 
 // SluiceMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceMapSpecs struct {
-	SlIfstatsV1 *ebpf.MapSpec `ebpf:"sl_ifstats_v1"`
+	SlAffV1      *ebpf.MapSpec `ebpf:"sl_aff_v1"`
+	SlBeV1       *ebpf.MapSpec `ebpf:"sl_be_v1"`
+	SlConfigV1   *ebpf.MapSpec `ebpf:"sl_config_v1"`
+	SlCountersV1 *ebpf.MapSpec `ebpf:"sl_counters_v1"`
+	SlCtV1       *ebpf.MapSpec `ebpf:"sl_ct_v1"`
+	SlFeV1       *ebpf.MapSpec `ebpf:"sl_fe_v1"`
+	SlHostipV1   *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
+	SlIfstatsV1  *ebpf.MapSpec `ebpf:"sl_ifstats_v1"`
+	SlSrcrangeV1 *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
 }
 
 // SluiceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -115,12 +288,28 @@ func (o *SluiceObjects) Close() error {
 //
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluiceMaps struct {
-	SlIfstatsV1 *ebpf.Map `ebpf:"sl_ifstats_v1"`
+	SlAffV1      *ebpf.Map `ebpf:"sl_aff_v1"`
+	SlBeV1       *ebpf.Map `ebpf:"sl_be_v1"`
+	SlConfigV1   *ebpf.Map `ebpf:"sl_config_v1"`
+	SlCountersV1 *ebpf.Map `ebpf:"sl_counters_v1"`
+	SlCtV1       *ebpf.Map `ebpf:"sl_ct_v1"`
+	SlFeV1       *ebpf.Map `ebpf:"sl_fe_v1"`
+	SlHostipV1   *ebpf.Map `ebpf:"sl_hostip_v1"`
+	SlIfstatsV1  *ebpf.Map `ebpf:"sl_ifstats_v1"`
+	SlSrcrangeV1 *ebpf.Map `ebpf:"sl_srcrange_v1"`
 }
 
 func (m *SluiceMaps) Close() error {
 	return _SluiceClose(
+		m.SlAffV1,
+		m.SlBeV1,
+		m.SlConfigV1,
+		m.SlCountersV1,
+		m.SlCtV1,
+		m.SlFeV1,
+		m.SlHostipV1,
 		m.SlIfstatsV1,
+		m.SlSrcrangeV1,
 	)
 }
 
@@ -134,12 +323,20 @@ type SluiceVariables struct {
 //
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluicePrograms struct {
-	SlCount *ebpf.Program `ebpf:"sl_count"`
+	SlCount    *ebpf.Program `ebpf:"sl_count"`
+	SlFromHost *ebpf.Program `ebpf:"sl_from_host"`
+	SlFromWl   *ebpf.Program `ebpf:"sl_from_wl"`
+	SlToHost   *ebpf.Program `ebpf:"sl_to_host"`
+	SlToWl     *ebpf.Program `ebpf:"sl_to_wl"`
 }
 
 func (p *SluicePrograms) Close() error {
 	return _SluiceClose(
 		p.SlCount,
+		p.SlFromHost,
+		p.SlFromWl,
+		p.SlToHost,
+		p.SlToWl,
 	)
 }
 

@@ -37,15 +37,46 @@ func (d Def[K, V]) In(s *Set) (*Map[K, V], error) {
 	return NewMap[K, V](m)
 }
 
-// The catalogue's typed entries.
+// PerCPUDef names one per-CPU map of the catalogue with its Go types.
+type PerCPUDef[K comparable, V any] struct {
+	Name string
+}
+
+// In returns the typed per-CPU map of d in s.
+func (d PerCPUDef[K, V]) In(s *Set) (*PerCPUMap[K, V], error) {
+	m, ok := s.maps[d.Name]
+	if !ok {
+		return nil, fmt.Errorf("map %s is not open in %s", d.Name, s.dir)
+	}
+	return NewPerCPUMap[K, V](m)
+}
+
+// The catalogue's typed entries. Layouts and byte orders are documented in
+// bpf/include, next to each field.
 var (
-	IfStats = Def[gen.SluiceIfStatsKey, gen.SluiceIfStats]{Name: gen.SluiceMapSlIfstatsV1}
+	IfStats   = Def[gen.SluiceIfStatsKey, gen.SluiceIfStats]{Name: gen.SluiceMapSlIfstatsV1}
+	Frontends = Def[gen.SluiceFeKey, gen.SluiceFeValue]{Name: gen.SluiceMapSlFeV1}
+	Backends  = Def[gen.SluiceBeKey, gen.SluiceBeValue]{Name: gen.SluiceMapSlBeV1}
+	SrcRanges = Def[gen.SluiceSrcrangeKey, gen.SluiceSrcrangeValue]{Name: gen.SluiceMapSlSrcrangeV1}
+	Affinity  = Def[gen.SluiceAffKey, gen.SluiceAffValue]{Name: gen.SluiceMapSlAffV1}
+	Conntrack = Def[gen.SluiceCtKey, gen.SluiceCtValue]{Name: gen.SluiceMapSlCtV1}
+	Config    = Def[uint32, gen.SluiceConfig]{Name: gen.SluiceMapSlConfigV1}
+	HostIPs   = Def[gen.SluiceHostipKey, gen.SluiceHostipValue]{Name: gen.SluiceMapSlHostipV1}
+	Counters  = PerCPUDef[gen.SluiceCounter, uint64]{Name: gen.SluiceMapSlCountersV1}
 )
 
 // docs says what each map is for; every map of the object must have a line
 // (a test checks), which keeps the catalogue complete.
 var docs = map[string]string{
-	gen.SluiceMapSlIfstatsV1: "per-interface packet counters of sl_count",
+	gen.SluiceMapSlIfstatsV1:  "per-interface packet counters of sl_count",
+	gen.SluiceMapSlFeV1:       "service frontends: {IP, port, protocol} -> service id, backend counts, affinity, flags",
+	gen.SluiceMapSlBeV1:       "service backends: {service id, ordinal} -> backend IP:port, local flag",
+	gen.SluiceMapSlSrcrangeV1: "loadBalancerSourceRanges: LPM {service id, source CIDR}",
+	gen.SluiceMapSlAffV1:      "session affinity: {service id, client IP} -> backend, time chosen (LRU)",
+	gen.SluiceMapSlCtV1:       "conntrack: forward and reverse entry per NATed flow (LRU)",
+	gen.SluiceMapSlConfigV1:   "node-wide settings: node IP for SNAT, SNAT port range",
+	gen.SluiceMapSlHostipV1:   "this node's IPv4 addresses (NodePort wildcard matching)",
+	gen.SluiceMapSlCountersV1: "per-CPU counters of drops and other verdicts, by reason",
 }
 
 // Info describes one map of the catalogue.

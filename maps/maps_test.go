@@ -3,6 +3,7 @@ package maps_test
 import (
 	"errors"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/maps"
 )
@@ -67,7 +69,68 @@ func roundTrip[K comparable, V comparable](d maps.Def[K, V]) func(t *testing.T, 
 // roundTrips must name every map of the catalogue: a map added to bpf/include
 // without a typed Def and a round trip here fails TestCatalogueRoundTrips.
 var roundTrips = map[string]func(*testing.T, *maps.Set){
-	maps.IfStats.Name: roundTrip(maps.IfStats),
+	maps.IfStats.Name:   roundTrip(maps.IfStats),
+	maps.Frontends.Name: roundTrip(maps.Frontends),
+	maps.Backends.Name:  roundTrip(maps.Backends),
+	maps.SrcRanges.Name: roundTripLPM,
+	maps.Affinity.Name:  roundTrip(maps.Affinity),
+	maps.Conntrack.Name: roundTrip(maps.Conntrack),
+	maps.Config.Name:    roundTripConfig,
+	maps.HostIPs.Name:   roundTrip(maps.HostIPs),
+	maps.Counters.Name:  roundTripCounters,
+}
+
+// An LPM trie only holds keys whose prefix length is valid and whose bits past
+// the prefix are zero, so its round trip uses well-formed keys.
+func roundTripLPM(t *testing.T, s *maps.Set) {
+	m, err := maps.SrcRanges.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := gen.SluiceSrcrangeKey{Prefixlen: 56, SvcId: gen.NetUint32(7), Src: gen.NetAddr(netip.MustParseAddr("192.0.2.0"))}
+	v := gen.SluiceSrcrangeValue{Flags: 3}
+	if err := m.Put(k, v, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Get(k); err != nil || got != v {
+		t.Fatalf("got %+v %v", got, err)
+	}
+}
+
+// The config map is an array: its only key is 0.
+func roundTripConfig(t *testing.T, s *maps.Set) {
+	m, err := maps.Config.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := gen.SluiceConfig{NodeIp: gen.NetAddr(netip.MustParseAddr("10.0.0.1")), SnatPortMin: 61000, SnatPortMax: 62000}
+	if err := m.Put(0, v, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Get(0); err != nil || got != v {
+		t.Fatalf("got %+v %v", got, err)
+	}
+	if err := m.Put(1, v, ebpf.UpdateAny); err == nil || !strings.Contains(err.Error(), "out of range") {
+		t.Fatalf("put at index 1 of a 1-entry array: %v", err)
+	}
+}
+
+func roundTripCounters(t *testing.T, s *maps.Set) {
+	m, err := maps.Counters.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := make([]uint64, ebpf.MustPossibleCPU())
+	for i := range vs {
+		vs[i] = uint64(i + 1)
+	}
+	if err := m.Put(gen.SluiceCounterCNT_DROP_SRC_RANGE, vs, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	total, err := maps.Sum(m, gen.SluiceCounterCNT_DROP_SRC_RANGE)
+	if want := uint64(len(vs) * (len(vs) + 1) / 2); err != nil || total != want {
+		t.Fatalf("sum %d %v, want %d", total, err, want)
+	}
 }
 
 func TestCatalogueRoundTrips(t *testing.T) {

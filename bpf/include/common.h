@@ -40,6 +40,9 @@ struct icmphdr {
 };
 
 #define __always_inline inline __attribute__((always_inline))
+/* A BPF subprogram: its stack frame is its own, so a rare path with large
+ * locals does not add to the stack of the common path it branches from. */
+#define __subprog static __attribute__((noinline))
 
 /* Layout guard: a key or value whose size drifts from what Go expects fails to build. */
 #define ASSERT_SIZE(type, size) _Static_assert(sizeof(type) == (size), #type " layout changed: bump the map version")

@@ -1,6 +1,26 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Default map capacities. Userspace may override them when it creates the maps
- * (maps.OpenOptions); the programs never depend on the exact number. */
+/* Default map capacities and datapath constants. Userspace may override the
+ * capacities when it creates the maps (maps.OpenOptions); the programs never
+ * depend on the exact number. */
 #pragma once
 
-#define SL_IFSTATS_MAX 1024
+#define SL_IFSTATS_MAX		1024
+#define SL_FE_MAX		65536		/* frontends: service IP:port:proto entries */
+#define SL_BE_MAX		262144		/* backends: (service, ordinal) entries */
+#define SL_SRCRANGE_MAX		16384		/* loadBalancerSourceRanges CIDRs */
+#define SL_AFF_MAX		65536		/* session affinity entries (LRU) */
+#define SL_CT_MAX		524288		/* conntrack entries, two per flow (LRU) */
+#define SL_HOSTIP_MAX		256		/* this node's addresses */
+
+#define NS_PER_SEC		1000000000ULL
+/* A conntrack entry's last_seen is refreshed at most this often, so an
+ * established flow does not write the shared cache line on every packet. The
+ * scanner's timeouts are seconds to hours, far coarser. */
+#define CT_REFRESH_NS		(NS_PER_SEC / 4)
+
+/* When a SNATed flow's source port is taken, another is tried at random in this
+ * range (above Linux's default ephemeral range 32768-60999, so the node's own
+ * connections do not collide with it), at most SNAT_PORT_TRIES times. */
+#define SNAT_PORT_MIN_DEFAULT	61000
+#define SNAT_PORT_MAX_DEFAULT	65535
+#define SNAT_PORT_TRIES		8

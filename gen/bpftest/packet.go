@@ -115,14 +115,13 @@ type Decoded struct {
 // Decode parses an Ethernet frame and verifies the IPv4 and L4 checksums.
 func Decode(frame []byte) (*Decoded, error) {
 	p := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
-	if el := p.ErrorLayer(); el != nil {
-		return nil, fmt.Errorf("decode: %v", el.Error())
-	}
 	d := &Decoded{Packet: p}
 	ipl, ok := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
 	if !ok {
-		return nil, fmt.Errorf("decode: no IPv4 layer")
+		return nil, fmt.Errorf("decode: no IPv4 layer: %v", p.ErrorLayer())
 	}
+	// Application payloads (gopacket guesses DNS on port 53, say) may fail to
+	// decode; only the IPv4 and transport layers matter here.
 	d.IP = ipl
 	src, _ := netip.AddrFromSlice(ipl.SrcIP.To4())
 	dst, _ := netip.AddrFromSlice(ipl.DstIP.To4())

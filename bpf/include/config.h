@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Node-wide settings (sl_config_v1, a one-entry array) and this node's addresses
+ * (sl_hostip_v1). Both are written by userspace at run time, so no program is
+ * reloaded when a node IP changes. */
+#pragma once
+
+#include "common.h"
+#include "consts.h"
+
+struct config {
+	__be32 node_ip;		/* network order: source of SNATed flows (NodePort to a
+				 * remote backend, hairpin); 0 disables SNAT: such flows
+				 * are then forwarded with the client's address */
+	__u16 snat_port_min;	/* host order: 0 means SNAT_PORT_MIN_DEFAULT */
+	__u16 snat_port_max;	/* host order: 0 means SNAT_PORT_MAX_DEFAULT */
+};
+ASSERT_SIZE(struct config, 8);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct config);
+} sl_config_v1 SEC(".maps");
+
+struct hostip_key {
+	__be32 addr;		/* network order: an IPv4 address of this node */
+};
+ASSERT_SIZE(struct hostip_key, 4);
+
+struct hostip_value {
+	__u32 flags;		/* host order: reserved, 0 */
+};
+ASSERT_SIZE(struct hostip_value, 4);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_HOSTIP_MAX);
+	__type(key, struct hostip_key);
+	__type(value, struct hostip_value);
+} sl_hostip_v1 SEC(".maps");
+
+static __always_inline struct config *config_get(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&sl_config_v1, &zero);
+}
+
+static __always_inline int is_host_ip(__be32 addr)
+{
+	struct hostip_key key = { .addr = addr };
+	return bpf_map_lookup_elem(&sl_hostip_v1, &key) != NULL;
+}

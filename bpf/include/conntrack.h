@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Conntrack (sl_ct_v1): an LRU hash holding two entries per NATed flow.
+ *
+ *  forward entry: keyed by the flow's first packet as it arrived (client ->
+ *                 frontend); says where to DNAT (and SNAT) it.
+ *  reverse entry: keyed by the reply as it arrives (backend -> client, or
+ *                 backend -> node IP when SNATed); says how to restore it.
+ *
+ * Each packet looks up its own tuple once and updates only the entry it found,
+ * so the two directions never write the same cache line. Each entry names its
+ * peer, so userspace judges and deletes the pair together. Nothing in the kernel
+ * expires entries: the conntrack scanner does, from last_seen and tcp_seen. */
+#pragma once
+
+#include "common.h"
+#include "consts.h"
+#include "parse.h"
+
+struct ct_key {
+	__be32 saddr;		/* network order */
+	__be32 daddr;		/* network order */
+	__be16 sport;		/* network order */
+	__be16 dport;		/* network order */
+	__u8 proto;		/* IPPROTO_TCP / IPPROTO_UDP */
+	__u8 pad[3];		/* 0 */
+};
+ASSERT_SIZE(struct ct_key, 16);
+
+enum ct_type : __u8 {
+	CT_FORWARD = 1,
+	CT_REVERSE = 2,
+};
+
+enum ct_flags : __u8 {
+	CT_SNAT = 1 << 0,	/* the flow's source is translated too */
+	CT_FROM_HOST = 1 << 1,	/* the flow entered on a host (data) interface */
+	CT_BACKEND_LOCAL = 1 << 2, /* the backend runs on this node */
+};
+
+struct ct_value {
+	__u64 created;		/* host order: bpf_ktime_get_ns() at creation */
+	__u64 last_seen;	/* host order: bpf_ktime_get_ns() of a recent packet
+				 * (refreshed at most every CT_REFRESH_NS) */
+	struct ct_key peer;	/* the other entry of the pair */
+	__be32 nat_addr;	/* network order: forward: the backend (new
+				 * destination); reverse: the frontend (new source) */
+	__be32 snat_addr;	/* network order, with CT_SNAT: forward: the node IP
+				 * (new source); reverse: the client (new destination) */
+	__be16 nat_port;	/* network order, as nat_addr */
+	__be16 snat_port;	/* network order, as snat_addr */
+	__u32 svc_id;		/* host order: the service the flow was balanced by */
+	__u32 tcp_seen;		/* host order: TCP_FLAG_* bits seen on packets that
+				 * matched this entry */
+	enum ct_type type;
+	enum ct_flags flags;
+	__u8 pad[2];		/* 0 */
+};
+ASSERT_SIZE(struct ct_value, 56);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SL_CT_MAX);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+} sl_ct_v1 SEC(".maps");
+
+static __always_inline void ct_key_of(const struct packet *p, struct ct_key *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->saddr = p->saddr;
+	k->daddr = p->daddr;
+	k->sport = p->sport;
+	k->dport = p->dport;
+	k->proto = p->proto;
+}
+
+/* ct_touch records a packet on its entry: cheap enough for every packet. */
+static __always_inline void ct_touch(struct ct_value *v, const struct packet *p)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (now - v->last_seen > CT_REFRESH_NS)
+		v->last_seen = now;
+	if (p->proto == IPPROTO_TCP) {
+		__u32 f = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_ACK);
+		if ((v->tcp_seen | f) != v->tcp_seen)
+			__sync_fetch_and_or(&v->tcp_seen, f);
+	}
+}

@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v1):
+ * a per-CPU array indexed by enum counter, each value a host-order __u64. */
+#pragma once
+
+#include "common.h"
+
+enum counter : __u32 {
+	CNT_DROP_MALFORMED = 0,		/* truncated or inconsistent IPv4/L4 headers */
+	CNT_DROP_SRC_RANGE,		/* source outside loadBalancerSourceRanges */
+	CNT_DROP_NO_LOCAL_BACKEND,	/* traffic policy Local and no local backend */
+	CNT_DROP_BACKEND_MISSING,	/* frontend found, backend entry missing */
+	CNT_DROP_SNAT_PORTS,		/* no free SNAT source port */
+	CNT_DROP_CT_CREATE,		/* conntrack entry could not be written */
+	CNT_DROP_REJECT_FAILED,		/* a reply (RST / ICMP) could not be built */
+	CNT_REJECT_NO_ENDPOINTS,	/* TCP RST or ICMP port unreachable sent */
+	CNT_PASS_FRAGMENT,		/* IPv4 fragment passed untouched */
+	CNT_ICMP_ECHO_ANSWERED,		/* echo request to a service IP answered */
+	CNT_ICMP_ERROR_TRANSLATED,	/* ICMP error about a NATed flow reverse-translated */
+	CNT_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, enum counter);
+	__type(value, __u64);
+} sl_counters_v1 SEC(".maps");
+
+static __always_inline void count(enum counter c)
+{
+	enum counter key = c;
+	__u64 *v = bpf_map_lookup_elem(&sl_counters_v1, &key);
+
+	if (v)
+		*v += 1;	/* per-CPU: no other CPU writes this slot */
+}

@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The service datapath: parse -> conntrack -> service lookup -> NAT -> verdict.
+ *
+ * One pipeline serves the four TC hooks; the hook says where a packet is:
+ *   HOOK_FROM_WL    ingress of a workload's host-side veth (leaving the pod)
+ *   HOOK_TO_WL      egress of a workload's host-side veth (entering the pod)
+ *   HOOK_FROM_HOST  ingress of a data interface (from outside the node)
+ *   HOOK_TO_HOST    egress of a data interface (leaving the node)
+ * New flows are balanced only where they enter (FROM_*); every hook applies
+ * conntrack, so both directions of a flow are handled from conntrack alone. */
+#pragma once
+
+#include "common.h"
+#include "config.h"
+#include "conntrack.h"
+#include "counters.h"
+#include "icmp_error.h"
+#include "nat.h"
+#include "parse.h"
+#include "reject.h"
+#include "rewrite.h"
+
+enum hook {
+	HOOK_FROM_WL,
+	HOOK_TO_WL,
+	HOOK_FROM_HOST,
+	HOOK_TO_HOST,
+};
+
+static __always_inline int drop(enum counter c)
+{
+	count(c);
+	return TC_ACT_SHOT;
+}
+
+static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
+{
+	if (v->type == CT_FORWARD) {
+		if (rewrite_dst(skb, p, v->nat_addr, v->nat_port))
+			return -1;
+		if (v->flags & CT_SNAT)
+			return rewrite_src(skb, p, v->snat_addr, v->snat_port);
+		return 0;
+	}
+	if (rewrite_src(skb, p, v->nat_addr, v->nat_port))
+		return -1;
+	if (v->flags & CT_SNAT)
+		return rewrite_dst(skb, p, v->snat_addr, v->snat_port);
+	return 0;
+}
+
+__subprog int reject(struct __sk_buff *skb, const struct packet *p)
+{
+	int err = p->proto == IPPROTO_TCP ? reject_tcp(skb, p) : reject_udp(skb, p);
+
+	if (err)
+		return drop(CNT_DROP_REJECT_FAILED);
+	count(CNT_REJECT_NO_ENDPOINTS);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+static __always_inline __be16 random_snat_port(const struct config *cfg)
+{
+	__u16 lo = cfg->snat_port_min ? cfg->snat_port_min : SNAT_PORT_MIN_DEFAULT;
+	__u16 hi = cfg->snat_port_max ? cfg->snat_port_max : SNAT_PORT_MAX_DEFAULT;
+
+	if (hi < lo)
+		hi = lo;
+	return bpf_htons(lo + bpf_get_prandom_u32() % (hi - lo + 1));
+}
+
+/* ct_create writes the reverse entry, then the forward one, and returns the
+ * source port the flow leaves with (a new one when SNAT found the client's port
+ * taken), or 0 when no entry could be written. */
+static __always_inline __be16 ct_create(const struct packet *p, const struct fe_value *fe,
+					const struct be_value *be, __be32 snat_addr,
+					const struct config *cfg, __u8 flags)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct ct_key fwd_key, rev_key = {
+		.saddr = be->addr, .daddr = snat_addr ? snat_addr : p->saddr,
+		.sport = be->port, .dport = p->sport, .proto = p->proto,
+	};
+	struct ct_value rev = {
+		.created = now, .last_seen = now,
+		.nat_addr = p->daddr, .nat_port = p->dport,
+		.snat_addr = p->saddr, .snat_port = p->sport,
+		.svc_id = fe->svc_id, .type = CT_REVERSE, .flags = flags,
+	};
+
+	ct_key_of(p, &fwd_key);
+	rev.peer = fwd_key;
+	if (snat_addr) {
+		/* The reverse key must be unique or replies would reach the wrong
+		 * client: keep the client's port when free, else try random ones. */
+		int i;
+		for (i = 0; i < SNAT_PORT_TRIES; i++) {
+			if (!bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_NOEXIST))
+				break;
+			rev_key.dport = random_snat_port(cfg);
+		}
+		if (i == SNAT_PORT_TRIES)
+			return 0;
+	} else if (bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_ANY)) {
+		return 0;
+	}
+
+	struct ct_value fwd = {
+		.created = now, .last_seen = now, .peer = rev_key,
+		.nat_addr = be->addr, .nat_port = be->port,
+		.snat_addr = snat_addr, .snat_port = rev_key.dport,
+		.svc_id = fe->svc_id, .tcp_seen = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK),
+		.type = CT_FORWARD, .flags = flags,
+	};
+	if (bpf_map_update_elem(&sl_ct_v1, &fwd_key, &fwd, BPF_ANY)) {
+		bpf_map_delete_elem(&sl_ct_v1, &rev_key);
+		return 0;
+	}
+	return rev_key.dport;
+}
+
+__subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
+{
+	struct fe_value *fe = fe_lookup(p->daddr, p->dport, p->proto);
+	int from_host = hook == HOOK_FROM_HOST;
+	struct be_value be;
+
+	if (!fe)
+		return TC_ACT_OK;
+	if (!src_allowed(fe, p->saddr))
+		return drop(CNT_DROP_SRC_RANGE);
+
+	int local_only = (fe->flags & FE_INT_LOCAL) || (from_host && (fe->flags & FE_EXT_LOCAL));
+	switch (pick_backend(fe, p->saddr, local_only, &be)) {
+	case PICK_NO_ENDPOINTS:
+		return reject(skb, p);
+	case PICK_NO_LOCAL:
+		return drop(CNT_DROP_NO_LOCAL_BACKEND);
+	case PICK_BACKEND_MISSING:
+		return drop(CNT_DROP_BACKEND_MISSING);
+	}
+
+	/* SNAT only where the reply would otherwise not come back through this
+	 * node: external traffic forwarded to another node, and a pod reaching
+	 * itself through its Service (hairpin). Everything else keeps the
+	 * client's address. */
+	struct config *cfg = config_get();
+	__be32 snat_addr = 0;
+	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0);
+	if (cfg && cfg->node_ip &&
+	    ((from_host && (fe->flags & FE_EXTERNAL) && !(be.flags & BE_LOCAL)) ||
+	     (!from_host && be.addr == p->saddr))) {
+		snat_addr = cfg->node_ip;
+		flags |= CT_SNAT;
+	}
+
+	__be16 sport = ct_create(p, fe, &be, snat_addr, cfg, flags);
+	if (!sport)
+		return drop(snat_addr ? CNT_DROP_SNAT_PORTS : CNT_DROP_CT_CREATE);
+	if (rewrite_dst(skb, p, be.addr, be.port))
+		return drop(CNT_DROP_MALFORMED);
+	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
+		return drop(CNT_DROP_MALFORMED);
+	return TC_ACT_OK;
+}
+
+__subprog int handle_icmp(struct __sk_buff *skb, struct packet *p, enum hook hook)
+{
+	switch (p->icmp_type) {
+	case ICMP_ECHO: {
+		struct fe_key key = { .addr = p->daddr, .proto = IPPROTO_ICMP };
+		if ((hook != HOOK_FROM_WL && hook != HOOK_FROM_HOST) ||
+		    !bpf_map_lookup_elem(&sl_fe_v1, &key))
+			return TC_ACT_OK;
+		if (answer_echo(skb, p))
+			return drop(CNT_DROP_REJECT_FAILED);
+		count(CNT_ICMP_ECHO_ANSWERED);
+		return bpf_redirect(skb->ifindex, 0);
+	}
+	case ICMP_DEST_UNREACH:
+	case ICMP_TIME_EXCEEDED:
+		if (icmp_error_rnat(skb, p))
+			return drop(CNT_DROP_MALFORMED);
+		return TC_ACT_OK;
+	}
+	return TC_ACT_OK;
+}
+
+static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook)
+{
+	struct packet p;
+
+	switch (parse_packet(skb, &p)) {
+	case PARSE_NOT_IPV4:
+		return TC_ACT_OK;
+	case PARSE_MALFORMED:
+		return drop(CNT_DROP_MALFORMED);
+	}
+	if (p.fragment) {
+		count(CNT_PASS_FRAGMENT);
+		return TC_ACT_OK;
+	}
+	if (p.proto == IPPROTO_ICMP)
+		return handle_icmp(skb, &p, hook);
+	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
+		return TC_ACT_OK;
+
+	struct ct_key key;
+	ct_key_of(&p, &key);
+	struct ct_value *v = bpf_map_lookup_elem(&sl_ct_v1, &key);
+	if (v) {
+		ct_touch(v, &p);
+		if (ct_apply(skb, &p, v))
+			return drop(CNT_DROP_MALFORMED);
+		return TC_ACT_OK;
+	}
+
+	if (hook == HOOK_TO_WL || hook == HOOK_TO_HOST)
+		return TC_ACT_OK;
+	/* Only a connection's first segment is balanced: a segment of a flow
+	 * conntrack does not know would reach a backend that never saw its SYN. */
+	if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+		return TC_ACT_OK;
+	return new_flow(skb, &p, hook);
+}

@@ -1,0 +1,43 @@
+package gen
+
+import (
+	"encoding/binary"
+	"net/netip"
+)
+
+// Fields documented "network order" in bpf/include hold their bytes as they
+// appear on the wire; these helpers convert them to and from Go values.
+
+// NetAddr returns an IPv4 address as a network-order field value.
+func NetAddr(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+// AddrFromNet converts a network-order address field to an address.
+func AddrFromNet(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+// NetPort returns a port as a network-order field value.
+func NetPort(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+// PortFromNet converts a network-order port field to a port.
+func PortFromNet(v uint16) uint16 {
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], v)
+	return binary.BigEndian.Uint16(b[:])
+}
+
+// NetUint32 returns a host value as a network-order 32-bit field value.
+func NetUint32(v uint32) uint32 {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], v)
+	return binary.NativeEndian.Uint32(b[:])
+}
