@@ -32,7 +32,7 @@ func TestCountProgramCountsByProtocol(t *testing.T) {
 		"tcp":       tcp,
 		"udp":       bpftest.UDPPacket(a, b, []byte("hello")),
 		"icmp":      bpftest.Build(bpftest.PacketSpec{Src: a, Dst: b, Proto: layers.IPProtocolICMPv4, ICMPType: 8}),
-		"truncated": tcp[:14+20+10],  // TCP header cut short
+		"truncated": tcp[:14+20+10], // TCP header cut short
 		"arp":       arpFrame(),
 	}
 	want := gen.SluiceIfStats{}
