@@ -14,33 +14,33 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func webService() service {
-	return service{id: 1, front: vipAP, proto: protoTCP, backends: []backend{{ap: be1AP}}}
+func webService() bpftest.Service {
+	return bpftest.Service{ID: 1, Front: vipAP, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP}}}
 }
 
 func TestClusterIPTCPFlowBothWays(t *testing.T) {
 	d := newDP(t)
-	d.addService(webService())
+	d.AddService(webService())
 
-	syn := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
+	syn := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
 	wantAP(t, "SYN destination", syn.Dst, be1AP)
 	wantAP(t, "SYN source", syn.Src, clientAP)
 	if !syn.TCP.SYN || syn.TCP.ACK {
 		t.Fatal("TCP flags changed")
 	}
 
-	fwd, ok := d.ct(ctKey(clientAP, vipAP, protoTCP))
+	fwd, ok := d.CT(bpftest.CtKey(clientAP, vipAP, protoTCP))
 	if !ok {
 		t.Fatal("no forward conntrack entry")
 	}
-	rev, ok := d.ct(ctKey(be1AP, clientAP, protoTCP))
+	rev, ok := d.CT(bpftest.CtKey(be1AP, clientAP, protoTCP))
 	if !ok {
 		t.Fatal("no reverse conntrack entry")
 	}
 	if fwd.Type != gen.SluiceCtTypeCT_FORWARD || rev.Type != gen.SluiceCtTypeCT_REVERSE {
 		t.Fatalf("entry types %d/%d", fwd.Type, rev.Type)
 	}
-	if fwd.Peer != ctKey(be1AP, clientAP, protoTCP) || rev.Peer != ctKey(clientAP, vipAP, protoTCP) {
+	if fwd.Peer != bpftest.CtKey(be1AP, clientAP, protoTCP) || rev.Peer != bpftest.CtKey(clientAP, vipAP, protoTCP) {
 		t.Fatal("entries do not name each other as peers")
 	}
 	if gen.AddrFromNet(fwd.NatAddr) != be1AP.Addr() || gen.PortFromNet(fwd.NatPort) != be1AP.Port() ||
@@ -55,27 +55,27 @@ func TestClusterIPTCPFlowBothWays(t *testing.T) {
 	}
 
 	// The SYN-ACK from the backend comes back from the frontend.
-	synack := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
+	synack := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
 	wantAP(t, "reply source", synack.Src, vipAP)
 	wantAP(t, "reply destination", synack.Dst, clientAP)
-	rev, _ = d.ct(ctKey(be1AP, clientAP, protoTCP))
+	rev, _ = d.CT(bpftest.CtKey(be1AP, clientAP, protoTCP))
 	if rev.TcpSeen&0x12 != 0x12 {
 		t.Fatalf("reverse entry did not record SYN+ACK: %#x", rev.TcpSeen)
 	}
 
 	// With the service gone from the maps, the established flow still works:
 	// later packets use conntrack alone.
-	if err := d.objs.SlFeV1.Delete(feKey(vipAP, protoTCP)); err != nil {
+	if err := d.Objs.SlFeV1.Delete(bpftest.FeKey(vipAP, protoTCP)); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.objs.SlBeV1.Delete(gen.SluiceBeKey{SvcId: 1}); err != nil {
+	if err := d.Objs.SlBeV1.Delete(gen.SluiceBeKey{SvcId: 1}); err != nil {
 		t.Fatal(err)
 	}
-	ack := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.ACK))
+	ack := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.ACK))
 	wantAP(t, "ACK destination", ack.Dst, be1AP)
 	// The same holds on the other hooks (the packet may meet any of them).
-	for _, prog := range []*ebpf.Program{d.objs.SlToWl, d.objs.SlFromHost, d.objs.SlToHost} {
-		out := d.runOK(prog, bpftest.TCPPacket(clientAP, vipAP, bpftest.ACK|bpftest.PSH))
+	for _, prog := range []*ebpf.Program{d.Objs.SlToWl, d.Objs.SlFromHost, d.Objs.SlToHost} {
+		out := d.RunOK(prog, bpftest.TCPPacket(clientAP, vipAP, bpftest.ACK|bpftest.PSH))
 		wantAP(t, "ACK destination on "+prog.String(), out.Dst, be1AP)
 	}
 }
@@ -84,44 +84,44 @@ func TestUDPBothWays(t *testing.T) {
 	d := newDP(t)
 	dns := netip.MustParseAddrPort("10.96.0.53:53")
 	be := netip.MustParseAddrPort("10.2.0.9:5353")
-	d.addService(service{id: 2, front: dns, proto: protoUDP, backends: []backend{{ap: be}}})
+	d.AddService(bpftest.Service{ID: 2, Front: dns, Proto: protoUDP, Backends: []bpftest.Backend{{AP: be}}})
 
-	q := d.runOK(d.objs.SlFromWl, bpftest.UDPPacket(clientAP, dns, []byte("query")))
+	q := d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(clientAP, dns, []byte("query")))
 	wantAP(t, "query destination", q.Dst, be)
 	if !bytes.Equal(q.UDP.Payload, []byte("query")) {
 		t.Fatalf("payload %q", q.UDP.Payload)
 	}
-	r := d.runOK(d.objs.SlFromWl, bpftest.UDPPacket(be, clientAP, []byte("answer")))
+	r := d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(be, clientAP, []byte("answer")))
 	wantAP(t, "answer source", r.Src, dns)
 	wantAP(t, "answer destination", r.Dst, clientAP)
-	if d.ctCount() != 2 {
-		t.Fatalf("%d conntrack entries, want 2", d.ctCount())
+	if d.CTCount() != 2 {
+		t.Fatalf("%d conntrack entries, want 2", d.CTCount())
 	}
 }
 
 func TestBackendChoiceIsSpreadAndIgnoresNonSYN(t *testing.T) {
 	d := newDP(t)
 	s := webService()
-	s.backends = []backend{{ap: be1AP}, {ap: be2AP}}
-	d.addService(s)
+	s.Backends = []bpftest.Backend{{AP: be1AP}, {AP: be2AP}}
+	d.AddService(s)
 
 	hits := map[netip.AddrPort]int{}
 	for port := range uint16(200) {
 		src := netip.AddrPortFrom(clientAP.Addr(), 20000+port)
-		hits[d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst]++
+		hits[d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst]++
 	}
 	if len(hits) != 2 || hits[be1AP] < 50 || hits[be2AP] < 50 {
 		t.Fatalf("200 new flows spread %v over two backends", hits)
 	}
 
 	// A segment that is not a SYN and has no conntrack entry is left alone.
-	before := d.ctCount()
+	before := d.CTCount()
 	frame := bpftest.TCPPacket(netip.MustParseAddrPort("10.1.0.6:999"), vipAP, bpftest.ACK)
-	ret, out := d.run(d.objs.SlFromWl, frame)
+	ret, out := d.Run(d.Objs.SlFromWl, frame)
 	if ret != actOK || !bytes.Equal(out, frame) {
 		t.Fatalf("non-SYN without conntrack: verdict %d, changed %v", ret, !bytes.Equal(out, frame))
 	}
-	if d.ctCount() != before {
+	if d.CTCount() != before {
 		t.Fatal("non-SYN created conntrack entries")
 	}
 }
@@ -129,14 +129,14 @@ func TestBackendChoiceIsSpreadAndIgnoresNonSYN(t *testing.T) {
 func TestSessionAffinity(t *testing.T) {
 	d := newDP(t)
 	s := webService()
-	s.backends = []backend{{ap: be1AP}, {ap: be2AP}, {ap: netip.MustParseAddrPort("10.2.0.10:8080")}}
-	s.affinity = 30
-	d.addService(s)
+	s.Backends = []bpftest.Backend{{AP: be1AP}, {AP: be2AP}, {AP: netip.MustParseAddrPort("10.2.0.10:8080")}}
+	s.Affinity = 30
+	d.AddService(s)
 
-	first := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN)).Dst
+	first := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN)).Dst
 	for port := range uint16(50) {
 		src := netip.AddrPortFrom(clientAP.Addr(), 30000+port)
-		if got := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst; got != first {
+		if got := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst; got != first {
 			t.Fatalf("connection %d went to %v, affinity says %v", port, got, first)
 		}
 	}
@@ -146,13 +146,13 @@ func TestSessionAffinity(t *testing.T) {
 	affKey := gen.SluiceAffKey{SvcId: 1, Client: gen.NetAddr(clientAP.Addr())}
 	for try := range uint16(40) {
 		var a gen.SluiceAffValue
-		if err := d.objs.SlAffV1.Lookup(affKey, &a); err != nil {
+		if err := d.Objs.SlAffV1.Lookup(affKey, &a); err != nil {
 			t.Fatal(err)
 		}
 		a.Ts -= 31 * 1e9
-		d.put(d.objs.SlAffV1, affKey, a)
+		d.Put(d.Objs.SlAffV1, affKey, a)
 		src := netip.AddrPortFrom(clientAP.Addr(), 40000+try)
-		if got := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst; got != first {
+		if got := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst; got != first {
 			return
 		}
 	}
@@ -162,21 +162,21 @@ func TestSessionAffinity(t *testing.T) {
 func TestLoadBalancerSourceRanges(t *testing.T) {
 	d := newDP(t)
 	lb := netip.MustParseAddrPort("203.0.113.10:443")
-	d.addService(service{id: 3, front: lb, proto: protoTCP, backends: []backend{{ap: be1AP, local: true}},
-		flags: gen.SluiceFeFlagsFE_SRC_RANGES | gen.SluiceFeFlagsFE_EXTERNAL})
-	d.put(d.objs.SlSrcrangeV1, gen.SluiceSrcrangeKey{Prefixlen: 32 + 24, SvcId: gen.NetUint32(3),
+	d.AddService(bpftest.Service{ID: 3, Front: lb, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP, Local: true}},
+		Flags: gen.SluiceFeFlagsFE_SRC_RANGES | gen.SluiceFeFlagsFE_EXTERNAL})
+	d.Put(d.Objs.SlSrcrangeV1, gen.SluiceSrcrangeKey{Prefixlen: 32 + 24, SvcId: gen.NetUint32(3),
 		Src: gen.NetAddr(netip.MustParseAddr("192.0.2.0"))}, gen.SluiceSrcrangeValue{})
 
 	allowed := netip.MustParseAddrPort("192.0.2.77:1000")
-	out := d.runOK(d.objs.SlFromHost, bpftest.TCPPacket(allowed, lb, bpftest.SYN))
+	out := d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(allowed, lb, bpftest.SYN))
 	wantAP(t, "allowed source reaches", out.Dst, be1AP)
 	wantAP(t, "source preserved", out.Src, allowed)
 
 	denied := netip.MustParseAddrPort("192.0.3.77:1000")
-	if ret, _ := d.run(d.objs.SlFromHost, bpftest.TCPPacket(denied, lb, bpftest.SYN)); ret != actShot {
+	if ret, _ := d.Run(d.Objs.SlFromHost, bpftest.TCPPacket(denied, lb, bpftest.SYN)); ret != actShot {
 		t.Fatalf("source outside the ranges: verdict %d, want drop", ret)
 	}
-	if c := d.counter(gen.SluiceCounterCNT_DROP_SRC_RANGE); c != 1 {
+	if c := d.Counter(gen.SluiceCounterCNT_DROP_SRC_RANGE); c != 1 {
 		t.Fatalf("source-range drops %d, want 1", c)
 	}
 }
@@ -184,26 +184,26 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 func TestNodePortOnNodeIPAndWildcard(t *testing.T) {
 	d := newDP(t)
 	exact := netip.AddrPortFrom(nodeIP, 30080)
-	d.addService(service{id: 4, front: exact, proto: protoTCP, backends: []backend{{ap: be1AP, local: true}}, flags: gen.SluiceFeFlagsFE_EXTERNAL})
+	d.AddService(bpftest.Service{ID: 4, Front: exact, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
 	wild := netip.AddrPortFrom(netip.MustParseAddr("255.255.255.255"), 30081)
-	d.addService(service{id: 5, front: wild, proto: protoTCP, backends: []backend{{ap: be2AP, local: true}}, flags: gen.SluiceFeFlagsFE_EXTERNAL})
+	d.AddService(bpftest.Service{ID: 5, Front: wild, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be2AP, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
 
-	out := d.runOK(d.objs.SlFromHost, bpftest.TCPPacket(extAP, exact, bpftest.SYN))
+	out := d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(extAP, exact, bpftest.SYN))
 	wantAP(t, "NodePort on the node IP", out.Dst, be1AP)
 	wantAP(t, "client source kept for a local backend", out.Src, extAP)
 
-	out = d.runOK(d.objs.SlFromHost, bpftest.TCPPacket(extAP, netip.AddrPortFrom(nodeIP, 30081), bpftest.SYN))
+	out = d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(extAP, netip.AddrPortFrom(nodeIP, 30081), bpftest.SYN))
 	wantAP(t, "NodePort through the wildcard", out.Dst, be2AP)
 
 	// The wildcard matches only this node's addresses.
 	other := netip.MustParseAddrPort("10.0.0.99:30081")
 	frame := bpftest.TCPPacket(extAP, other, bpftest.SYN)
-	if _, out := d.run(d.objs.SlFromHost, frame); !bytes.Equal(out, frame) {
+	if _, out := d.Run(d.Objs.SlFromHost, frame); !bytes.Equal(out, frame) {
 		t.Fatal("wildcard NodePort matched an address that is not the node's")
 	}
 
 	// The reply from the local backend leaves from the NodePort.
-	reply := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(be2AP, extAP, bpftest.SYN|bpftest.ACK))
+	reply := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be2AP, extAP, bpftest.SYN|bpftest.ACK))
 	wantAP(t, "reply source", reply.Src, netip.AddrPortFrom(nodeIP, 30081))
 }
 
@@ -211,9 +211,9 @@ func TestNodePortToRemoteBackendIsSNATed(t *testing.T) {
 	d := newDP(t)
 	np := netip.AddrPortFrom(nodeIP, 30082)
 	remote := netip.MustParseAddrPort("10.3.0.4:8080")
-	d.addService(service{id: 6, front: np, proto: protoTCP, backends: []backend{{ap: remote}}, flags: gen.SluiceFeFlagsFE_EXTERNAL})
+	d.AddService(bpftest.Service{ID: 6, Front: np, Proto: protoTCP, Backends: []bpftest.Backend{{AP: remote}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
 
-	out := d.runOK(d.objs.SlFromHost, bpftest.TCPPacket(extAP, np, bpftest.SYN))
+	out := d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(extAP, np, bpftest.SYN))
 	wantAP(t, "destination", out.Dst, remote)
 	if out.Src.Addr() != nodeIP {
 		t.Fatalf("source %v, want the node IP", out.Src)
@@ -222,33 +222,33 @@ func TestNodePortToRemoteBackendIsSNATed(t *testing.T) {
 
 	// A second client with the same source port gets another SNAT port.
 	ext2 := netip.AddrPortFrom(netip.MustParseAddr("198.51.100.10"), extAP.Port())
-	out2 := d.runOK(d.objs.SlFromHost, bpftest.TCPPacket(ext2, np, bpftest.SYN))
+	out2 := d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(ext2, np, bpftest.SYN))
 	if out2.Src == snat || out2.Src.Addr() != nodeIP {
 		t.Fatalf("second client SNATed to %v, first to %v", out2.Src, snat)
 	}
 
 	// The reply to the node IP goes back to the right client from the NodePort.
-	r := d.runOK(d.objs.SlFromHost, bpftest.TCPPacket(remote, snat, bpftest.SYN|bpftest.ACK))
+	r := d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(remote, snat, bpftest.SYN|bpftest.ACK))
 	wantAP(t, "reply source", r.Src, np)
 	wantAP(t, "reply destination", r.Dst, extAP)
-	r2 := d.runOK(d.objs.SlFromHost, bpftest.TCPPacket(remote, out2.Src, bpftest.SYN|bpftest.ACK))
+	r2 := d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(remote, out2.Src, bpftest.SYN|bpftest.ACK))
 	wantAP(t, "second reply destination", r2.Dst, ext2)
 
 	// The same service reached from a pod is not SNATed.
-	pod := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(clientAP, np, bpftest.SYN))
+	pod := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, np, bpftest.SYN))
 	wantAP(t, "pod source", pod.Src, clientAP)
 }
 
 func TestHairpinIsSNATed(t *testing.T) {
 	d := newDP(t)
 	self := netip.AddrPortFrom(be1AP.Addr(), 45000)
-	d.addService(webService())
-	out := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(self, vipAP, bpftest.SYN))
+	d.AddService(webService())
+	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(self, vipAP, bpftest.SYN))
 	wantAP(t, "destination", out.Dst, be1AP)
 	if out.Src.Addr() != nodeIP {
 		t.Fatalf("hairpin source %v, want the node IP", out.Src)
 	}
-	r := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(be1AP, out.Src, bpftest.SYN|bpftest.ACK))
+	r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, out.Src, bpftest.SYN|bpftest.ACK))
 	wantAP(t, "reply source", r.Src, vipAP)
 	wantAP(t, "reply destination", r.Dst, self)
 }
@@ -259,46 +259,46 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 	local := netip.MustParseAddrPort("10.2.0.20:8080")
 	remote := netip.MustParseAddrPort("10.3.0.20:8080")
 	flags := gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_EXT_LOCAL
-	d.addService(service{id: 7, front: np, proto: protoTCP, backends: []backend{{ap: local, local: true}, {ap: remote}}, flags: flags})
+	d.AddService(bpftest.Service{ID: 7, Front: np, Proto: protoTCP, Backends: []bpftest.Backend{{AP: local, Local: true}, {AP: remote}}, Flags: flags})
 
 	for port := range uint16(30) {
 		src := netip.AddrPortFrom(extAP.Addr(), 1000+port)
-		out := d.runOK(d.objs.SlFromHost, bpftest.TCPPacket(src, np, bpftest.SYN))
+		out := d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(src, np, bpftest.SYN))
 		wantAP(t, "external client", out.Dst, local)
 		wantAP(t, "external client source preserved", out.Src, src)
 	}
 
 	// Without a local backend, external traffic is dropped...
 	np2 := netip.AddrPortFrom(nodeIP, 30084)
-	d.addService(service{id: 8, front: np2, proto: protoTCP, backends: []backend{{ap: remote}}, flags: flags})
-	if ret, _ := d.run(d.objs.SlFromHost, bpftest.TCPPacket(extAP, np2, bpftest.SYN)); ret != actShot {
+	d.AddService(bpftest.Service{ID: 8, Front: np2, Proto: protoTCP, Backends: []bpftest.Backend{{AP: remote}}, Flags: flags})
+	if ret, _ := d.Run(d.Objs.SlFromHost, bpftest.TCPPacket(extAP, np2, bpftest.SYN)); ret != actShot {
 		t.Fatalf("no local backend: verdict %d, want drop", ret)
 	}
-	if d.counter(gen.SluiceCounterCNT_DROP_NO_LOCAL_BACKEND) != 1 {
+	if d.Counter(gen.SluiceCounterCNT_DROP_NO_LOCAL_BACKEND) != 1 {
 		t.Fatal("no-local-backend drop not counted")
 	}
 	// ... while pods still reach every backend.
-	out := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(clientAP, np2, bpftest.SYN))
+	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, np2, bpftest.SYN))
 	wantAP(t, "pod to external-local service", out.Dst, remote)
 }
 
 func TestInternalTrafficPolicyLocal(t *testing.T) {
 	d := newDP(t)
 	s := webService()
-	s.backends = []backend{{ap: be1AP, local: true}, {ap: be2AP}}
-	s.flags = gen.SluiceFeFlagsFE_INT_LOCAL
-	d.addService(s)
+	s.Backends = []bpftest.Backend{{AP: be1AP, Local: true}, {AP: be2AP}}
+	s.Flags = gen.SluiceFeFlagsFE_INT_LOCAL
+	d.AddService(s)
 	for port := range uint16(30) {
 		src := netip.AddrPortFrom(clientAP.Addr(), 1000+port)
-		wantAP(t, "internal-local", d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst, be1AP)
+		wantAP(t, "internal-local", d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst, be1AP)
 	}
 }
 
 func TestNoEndpointsRejectsTCPWithRST(t *testing.T) {
 	d := newDP(t)
-	d.addService(service{id: 9, front: vipAP, proto: protoTCP})
+	d.AddService(bpftest.Service{ID: 9, Front: vipAP, Proto: protoTCP})
 	frame := bpftest.Build(bpftest.PacketSpec{Src: clientAP, Dst: vipAP, Proto: layers.IPProtocolTCP, TCPFlags: bpftest.SYN, Seq: 1000})
-	ret, out := d.run(d.objs.SlFromWl, frame)
+	ret, out := d.Run(d.Objs.SlFromWl, frame)
 	if ret != actRedirect {
 		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (the RST goes back out)", ret)
 	}
@@ -314,7 +314,7 @@ func TestNoEndpointsRejectsTCPWithRST(t *testing.T) {
 	if !bytes.Equal(out[0:6], frame[6:12]) || !bytes.Equal(out[6:12], frame[0:6]) {
 		t.Fatal("MAC addresses not swapped")
 	}
-	if d.counter(gen.SluiceCounterCNT_REJECT_NO_ENDPOINTS) != 1 || d.ctCount() != 0 {
+	if d.Counter(gen.SluiceCounterCNT_REJECT_NO_ENDPOINTS) != 1 || d.CTCount() != 0 {
 		t.Fatal("reject not counted, or conntrack entries created")
 	}
 }
@@ -322,9 +322,9 @@ func TestNoEndpointsRejectsTCPWithRST(t *testing.T) {
 func TestNoEndpointsRejectsUDPWithPortUnreachable(t *testing.T) {
 	d := newDP(t)
 	dns := netip.MustParseAddrPort("10.96.0.53:53")
-	d.addService(service{id: 10, front: dns, proto: protoUDP})
+	d.AddService(bpftest.Service{ID: 10, Front: dns, Proto: protoUDP})
 	frame := bpftest.UDPPacket(clientAP, dns, []byte("a DNS query of some length"))
-	ret, out := d.run(d.objs.SlFromWl, frame)
+	ret, out := d.Run(d.Objs.SlFromWl, frame)
 	if ret != actRedirect {
 		t.Fatalf("verdict %d, want TC_ACT_REDIRECT", ret)
 	}
@@ -346,16 +346,16 @@ func TestNoEndpointsRejectsUDPWithPortUnreachable(t *testing.T) {
 
 func TestICMPFragNeededFromBackendIsReverseTranslated(t *testing.T) {
 	d := newDP(t)
-	d.addService(webService())
+	d.AddService(webService())
 	// The SYN as the backend received it is what the ICMP error quotes.
-	sent := d.runOK(d.objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
+	sent := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
 	quote := sent.Packet.Data()[14 : 14+28]
 
 	frame := bpftest.Build(bpftest.PacketSpec{
 		Src: netip.AddrPortFrom(be1AP.Addr(), 0), Dst: netip.AddrPortFrom(clientAP.Addr(), 0),
 		Proto: layers.IPProtocolICMPv4, ICMPType: 3, ICMPCode: 4, Payload: quote,
 	})
-	out := d.runOK(d.objs.SlFromWl, frame)
+	out := d.RunOK(d.Objs.SlFromWl, frame)
 	if out.IP.SrcIP.String() != vipAP.Addr().String() {
 		t.Fatalf("outer source %v, want the service IP", out.IP.SrcIP)
 	}
@@ -372,14 +372,14 @@ func TestICMPFragNeededFromBackendIsReverseTranslated(t *testing.T) {
 	if s := ipChecksum(inner[:20]); s != 0 {
 		t.Fatalf("quoted IP header checksum invalid (%#x)", s)
 	}
-	if d.counter(gen.SluiceCounterCNT_ICMP_ERROR_TRANSLATED) != 1 {
+	if d.Counter(gen.SluiceCounterCNT_ICMP_ERROR_TRANSLATED) != 1 {
 		t.Fatal("translation not counted")
 	}
 
 	// An ICMP error about a flow conntrack does not know passes unchanged.
 	other := bytes.Clone(frame)
 	other[14+20+8+16] = 99 // quoted destination 99.x.x.x
-	if _, out := d.run(d.objs.SlFromWl, other); !bytes.Equal(out, other) {
+	if _, out := d.Run(d.Objs.SlFromWl, other); !bytes.Equal(out, other) {
 		t.Fatal("ICMP error about an unknown flow was changed")
 	}
 }
@@ -397,10 +397,10 @@ func ipChecksum(h []byte) uint16 {
 
 func TestICMPEchoToServiceIPIsAnswered(t *testing.T) {
 	d := newDP(t)
-	d.put(d.objs.SlFeV1, gen.SluiceFeKey{Addr: gen.NetAddr(vipAP.Addr()), Proto: protoICMP}, gen.SluiceFeValue{})
+	d.Put(d.Objs.SlFeV1, gen.SluiceFeKey{Addr: gen.NetAddr(vipAP.Addr()), Proto: protoICMP}, gen.SluiceFeValue{})
 	echo := bpftest.Build(bpftest.PacketSpec{Src: netip.AddrPortFrom(clientAP.Addr(), 0), Dst: netip.AddrPortFrom(vipAP.Addr(), 0),
 		Proto: layers.IPProtocolICMPv4, ICMPType: 8, ICMPID: 77, Payload: []byte("ping")})
-	ret, out := d.run(d.objs.SlFromWl, echo)
+	ret, out := d.Run(d.Objs.SlFromWl, echo)
 	if ret != actRedirect {
 		t.Fatalf("verdict %d, want the reply redirected back", ret)
 	}
@@ -414,35 +414,35 @@ func TestICMPEchoToServiceIPIsAnswered(t *testing.T) {
 	// An echo to an address that is not a service IP is not touched.
 	other := bpftest.Build(bpftest.PacketSpec{Src: netip.AddrPortFrom(clientAP.Addr(), 0), Dst: netip.AddrPortFrom(be1AP.Addr(), 0),
 		Proto: layers.IPProtocolICMPv4, ICMPType: 8})
-	if ret, out := d.run(d.objs.SlFromWl, other); ret != actOK || !bytes.Equal(out, other) {
+	if ret, out := d.Run(d.Objs.SlFromWl, other); ret != actOK || !bytes.Equal(out, other) {
 		t.Fatal("echo to a non-service address was touched")
 	}
 }
 
 func TestIPOptionsFragmentsAndNonIPv4(t *testing.T) {
 	d := newDP(t)
-	d.addService(webService())
+	d.AddService(webService())
 
 	// IP options are skipped by the header length: NAT still works.
 	withOpts := bpftest.Build(bpftest.PacketSpec{Src: clientAP, Dst: vipAP, Proto: layers.IPProtocolTCP,
 		TCPFlags: bpftest.SYN, IPOptions: []byte{0x94, 0x04, 0, 0}}) // router alert
-	out := d.runOK(d.objs.SlFromWl, withOpts)
+	out := d.RunOK(d.Objs.SlFromWl, withOpts)
 	wantAP(t, "with IP options", out.Dst, be1AP)
 
 	// Fragments are never NATed.
 	frag := bpftest.Build(bpftest.PacketSpec{Src: netip.AddrPortFrom(clientAP.Addr(), 5555), Dst: vipAP, Proto: layers.IPProtocolTCP,
 		TCPFlags: bpftest.SYN, Fragment: true})
-	if ret, out := d.run(d.objs.SlFromWl, frag); ret != actOK || !bytes.Equal(out, frag) {
+	if ret, out := d.Run(d.Objs.SlFromWl, frag); ret != actOK || !bytes.Equal(out, frag) {
 		t.Fatal("fragment was changed")
 	}
-	if d.counter(gen.SluiceCounterCNT_PASS_FRAGMENT) != 1 {
+	if d.Counter(gen.SluiceCounterCNT_PASS_FRAGMENT) != 1 {
 		t.Fatal("fragment not counted")
 	}
 
 	arp := make([]byte, 60)
 	copy(arp[12:], []byte{0x08, 0x06})
-	for _, prog := range []*ebpf.Program{d.objs.SlFromWl, d.objs.SlToWl, d.objs.SlFromHost, d.objs.SlToHost} {
-		if ret, out := d.run(prog, arp); ret != actOK || !bytes.Equal(out, arp) {
+	for _, prog := range []*ebpf.Program{d.Objs.SlFromWl, d.Objs.SlToWl, d.Objs.SlFromHost, d.Objs.SlToHost} {
+		if ret, out := d.Run(prog, arp); ret != actOK || !bytes.Equal(out, arp) {
 			t.Fatalf("%v: ARP verdict %d or changed", prog, ret)
 		}
 	}
@@ -454,8 +454,8 @@ func TestIPOptionsFragmentsAndNonIPv4(t *testing.T) {
 // the IPv4 header are checked to be refused rather than run.
 func TestTruncatedHeadersAtEveryLength(t *testing.T) {
 	d := newDP(t)
-	d.addService(webService())
-	d.addService(service{id: 2, front: vipAP, proto: protoUDP, backends: []backend{{ap: be1AP}}})
+	d.AddService(webService())
+	d.AddService(bpftest.Service{ID: 2, Front: vipAP, Proto: protoUDP, Backends: []bpftest.Backend{{AP: be1AP}}})
 	frames := map[string][]byte{
 		"tcp": bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN),
 		"udp": bpftest.UDPPacket(clientAP, vipAP, nil),
@@ -463,7 +463,7 @@ func TestTruncatedHeadersAtEveryLength(t *testing.T) {
 	for name, full := range frames {
 		ipEnd := 14 + int(binary.BigEndian.Uint16(full[16:18]))
 		for n := 14; n < ipEnd; n++ {
-			for _, prog := range []*ebpf.Program{d.objs.SlFromWl, d.objs.SlFromHost} {
+			for _, prog := range []*ebpf.Program{d.Objs.SlFromWl, d.Objs.SlFromHost} {
 				opts := ebpf.RunOptions{Data: full[:n], DataOut: make([]byte, 256)}
 				ret, err := prog.Run(&opts)
 				if n < 14+20 {
@@ -481,10 +481,23 @@ func TestTruncatedHeadersAtEveryLength(t *testing.T) {
 			}
 		}
 	}
-	if d.ctCount() != 0 {
-		t.Fatalf("%d conntrack entries after truncated packets", d.ctCount())
+	if d.CTCount() != 0 {
+		t.Fatalf("%d conntrack entries after truncated packets", d.CTCount())
 	}
-	if d.counter(gen.SluiceCounterCNT_DROP_MALFORMED) == 0 {
+	if d.Counter(gen.SluiceCounterCNT_DROP_MALFORMED) == 0 {
 		t.Fatal("malformed drops not counted")
+	}
+}
+
+// Port 0 is a legal value in a header: a flow from it is balanced like any other
+// (it once collided with ct_create's failure value).
+func TestSourcePortZeroIsBalanced(t *testing.T) {
+	d := newDP(t)
+	d.AddService(webService())
+	src := netip.AddrPortFrom(clientAP.Addr(), 0)
+	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN))
+	wantAP(t, "destination", out.Dst, be1AP)
+	if c := d.Counter(gen.SluiceCounterCNT_DROP_CT_CREATE); c != 0 {
+		t.Fatalf("%d conntrack-create drops", c)
 	}
 }

@@ -33,20 +33,20 @@ func FuzzDatapath(f *testing.F) {
 	}
 
 	d := newDP(f)
-	d.addService(webService())
-	d.addService(service{id: 2, front: udpFront, proto: protoUDP}) // no endpoints: rejects
-	d.addService(service{id: 3, front: netip.AddrPortFrom(netip.MustParseAddr("255.255.255.255"), 30080), proto: protoTCP,
-		backends: []backend{{ap: be2AP}}, flags: gen.SluiceFeFlagsFE_EXTERNAL})
-	progs := []*ebpf.Program{d.objs.SlFromWl, d.objs.SlToWl, d.objs.SlFromHost, d.objs.SlToHost}
+	d.AddService(webService())
+	d.AddService(bpftest.Service{ID: 2, Front: udpFront, Proto: protoUDP}) // no endpoints: rejects
+	d.AddService(bpftest.Service{ID: 3, Front: netip.AddrPortFrom(netip.MustParseAddr("255.255.255.255"), 30080), Proto: protoTCP,
+		Backends: []bpftest.Backend{{AP: be2AP}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+	progs := []*ebpf.Program{d.Objs.SlFromWl, d.Objs.SlToWl, d.Objs.SlFromHost, d.Objs.SlToHost}
 
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		if len(frame) < 14+20 || len(frame) > 1500 {
 			return // BPF_PROG_TEST_RUN refuses these; a real interface never passes them up
 		}
-		d.tb = t
+		d.TB = t
 		for _, prog := range progs {
-			before := d.ctCount()
-			malformed := d.counter(gen.SluiceCounterCNT_DROP_MALFORMED)
+			before := d.CTCount()
+			malformed := d.Counter(gen.SluiceCounterCNT_DROP_MALFORMED)
 			opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256)}
 			ret, err := prog.Run(&opts)
 			if err != nil {
@@ -57,8 +57,8 @@ func FuzzDatapath(f *testing.F) {
 			default:
 				t.Fatalf("%v: verdict %d not in {OK, SHOT, REDIRECT}", prog, ret)
 			}
-			if d.counter(gen.SluiceCounterCNT_DROP_MALFORMED) > malformed && d.ctCount() != before {
-				t.Fatalf("%v: frame dropped as malformed changed conntrack (%d -> %d entries)", prog, before, d.ctCount())
+			if d.Counter(gen.SluiceCounterCNT_DROP_MALFORMED) > malformed && d.CTCount() != before {
+				t.Fatalf("%v: frame dropped as malformed changed conntrack (%d -> %d entries)", prog, before, d.CTCount())
 			}
 		}
 	})

@@ -20,7 +20,7 @@ import (
 // topology is a node namespace with pods behind veths and an external host on a
 // data interface, the datapath attached by TCX on the node's side of each veth.
 type topology struct {
-	d        *dp
+	d        *bpftest.Datapath
 	node     *bpftest.NetNS
 	pods     map[string]*bpftest.NetNS
 	podIP    map[string]netip.Addr
@@ -46,7 +46,7 @@ func newTopology(t *testing.T, pods ...string) *topology {
 		n.Run("ip", "addr", "add", gw+"/24", "dev", v.Name)
 		ns.Run("ip", "addr", "add", ip+"/24", "dev", v.PeerName)
 		ns.Run("ip", "route", "add", "default", "via", gw)
-		topo.attach(t, v.Name, d.objs.SlFromWl, d.objs.SlToWl)
+		topo.attach(t, v.Name, d.Objs.SlFromWl, d.Objs.SlToWl)
 		topo.pods[name], topo.podIP[name] = ns, netip.MustParseAddr(ip)
 	}
 	topo.external = bpftest.NewNetNS(t)
@@ -55,10 +55,10 @@ func newTopology(t *testing.T, pods ...string) *topology {
 	n.Run("ip", "addr", "add", "10.210.0.1/24", "dev", data.Name)
 	topo.external.Run("ip", "addr", "add", "10.210.0.2/24", "dev", data.PeerName)
 	topo.external.Run("ip", "route", "add", "default", "via", "10.210.0.1")
-	topo.attach(t, data.Name, d.objs.SlFromHost, d.objs.SlToHost)
+	topo.attach(t, data.Name, d.Objs.SlFromHost, d.Objs.SlToHost)
 
-	d.put(d.objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(topo.nodeIP)})
-	d.put(d.objs.SlHostipV1, gen.SluiceHostipKey{Addr: gen.NetAddr(topo.nodeIP)}, gen.SluiceHostipValue{})
+	d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(topo.nodeIP)})
+	d.Put(d.Objs.SlHostipV1, gen.SluiceHostipKey{Addr: gen.NetAddr(topo.nodeIP)}, gen.SluiceHostipValue{})
 	return topo
 }
 
@@ -171,13 +171,13 @@ func TestRealTrafficThroughTheDatapath(t *testing.T) {
 	serveUDPEcho(t, topo.pods["b1"], "b1", ":5353")
 
 	vip := netip.MustParseAddrPort("10.96.0.10:80")
-	d.addService(service{id: 1, front: vip, proto: protoTCP, backends: []backend{{ap: b1, local: true}, {ap: b2, local: true}}})
+	d.AddService(bpftest.Service{ID: 1, Front: vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: b1, Local: true}, {AP: b2, Local: true}}})
 	dns := netip.MustParseAddrPort("10.96.0.10:53")
-	d.addService(service{id: 2, front: dns, proto: protoUDP, backends: []backend{{ap: netip.AddrPortFrom(topo.podIP["b1"], 5353), local: true}}})
-	d.addService(service{id: 3, front: netip.MustParseAddrPort("255.255.255.255:30080"), proto: protoTCP,
-		backends: []backend{{ap: b1, local: true}, {ap: b2, local: true}}, flags: gen.SluiceFeFlagsFE_EXTERNAL})
+	d.AddService(bpftest.Service{ID: 2, Front: dns, Proto: protoUDP, Backends: []bpftest.Backend{{AP: netip.AddrPortFrom(topo.podIP["b1"], 5353), Local: true}}})
+	d.AddService(bpftest.Service{ID: 3, Front: netip.MustParseAddrPort("255.255.255.255:30080"), Proto: protoTCP,
+		Backends: []bpftest.Backend{{AP: b1, Local: true}, {AP: b2, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
 	empty := netip.MustParseAddrPort("10.96.0.11:80")
-	d.addService(service{id: 4, front: empty, proto: protoTCP})
+	d.AddService(bpftest.Service{ID: 4, Front: empty, Proto: protoTCP})
 	client := topo.pods["client"]
 	clientIP := topo.podIP["client"].String()
 
@@ -229,7 +229,7 @@ func TestRealTrafficThroughTheDatapath(t *testing.T) {
 		if elapsed := time.Since(start); elapsed > 2*time.Second {
 			t.Fatalf("refusal took %v: it came from a timeout, not a RST", elapsed)
 		}
-		if d.counter(gen.SluiceCounterCNT_REJECT_NO_ENDPOINTS) == 0 {
+		if d.Counter(gen.SluiceCounterCNT_REJECT_NO_ENDPOINTS) == 0 {
 			t.Fatal("reject not counted")
 		}
 	})

@@ -5,8 +5,8 @@
 #pragma once
 
 #define SL_IFSTATS_MAX		1024
-#define SL_FE_MAX		65536		/* frontends: service IP:port:proto entries */
-#define SL_BE_MAX		262144		/* backends: (service, ordinal) entries */
+#define SL_FE_MAX		262144		/* frontends: service IP:port:proto entries */
+#define SL_BE_MAX		1048576		/* backends: (service, ordinal) entries */
 #define SL_SRCRANGE_MAX		16384		/* loadBalancerSourceRanges CIDRs */
 #define SL_AFF_MAX		65536		/* session affinity entries (LRU) */
 #define SL_CT_MAX		524288		/* conntrack entries, two per flow (LRU) */

@@ -69,12 +69,12 @@ static __always_inline __be16 random_snat_port(const struct config *cfg)
 	return bpf_htons(lo + bpf_get_prandom_u32() % (hi - lo + 1));
 }
 
-/* ct_create writes the reverse entry, then the forward one, and returns the
- * source port the flow leaves with (a new one when SNAT found the client's port
- * taken), or 0 when no entry could be written. */
-static __always_inline __be16 ct_create(const struct packet *p, const struct fe_value *fe,
-					const struct be_value *be, __be32 snat_addr,
-					const struct config *cfg, __u8 flags)
+/* ct_create writes the reverse entry, then the forward one, and sets *sport to
+ * the source port the flow leaves with (a new one when SNAT found the client's
+ * port taken). It returns -1 when no entry could be written. */
+static __always_inline int ct_create(const struct packet *p, const struct fe_value *fe,
+				     const struct be_value *be, __be32 snat_addr,
+				     const struct config *cfg, __u8 flags, __be16 *sport)
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key fwd_key, rev_key = {
@@ -100,9 +100,9 @@ static __always_inline __be16 ct_create(const struct packet *p, const struct fe_
 			rev_key.dport = random_snat_port(cfg);
 		}
 		if (i == SNAT_PORT_TRIES)
-			return 0;
+			return -1;
 	} else if (bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_ANY)) {
-		return 0;
+		return -1;
 	}
 
 	struct ct_value fwd = {
@@ -114,9 +114,10 @@ static __always_inline __be16 ct_create(const struct packet *p, const struct fe_
 	};
 	if (bpf_map_update_elem(&sl_ct_v1, &fwd_key, &fwd, BPF_ANY)) {
 		bpf_map_delete_elem(&sl_ct_v1, &rev_key);
-		return 0;
+		return -1;
 	}
-	return rev_key.dport;
+	*sport = rev_key.dport;
+	return 0;
 }
 
 __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
@@ -154,8 +155,8 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
 		flags |= CT_SNAT;
 	}
 
-	__be16 sport = ct_create(p, fe, &be, snat_addr, cfg, flags);
-	if (!sport)
+	__be16 sport;
+	if (ct_create(p, fe, &be, snat_addr, cfg, flags, &sport))
 		return drop(snat_addr ? CNT_DROP_SNAT_PORTS : CNT_DROP_CT_CREATE);
 	if (rewrite_dst(skb, p, be.addr, be.port))
 		return drop(CNT_DROP_MALFORMED);

@@ -97,6 +97,7 @@ ASSERT_SIZE(struct aff_value, 16);
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_FE_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);	/* memory follows the services programmed */
 	__type(key, struct fe_key);
 	__type(value, struct fe_value);
 } sl_fe_v1 SEC(".maps");
@@ -104,6 +105,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_BE_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct be_key);
 	__type(value, struct be_value);
 } sl_be_v1 SEC(".maps");

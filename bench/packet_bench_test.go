@@ -1,0 +1,130 @@
+package bench
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/gen/bpftest"
+)
+
+var (
+	nodeIP   = netip.MustParseAddr("10.0.0.1")
+	clientAP = netip.MustParseAddrPort("10.1.0.5:41234")
+)
+
+// serviceAddr is the ClusterIP of the i-th benchmark service.
+func serviceAddr(i int) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96 + byte(i>>16), byte(i >> 8), byte(i)}), 80)
+}
+
+func backendAddr(i int) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 128 + byte(i>>16), byte(i >> 8), byte(i)}), 8080)
+}
+
+// programServices writes n services with one backend each, in batches.
+func programServices(b *testing.B, d *bpftest.Datapath, n int) {
+	feKeys, feVals := make([]gen.SluiceFeKey, n), make([]gen.SluiceFeValue, n)
+	beKeys, beVals := make([]gen.SluiceBeKey, n), make([]gen.SluiceBeValue, n)
+	for i := range n {
+		be := backendAddr(i)
+		beKeys[i] = gen.SluiceBeKey{SvcId: uint32(i + 1)}
+		beVals[i] = gen.SluiceBeValue{Addr: gen.NetAddr(be.Addr()), Port: gen.NetPort(be.Port())}
+		feKeys[i] = bpftest.FeKey(serviceAddr(i), bpftest.ProtoTCP)
+		feVals[i] = gen.SluiceFeValue{SvcId: uint32(i + 1), Count: 1}
+	}
+	if _, err := d.Objs.SlBeV1.BatchUpdate(beKeys, beVals, nil); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := d.Objs.SlFeV1.BatchUpdate(feKeys, feVals, nil); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// floorNs is the floor program's cost, measured first in the same run; every
+// later path reports its ratio to it.
+var floorNs float64
+
+// measure runs prog once per packet and sums the kernel's own timing of each
+// run. One run per BPF_PROG_TEST_RUN call matters: with repeat > 1 the kernel
+// re-runs the program on the packet it already rewrote, which would measure
+// another path.
+func measure(b *testing.B, prog *ebpf.Program, want uint32, frame func(i int) []byte) float64 {
+	b.Helper()
+	var total time.Duration
+	i := 0
+	for b.Loop() {
+		ret, dur, err := prog.Benchmark(frame(i), 1, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if ret != want {
+			b.Fatalf("packet %d: verdict %d, want %d", i, ret, want)
+		}
+		total += dur
+		i++
+	}
+	ns := float64(total.Nanoseconds()) / float64(i)
+	b.ReportMetric(ns, "ns/packet")
+	if floorNs > 0 {
+		b.ReportMetric(ns/floorNs, "x-floor")
+	}
+	return ns
+}
+
+// newFlowFrames returns distinct SYNs to dst: the source address and port
+// change with i, so every packet misses conntrack. Checksums are not fixed up
+// (no program verifies them).
+func newFlowFrames(dst netip.AddrPort) func(int) []byte {
+	tmpl := bpftest.TCPPacket(clientAP, dst, bpftest.SYN)
+	return func(i int) []byte {
+		f := tmpl // the kernel copies the data in: reusing the buffer is safe
+		f[14+13], f[14+14], f[14+15] = byte(i>>16), byte(i>>8), byte(i)
+		port := 1024 + i%60000
+		f[34], f[35] = byte(port>>8), byte(port)
+		return f
+	}
+}
+
+func fixed(frame []byte) func(int) []byte { return func(int) []byte { return frame } }
+
+func BenchmarkPacket(b *testing.B) {
+	b.Run("floor", func(b *testing.B) {
+		bpftest.Require(b)
+		var objs gen.FloorObjects
+		if err := gen.LoadFloorObjects(&objs, nil); err != nil {
+			b.Fatal(err)
+		}
+		defer objs.Close()
+		frame := bpftest.TCPPacket(clientAP, serviceAddr(0), bpftest.ACK)
+		key := bpftest.CtKey(clientAP, serviceAddr(0), bpftest.ProtoTCP)
+		if err := objs.FloorFlows.Put(key, uint64(1)); err != nil {
+			b.Fatal(err)
+		}
+		floorNs = 0
+		floorNs = measure(b, objs.FloorParseLookup, bpftest.ActOK, fixed(frame))
+	})
+	for _, services := range []int{10, 100_000} {
+		b.Run(fmt.Sprintf("services=%d", services), func(b *testing.B) {
+			d := bpftest.NewDatapath(b, nodeIP)
+			programServices(b, d, services)
+			vip := serviceAddr(services / 2)
+			be := backendAddr(services / 2)
+			// One established flow for the established and reply paths.
+			d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip, bpftest.SYN))
+
+			b.Run("established", func(b *testing.B) {
+				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(clientAP, vip, bpftest.ACK)))
+			})
+			b.Run("reply", func(b *testing.B) {
+				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(be, clientAP, bpftest.ACK)))
+			})
+			b.Run("new-flow", func(b *testing.B) {
+				measure(b, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(vip))
+			})
+		})
+	}
+}

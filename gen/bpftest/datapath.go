@@ -1,0 +1,159 @@
+package bpftest
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen"
+)
+
+// TC verdicts (linux/pkt_cls.h).
+const (
+	ActOK       = 0
+	ActShot     = 2
+	ActRedirect = 7
+)
+
+// IP protocol numbers as the maps store them.
+const (
+	ProtoICMP = 1
+	ProtoTCP  = 6
+	ProtoUDP  = 17
+)
+
+// Datapath is Sluice's programs loaded with private maps, for tests and
+// benchmarks that drive them with BPF_PROG_TEST_RUN.
+type Datapath struct {
+	TB   testing.TB
+	Objs *gen.SluiceObjects
+}
+
+// NewDatapath loads the programs and configures nodeIP as the node's address
+// (SNAT source and NodePort wildcard match).
+func NewDatapath(tb testing.TB, nodeIP netip.Addr) *Datapath {
+	tb.Helper()
+	Require(tb)
+	objs, err := gen.Load(gen.LoadOptions{})
+	if err != nil {
+		tb.Fatalf("%+v", err)
+	}
+	tb.Cleanup(func() { objs.Close() })
+	d := &Datapath{TB: tb, Objs: objs}
+	d.Put(objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP)})
+	d.Put(objs.SlHostipV1, gen.SluiceHostipKey{Addr: gen.NetAddr(nodeIP)}, gen.SluiceHostipValue{})
+	return d
+}
+
+// Put writes one map entry or fails the test.
+func (d *Datapath) Put(m *ebpf.Map, k, v any) {
+	d.TB.Helper()
+	if err := m.Put(k, v); err != nil {
+		d.TB.Fatal(err)
+	}
+}
+
+// Backend is one backend of a Service.
+type Backend struct {
+	AP    netip.AddrPort
+	Local bool
+}
+
+// Service is one frontend with its backends.
+type Service struct {
+	ID       uint32
+	Front    netip.AddrPort // the NodePort wildcard is 255.255.255.255
+	Proto    uint8
+	Backends []Backend // local ones first
+	Affinity uint32    // seconds
+	Flags    gen.SluiceFeFlags
+}
+
+// AddService writes the backends, then the frontend that points at them.
+func (d *Datapath) AddService(s Service) {
+	d.TB.Helper()
+	local := uint32(0)
+	for i, b := range s.Backends {
+		v := gen.SluiceBeValue{Addr: gen.NetAddr(b.AP.Addr()), Port: gen.NetPort(b.AP.Port())}
+		if b.Local {
+			v.Flags = gen.SluiceBeFlagsBE_LOCAL
+			local++
+		}
+		d.Put(d.Objs.SlBeV1, gen.SluiceBeKey{SvcId: s.ID, Ordinal: uint32(i)}, v)
+	}
+	d.Put(d.Objs.SlFeV1, FeKey(s.Front, s.Proto), gen.SluiceFeValue{
+		SvcId: s.ID, Count: uint32(len(s.Backends)), LocalCount: local,
+		AffinityTimeout: s.Affinity, Flags: s.Flags,
+	})
+}
+
+// FeKey is the frontend key of ap and proto.
+func FeKey(ap netip.AddrPort, proto uint8) gen.SluiceFeKey {
+	return gen.SluiceFeKey{Addr: gen.NetAddr(ap.Addr()), Port: gen.NetPort(ap.Port()), Proto: proto}
+}
+
+// CtKey is the conntrack key of a packet from src to dst.
+func CtKey(src, dst netip.AddrPort, proto uint8) gen.SluiceCtKey {
+	return gen.SluiceCtKey{
+		Saddr: gen.NetAddr(src.Addr()), Daddr: gen.NetAddr(dst.Addr()),
+		Sport: gen.NetPort(src.Port()), Dport: gen.NetPort(dst.Port()), Proto: proto,
+	}
+}
+
+// Run runs prog on frame and returns the verdict and the frame it left.
+func (d *Datapath) Run(prog *ebpf.Program, frame []byte) (uint32, []byte) {
+	d.TB.Helper()
+	opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256)}
+	ret, err := prog.Run(&opts)
+	if err != nil {
+		d.TB.Fatalf("run %v: %v", prog, err)
+	}
+	return ret, opts.DataOut
+}
+
+// RunOK runs prog, requires TC_ACT_OK and returns the decoded, checksum-verified output.
+func (d *Datapath) RunOK(prog *ebpf.Program, frame []byte) *Decoded {
+	d.TB.Helper()
+	ret, out := d.Run(prog, frame)
+	if ret != ActOK {
+		d.TB.Fatalf("verdict %d, want TC_ACT_OK", ret)
+	}
+	dec, err := Decode(out)
+	if err != nil {
+		d.TB.Fatal(err)
+	}
+	return dec
+}
+
+// Counter sums a per-CPU datapath counter.
+func (d *Datapath) Counter(c gen.SluiceCounter) uint64 {
+	d.TB.Helper()
+	var vs []uint64
+	if err := d.Objs.SlCountersV1.Lookup(c, &vs); err != nil {
+		d.TB.Fatal(err)
+	}
+	var sum uint64
+	for _, v := range vs {
+		sum += v
+	}
+	return sum
+}
+
+// CT returns the conntrack entry of k.
+func (d *Datapath) CT(k gen.SluiceCtKey) (gen.SluiceCtValue, bool) {
+	var v gen.SluiceCtValue
+	err := d.Objs.SlCtV1.Lookup(k, &v)
+	return v, err == nil
+}
+
+// CTCount counts conntrack entries.
+func (d *Datapath) CTCount() int {
+	n := 0
+	var k gen.SluiceCtKey
+	var v gen.SluiceCtValue
+	it := d.Objs.SlCtV1.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n
+}

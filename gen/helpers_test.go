@@ -1,0 +1,35 @@
+package gen_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/sluice-net/sluice/gen/bpftest"
+)
+
+const (
+	actOK       = bpftest.ActOK
+	actShot     = bpftest.ActShot
+	actRedirect = bpftest.ActRedirect
+	protoICMP   = bpftest.ProtoICMP
+	protoTCP    = bpftest.ProtoTCP
+	protoUDP    = bpftest.ProtoUDP
+)
+
+var (
+	clientAP = netip.MustParseAddrPort("10.1.0.5:41234")
+	vipAP    = netip.MustParseAddrPort("10.96.0.10:80")
+	be1AP    = netip.MustParseAddrPort("10.2.0.7:8080")
+	be2AP    = netip.MustParseAddrPort("10.2.0.8:8080")
+	nodeIP   = netip.MustParseAddr("10.0.0.1")
+	extAP    = netip.MustParseAddrPort("198.51.100.9:50000")
+)
+
+func newDP(tb testing.TB) *bpftest.Datapath { return bpftest.NewDatapath(tb, nodeIP) }
+
+func wantAP(tb testing.TB, what string, got, want netip.AddrPort) {
+	tb.Helper()
+	if got != want {
+		tb.Fatalf("%s: %v, want %v", what, got, want)
+	}
+}
