@@ -501,3 +501,31 @@ func TestSourcePortZeroIsBalanced(t *testing.T) {
 		t.Fatalf("%d conntrack-create drops", c)
 	}
 }
+
+// Backends laid out [local only][local and cluster][cluster only]: external-local
+// traffic uses ordinals 0..local_count-1, everything else the cluster range.
+func TestClusterRangeAndLocalPrefixDiffer(t *testing.T) {
+	d := newDP(t)
+	localOnly := netip.MustParseAddrPort("10.2.0.30:8080") // e.g. local but terminating
+	both := netip.MustParseAddrPort("10.2.0.31:8080")
+	clusterOnly := netip.MustParseAddrPort("10.3.0.32:8080")
+	for i, ap := range []netip.AddrPort{localOnly, both, clusterOnly} {
+		d.Put(d.Objs.SlBeV1, gen.SluiceBeKey{SvcId: 20, Ordinal: uint32(i)},
+			gen.SluiceBeValue{Addr: gen.NetAddr(ap.Addr()), Port: gen.NetPort(ap.Port())})
+	}
+	np := netip.AddrPortFrom(nodeIP, 30090)
+	d.Put(d.Objs.SlFeV1, bpftest.FeKey(np, protoTCP), gen.SluiceFeValue{SvcId: 20, Count: 2, LocalCount: 2, ClusterStart: 1,
+		Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_EXT_LOCAL})
+	fromHost, fromPod := map[netip.AddrPort]int{}, map[netip.AddrPort]int{}
+	for port := range uint16(100) {
+		src := netip.AddrPortFrom(extAP.Addr(), 2000+port)
+		fromHost[d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(src, np, bpftest.SYN)).Dst]++
+		fromPod[d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(netip.AddrPortFrom(clientAP.Addr(), 2000+port), np, bpftest.SYN)).Dst]++
+	}
+	if len(fromHost) != 2 || fromHost[clusterOnly] != 0 {
+		t.Fatalf("external-local traffic went to %v, want only the two local backends", fromHost)
+	}
+	if len(fromPod) != 2 || fromPod[localOnly] != 0 {
+		t.Fatalf("cluster traffic went to %v, want only the two cluster backends", fromPod)
+	}
+}

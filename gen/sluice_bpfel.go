@@ -137,7 +137,7 @@ type SluiceFeValue struct {
 	LocalCount      uint32
 	AffinityTimeout uint32
 	Flags           SluiceFeFlags
-	Pad             uint32
+	ClusterStart    uint32
 }
 
 type SluiceHostipKey struct {

@@ -38,14 +38,20 @@ enum fe_flags : __u32 {
 				 * from outside to a remote backend is SNATed */
 };
 
+/* A service's backends are laid out as [local only][local and cluster][cluster
+ * only], so both sets are contiguous: local backends are ordinals
+ * 0 .. local_count-1, cluster backends cluster_start .. cluster_start+count-1.
+ * Usually all local backends are cluster backends and cluster_start is 0; they
+ * differ when topology hints exclude a local endpoint, or when local traffic
+ * falls back to terminating endpoints while the cluster has ready ones. */
 struct fe_value {
-	__u32 svc_id;		/* host order: backends are (svc_id, 0 .. count-1) */
-	__u32 count;		/* host order: usable backends; 0 rejects */
-	__u32 local_count;	/* host order: backends 0 .. local_count-1 are on this
-				 * node (local first, so "local only" is a prefix) */
+	__u32 svc_id;		/* host order: backends are (svc_id, ordinal) */
+	__u32 count;		/* host order: cluster backends; 0 means the service
+				 * has no usable endpoint anywhere: reject */
+	__u32 local_count;	/* host order: backends on this node */
 	__u32 affinity_timeout;	/* host order: seconds; 0 disables session affinity */
 	enum fe_flags flags;	/* host order */
-	__u32 pad;		/* 0 */
+	__u32 cluster_start;	/* host order: ordinal of the first cluster backend */
 };
 ASSERT_SIZE(struct fe_value, 24);
 
@@ -180,7 +186,8 @@ static __always_inline int pick_backend(const struct fe_value *fe, __be32 client
 		}
 	}
 
-	struct be_key bkey = { .svc_id = fe->svc_id, .ordinal = bpf_get_prandom_u32() % n };
+	__u32 first = local_only ? 0 : fe->cluster_start;
+	struct be_key bkey = { .svc_id = fe->svc_id, .ordinal = first + bpf_get_prandom_u32() % n };
 	struct be_value *be = bpf_map_lookup_elem(&sl_be_v1, &bkey);
 	if (!be)
 		return PICK_BACKEND_MISSING;
