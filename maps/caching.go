@@ -16,11 +16,16 @@ import (
 // value are written; keys that are no longer desired are deleted. A key already
 // gone from the map counts as deleted.
 //
+// The cost of an Apply follows the number of keys changed since the last one,
+// not the size of the map: SetDesired and DeleteDesired record the keys they
+// touch, and Apply looks only at those.
+//
 // Not safe for concurrent use.
 type CachingMap[K comparable, V comparable] struct {
 	m         *Map[K, V]
 	desired   map[K]V
 	dataplane map[K]V
+	dirty     map[K]struct{} // keys whose desired and dataplane values may differ
 }
 
 // ApplyStats counts the map operations one Apply performed.
@@ -36,7 +41,7 @@ func (s ApplyStats) Add(o ApplyStats) ApplyStats {
 
 // NewCachingMap wraps m with empty desired and dataplane caches.
 func NewCachingMap[K comparable, V comparable](m *Map[K, V]) *CachingMap[K, V] {
-	return &CachingMap[K, V]{m: m, desired: map[K]V{}, dataplane: map[K]V{}}
+	return &CachingMap[K, V]{m: m, desired: map[K]V{}, dataplane: map[K]V{}, dirty: map[K]struct{}{}}
 }
 
 // Map returns the wrapped map.
@@ -53,17 +58,44 @@ func (c *CachingMap[K, V]) LoadDataplaneState() error {
 		return err
 	}
 	c.dataplane = state
+	for k := range state {
+		c.dirty[k] = struct{}{}
+	}
+	for k := range c.desired {
+		c.dirty[k] = struct{}{}
+	}
 	return nil
 }
 
 // SetDesired makes k→v part of the desired state.
-func (c *CachingMap[K, V]) SetDesired(k K, v V) { c.desired[k] = v }
+func (c *CachingMap[K, V]) SetDesired(k K, v V) {
+	if cur, ok := c.desired[k]; ok && cur == v {
+		return
+	}
+	c.desired[k] = v
+	c.dirty[k] = struct{}{}
+}
 
 // DeleteDesired removes k from the desired state.
-func (c *CachingMap[K, V]) DeleteDesired(k K) { delete(c.desired, k) }
+func (c *CachingMap[K, V]) DeleteDesired(k K) {
+	_, wanted := c.desired[k]
+	_, present := c.dataplane[k]
+	if wanted || present {
+		delete(c.desired, k)
+		c.dirty[k] = struct{}{}
+	}
+}
 
 // ClearDesired empties the desired state (ApplyAll then deletes everything).
-func (c *CachingMap[K, V]) ClearDesired() { clear(c.desired) }
+func (c *CachingMap[K, V]) ClearDesired() {
+	for k := range c.desired {
+		c.dirty[k] = struct{}{}
+	}
+	clear(c.desired)
+}
+
+// DesiredLen is the number of desired entries.
+func (c *CachingMap[K, V]) DesiredLen() int { return len(c.desired) }
 
 // GetDesired returns the desired value of k.
 func (c *CachingMap[K, V]) GetDesired(k K) (V, bool) {
@@ -86,15 +118,20 @@ func (c *CachingMap[K, V]) IterDataplane(fn func(K, V) bool) {
 	}
 }
 
-// PendingUpdates counts desired entries that differ from the dataplane.
-func (c *CachingMap[K, V]) PendingUpdates() int {
-	n := 0
-	for k, v := range c.desired {
-		if cur, ok := c.dataplane[k]; !ok || cur != v {
-			n++
+// Pending counts the writes and deletes the next ApplyAll would do.
+func (c *CachingMap[K, V]) Pending() ApplyStats {
+	var st ApplyStats
+	for k := range c.dirty {
+		v, wanted := c.desired[k]
+		cur, present := c.dataplane[k]
+		switch {
+		case wanted && (!present || cur != v):
+			st.Writes++
+		case !wanted && present:
+			st.Deletes++
 		}
 	}
-	return n
+	return st
 }
 
 // applyChunk bounds one batch syscall, so a failure loses little progress.
@@ -110,13 +147,19 @@ func (c *CachingMap[K, V]) ApplyUpdatesOnly() (ApplyStats, error) {
 		n, err := c.m.BatchUpdate(keys, vals, ebpf.UpdateAny)
 		for i := range n {
 			c.dataplane[keys[i]] = vals[i]
+			delete(c.dirty, keys[i])
 		}
 		stats.Writes += n
 		keys, vals = keys[:0], vals[:0]
 		return err
 	}
-	for k, v := range c.desired {
+	for k := range c.dirty {
+		v, wanted := c.desired[k]
+		if !wanted {
+			continue // a deletion: ApplyDeletionsOnly's job
+		}
 		if cur, ok := c.dataplane[k]; ok && cur == v {
+			delete(c.dirty, k)
 			continue
 		}
 		keys = append(keys, k)
@@ -135,8 +178,12 @@ func (c *CachingMap[K, V]) ApplyUpdatesOnly() (ApplyStats, error) {
 func (c *CachingMap[K, V]) ApplyDeletionsOnly() (ApplyStats, error) {
 	var stats ApplyStats
 	keys := make([]K, 0, applyChunk)
-	for k := range c.dataplane {
+	for k := range c.dirty {
 		if _, ok := c.desired[k]; ok {
+			continue // an update: ApplyUpdatesOnly's job
+		}
+		if _, ok := c.dataplane[k]; !ok {
+			delete(c.dirty, k)
 			continue
 		}
 		keys = append(keys, k)
@@ -162,6 +209,7 @@ func (c *CachingMap[K, V]) deleteAll(keys []K) (int, error) {
 		n, err := c.m.BatchDelete(keys)
 		for _, k := range keys[:n] {
 			delete(c.dataplane, k)
+			delete(c.dirty, k)
 		}
 		deleted += n
 		keys = keys[n:]
@@ -172,6 +220,7 @@ func (c *CachingMap[K, V]) deleteAll(keys []K) (int, error) {
 			return deleted, err
 		}
 		delete(c.dataplane, keys[0])
+		delete(c.dirty, keys[0])
 		keys = keys[1:]
 	}
 	return deleted, nil

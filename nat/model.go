@@ -1,0 +1,222 @@
+// Package nat turns a model of services and endpoints into the datapath's
+// frontend, backend, source-range and affinity maps.
+//
+// The model (ServicePort, Endpoint) knows nothing about Kubernetes types, so any
+// tool can drive it; package kubeproxy translates Kubernetes objects into it.
+// Syncer.Apply programs the maps for a whole State, writing only what changed,
+// in an order that never lets a packet see a frontend pointing at a missing
+// backend.
+package nat
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// Protocol is an IP protocol number.
+type Protocol uint8
+
+// The protocols a service port may use.
+const (
+	TCP  Protocol = 6
+	UDP  Protocol = 17
+	SCTP Protocol = 132
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	case SCTP:
+		return "SCTP"
+	}
+	return fmt.Sprintf("protocol(%d)", uint8(p))
+}
+
+// ParseProtocol parses "TCP", "UDP" or "SCTP" (Kubernetes spelling).
+func ParseProtocol(s string) (Protocol, error) {
+	switch s {
+	case "TCP", "":
+		return TCP, nil
+	case "UDP":
+		return UDP, nil
+	case "SCTP":
+		return SCTP, nil
+	}
+	return 0, fmt.Errorf("protocol %q: want TCP, UDP or SCTP", s)
+}
+
+// ServicePortName names one port of one service.
+type ServicePortName struct {
+	Namespace, Name, Port string
+}
+
+func (n ServicePortName) String() string {
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name
+	}
+	return n.Namespace + "/" + n.Name + ":" + n.Port
+}
+
+// TrafficPolicy is a service's internal or external traffic policy.
+type TrafficPolicy uint8
+
+// Traffic policies.
+const (
+	PolicyCluster TrafficPolicy = iota
+	PolicyLocal
+)
+
+// MaxAffinityTimeout is Kubernetes' upper bound for sessionAffinityConfig.
+const MaxAffinityTimeout = 86400
+
+// ServicePort is one port of one service, with everything that decides how
+// packets to it are balanced.
+type ServicePort struct {
+	Name      ServicePortName
+	ClusterIP netip.Addr
+	Port      uint16
+	Protocol  Protocol
+	// NodePort is 0 when the service has none.
+	NodePort                 uint16
+	ExternalIPs              []netip.Addr
+	LoadBalancerIPs          []netip.Addr
+	LoadBalancerSourceRanges []netip.Prefix
+	// AffinityTimeout is the ClientIP session affinity timeout in seconds; 0
+	// means no session affinity.
+	AffinityTimeout     uint32
+	ExternalPolicy      TrafficPolicy
+	InternalPolicy      TrafficPolicy
+	HealthCheckNodePort uint16
+	// TrafficDistribution is the service's spec.trafficDistribution (informational:
+	// topology is decided by the endpoints' hints, as kube-proxy does).
+	TrafficDistribution string
+}
+
+// NewServicePort validates s and returns a copy with its lists normalised
+// (source ranges masked); the error names the service and the bad field.
+func NewServicePort(s ServicePort) (*ServicePort, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	c := s
+	c.ExternalIPs = slices.Clone(s.ExternalIPs)
+	c.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs)
+	c.LoadBalancerSourceRanges = make([]netip.Prefix, len(s.LoadBalancerSourceRanges))
+	for i, p := range s.LoadBalancerSourceRanges {
+		c.LoadBalancerSourceRanges[i] = p.Masked()
+	}
+	return &c, nil
+}
+
+// Validate checks every field; the error names the service and the field.
+func (s *ServicePort) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("service %s: "+format, append([]any{s.Name}, args...)...)
+	}
+	if s.Name.Namespace == "" || s.Name.Name == "" {
+		return bad("name: namespace and name are required")
+	}
+	if !s.ClusterIP.Is4() {
+		return bad("clusterIP %v: not an IPv4 address", s.ClusterIP)
+	}
+	if s.Port == 0 {
+		return bad("port 0: out of range 1-65535")
+	}
+	switch s.Protocol {
+	case TCP, UDP, SCTP:
+	default:
+		return bad("protocol %v: want TCP, UDP or SCTP", s.Protocol)
+	}
+	for _, ip := range s.ExternalIPs {
+		if !ip.Is4() {
+			return bad("externalIPs: %v is not an IPv4 address", ip)
+		}
+	}
+	for _, ip := range s.LoadBalancerIPs {
+		if !ip.Is4() {
+			return bad("loadBalancer ingress IP %v: not an IPv4 address", ip)
+		}
+	}
+	for _, p := range s.LoadBalancerSourceRanges {
+		if !p.IsValid() || !p.Addr().Is4() {
+			return bad("loadBalancerSourceRanges: %v is not an IPv4 CIDR", p)
+		}
+	}
+	if s.AffinityTimeout > MaxAffinityTimeout {
+		return bad("sessionAffinity timeoutSeconds %d: above %d", s.AffinityTimeout, MaxAffinityTimeout)
+	}
+	if s.ExternalPolicy > PolicyLocal || s.InternalPolicy > PolicyLocal {
+		return bad("traffic policy: unknown value")
+	}
+	return nil
+}
+
+// ExternallyAccessible reports whether the service has external destinations.
+func (s *ServicePort) ExternallyAccessible() bool {
+	return s.NodePort != 0 || len(s.ExternalIPs) > 0 || len(s.LoadBalancerIPs) > 0
+}
+
+// UsesClusterEndpoints: internal policy Cluster, or any external destination
+// (external traffic from pods goes to every endpoint even with eTP Local).
+func (s *ServicePort) UsesClusterEndpoints() bool {
+	return s.InternalPolicy == PolicyCluster || s.ExternallyAccessible()
+}
+
+// UsesLocalEndpoints: internal policy Local, or external policy Local on an
+// externally accessible service.
+func (s *ServicePort) UsesLocalEndpoints() bool {
+	return s.InternalPolicy == PolicyLocal || (s.ExternalPolicy == PolicyLocal && s.ExternallyAccessible())
+}
+
+// Equal reports whether two service ports program the same entries.
+func (s *ServicePort) Equal(o *ServicePort) bool {
+	if s == o {
+		return true
+	}
+	if s == nil || o == nil {
+		return false
+	}
+	return s.Name == o.Name && s.ClusterIP == o.ClusterIP && s.Port == o.Port && s.Protocol == o.Protocol &&
+		s.NodePort == o.NodePort && slices.Equal(s.ExternalIPs, o.ExternalIPs) &&
+		slices.Equal(s.LoadBalancerIPs, o.LoadBalancerIPs) &&
+		slices.Equal(s.LoadBalancerSourceRanges, o.LoadBalancerSourceRanges) &&
+		s.AffinityTimeout == o.AffinityTimeout && s.ExternalPolicy == o.ExternalPolicy &&
+		s.InternalPolicy == o.InternalPolicy && s.HealthCheckNodePort == o.HealthCheckNodePort &&
+		s.TrafficDistribution == o.TrafficDistribution
+}
+
+// Endpoint is one backend address of a service port, with its conditions.
+type Endpoint struct {
+	Addr netip.AddrPort
+	// Ready, Serving and Terminating are the EndpointSlice conditions, already
+	// defaulted (ready and serving unset mean true, terminating unset false).
+	Ready, Serving, Terminating bool
+	// Local: the endpoint runs on this node.
+	Local     bool
+	NodeName  string
+	Zone      string
+	ZoneHints []string
+	NodeHints []string
+}
+
+// NewEndpoint validates e; the error names the bad field.
+func NewEndpoint(e Endpoint) (Endpoint, error) {
+	if !e.Addr.Addr().Is4() {
+		return e, fmt.Errorf("endpoint %v: address is not IPv4", e.Addr)
+	}
+	if e.Addr.Port() == 0 {
+		return e, fmt.Errorf("endpoint %v: port 0: out of range 1-65535", e.Addr)
+	}
+	return e, nil
+}
+
+// Equal reports whether two endpoints are the same in every field.
+func (e *Endpoint) Equal(o *Endpoint) bool {
+	return e.Addr == o.Addr && e.Ready == o.Ready && e.Serving == o.Serving && e.Terminating == o.Terminating &&
+		e.Local == o.Local && e.NodeName == o.NodeName && e.Zone == o.Zone &&
+		slices.Equal(e.ZoneHints, o.ZoneHints) && slices.Equal(e.NodeHints, o.NodeHints)
+}

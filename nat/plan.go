@@ -1,0 +1,260 @@
+package nat
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/sluice-net/sluice/gen"
+)
+
+// wildcardIP is the NodePort wildcard frontend address (bpf/include/nat.h).
+var wildcardIP = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+// idKey names one backend set: a service port's main set (node invalid) or its
+// set for one remote node (internalTrafficPolicy Local NodePort expansion).
+type idKey struct {
+	name ServicePortName
+	node netip.Addr
+}
+
+// plan is everything one service port puts in the maps.
+type plan struct {
+	svc *ServicePort // a copy of the input, for comparing contents
+	eps []Endpoint
+	// svcIn and epsIn are the caller's own pointers, for the identity check.
+	svcIn      *ServicePort
+	epsIn      []Endpoint
+	generation uint64
+
+	ids       map[netip.Addr]uint32 // backend set -> service id (invalid addr: main)
+	frontends map[gen.SluiceFeKey]gen.SluiceFeValue
+	backends  map[uint32][]gen.SluiceBeValue // service id -> backends by ordinal
+	srcRanges []gen.SluiceSrcrangeKey
+	ips       []netip.Addr // service IPs whose echo requests are answered
+	// routeMisses are endpoint IPs whose node the route lookup did not know.
+	routeMisses []netip.Addr
+}
+
+func feKey(ip netip.Addr, port uint16, proto Protocol) gen.SluiceFeKey {
+	return gen.SluiceFeKey{Addr: gen.NetAddr(ip), Port: gen.NetPort(port), Proto: uint8(proto)}
+}
+
+func beValue(e *Endpoint) gen.SluiceBeValue {
+	v := gen.SluiceBeValue{Addr: gen.NetAddr(e.Addr.Addr()), Port: gen.NetPort(e.Addr.Port())}
+	if e.Local {
+		v.Flags = gen.SluiceBeFlagsBE_LOCAL
+	}
+	return v
+}
+
+// backendLayout orders a service's backends as [local only][local and
+// cluster][cluster only] (see struct fe_value) and returns the list with the
+// number of local backends, the first cluster ordinal and the cluster count.
+//
+// An endpoint that was at an ordinal inside its group's new range in prev stays
+// there, so a change to one endpoint rewrites one entry rather than shifting
+// the rest; newcomers fill the free ordinals in address order.
+func backendLayout(sets EndpointSets, prev []gen.SluiceBeValue) (list []gen.SluiceBeValue, local, clusterStart, count uint32) {
+	inCluster := map[netip.AddrPort]bool{}
+	for _, e := range sets.Cluster {
+		inCluster[e.Addr] = true
+	}
+	inLocal := map[netip.AddrPort]bool{}
+	for _, e := range sets.Local {
+		inLocal[e.Addr] = true
+	}
+	var localOnly, both, clusterOnly []Endpoint
+	for _, e := range sets.Local {
+		if inCluster[e.Addr] {
+			both = append(both, e)
+		} else {
+			localOnly = append(localOnly, e)
+		}
+	}
+	for _, e := range sets.Cluster {
+		if !inLocal[e.Addr] {
+			clusterOnly = append(clusterOnly, e)
+		}
+	}
+	prevAt := map[gen.SluiceBeValue]int{}
+	for i, v := range prev {
+		prevAt[v] = i
+	}
+	list = make([]gen.SluiceBeValue, 0, len(localOnly)+len(both)+len(clusterOnly))
+	for _, group := range [][]Endpoint{localOnly, both, clusterOnly} {
+		lo := len(list)
+		slots := make([]bool, len(group))
+		list = list[:lo+len(group)]
+		var rest []gen.SluiceBeValue
+		for i := range group {
+			v := beValue(&group[i])
+			if at, ok := prevAt[v]; ok && at >= lo && at < lo+len(group) && !slots[at-lo] {
+				list[at], slots[at-lo] = v, true
+				continue
+			}
+			rest = append(rest, v)
+		}
+		slices.SortFunc(rest, compareBackends)
+		for i := range slots {
+			if !slots[i] {
+				list[lo+i], rest = rest[0], rest[1:]
+			}
+		}
+	}
+	return list, uint32(len(sets.Local)), uint32(len(localOnly)), uint32(len(sets.Cluster))
+}
+
+func compareBackends(a, b gen.SluiceBeValue) int {
+	return cmp.Or(netip.AddrPortFrom(gen.AddrFromNet(a.Addr), gen.PortFromNet(a.Port)).Compare(
+		netip.AddrPortFrom(gen.AddrFromNet(b.Addr), gen.PortFromNet(b.Port))), cmp.Compare(a.Flags, b.Flags))
+}
+
+// planner computes plans; ids come from the syncer.
+type planner struct {
+	node   *Node
+	routes RouteLookup
+	idFor  func(k idKey, fe gen.SluiceFeKey) uint32
+	// prev returns the backends a service id has now, so ordinals stay put.
+	prev func(id uint32) []gen.SluiceBeValue
+}
+
+func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (*plan, error) {
+	if svc.Protocol == SCTP {
+		return nil, fmt.Errorf("service %s: SCTP is not balanced by the datapath (TCP and UDP only)", name)
+	}
+	pl := &plan{
+		svc: svc, eps: eps,
+		ids:       map[netip.Addr]uint32{},
+		frontends: map[gen.SluiceFeKey]gen.SluiceFeValue{},
+		backends:  map[uint32][]gen.SluiceBeValue{},
+	}
+	mainKey := feKey(svc.ClusterIP, svc.Port, svc.Protocol)
+	id := p.idFor(idKey{name: name}, mainKey)
+	pl.ids[netip.Addr{}] = id
+
+	sets := CategorizeEndpoints(eps, svc, p.node)
+	list, local, clusterStart, count := backendLayout(sets, p.prev(id))
+	pl.backends[id] = list
+	main := gen.SluiceFeValue{
+		SvcId: id, Count: count, LocalCount: local, ClusterStart: clusterStart,
+		AffinityTimeout: svc.AffinityTimeout,
+	}
+	if !svc.UsesClusterEndpoints() {
+		// Internal policy Local without external destinations: kube-proxy keeps
+		// no cluster set, but "has any endpoint" still decides reject vs drop;
+		// the datapath reads that from count, which local-only traffic never
+		// indexes by.
+		main.Count = boolToCount(sets.HasAny)
+	}
+
+	clusterIPEntry := main
+	if svc.InternalPolicy == PolicyLocal {
+		clusterIPEntry.Flags |= gen.SluiceFeFlagsFE_INT_LOCAL
+	}
+	pl.frontends[mainKey] = clusterIPEntry
+	pl.ips = append(pl.ips, svc.ClusterIP)
+
+	external := main
+	external.Flags = gen.SluiceFeFlagsFE_EXTERNAL
+	if svc.ExternalPolicy == PolicyLocal {
+		external.Flags |= gen.SluiceFeFlagsFE_EXT_LOCAL
+	}
+	for _, ip := range svc.ExternalIPs {
+		pl.frontends[feKey(ip, svc.Port, svc.Protocol)] = external
+		pl.ips = append(pl.ips, ip)
+	}
+	lb := external
+	if len(svc.LoadBalancerSourceRanges) > 0 {
+		lb.Flags |= gen.SluiceFeFlagsFE_SRC_RANGES
+		pl.srcRanges = sourceRangeKeys(id, svc, p.node)
+	}
+	for _, ip := range svc.LoadBalancerIPs {
+		pl.frontends[feKey(ip, svc.Port, svc.Protocol)] = lb
+		pl.ips = append(pl.ips, ip)
+	}
+	if svc.NodePort != 0 {
+		for _, ip := range p.node.NodePortIPs {
+			pl.frontends[feKey(ip, svc.NodePort, svc.Protocol)] = external
+		}
+		expand := svc.InternalPolicy == PolicyLocal && p.routes != nil
+		if p.node.AllNodePortIPs && !expand {
+			pl.frontends[feKey(wildcardIP, svc.NodePort, svc.Protocol)] = external
+		}
+		if expand {
+			p.expandRemoteNodePorts(pl, name, svc)
+		}
+	}
+	return pl, nil
+}
+
+func boolToCount(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// sourceRangeKeys: one LPM entry per allowed CIDR; when a node IP is inside a
+// range, traffic sourced from the load balancer IPs is allowed too (kube-proxy).
+func sourceRangeKeys(id uint32, svc *ServicePort, node *Node) []gen.SluiceSrcrangeKey {
+	key := func(p netip.Prefix) gen.SluiceSrcrangeKey {
+		return gen.SluiceSrcrangeKey{Prefixlen: 32 + uint32(p.Bits()), SvcId: gen.NetUint32(id), Src: gen.NetAddr(p.Masked().Addr())}
+	}
+	var keys []gen.SluiceSrcrangeKey
+	nodeInside := false
+	for _, r := range svc.LoadBalancerSourceRanges {
+		keys = append(keys, key(r))
+		for _, ip := range node.NodePortIPs {
+			nodeInside = nodeInside || r.Contains(ip)
+		}
+	}
+	if nodeInside {
+		for _, ip := range svc.LoadBalancerIPs {
+			keys = append(keys, key(netip.PrefixFrom(ip, 32)))
+		}
+	}
+	slices.SortFunc(keys, func(a, b gen.SluiceSrcrangeKey) int {
+		return cmp.Or(cmp.Compare(a.Src, b.Src), cmp.Compare(a.Prefixlen, b.Prefixlen))
+	})
+	return slices.Compact(keys)
+}
+
+// expandRemoteNodePorts programs, for internalTrafficPolicy Local, one NodePort
+// frontend per remote node IP holding only that node's endpoints, so a pod
+// reaching another node's NodePort is balanced to that node's pods directly
+// (the wildcard entry is left out). Endpoints whose node the routes do not know
+// yet are recorded; the syncer retries them when routes change.
+func (p *planner) expandRemoteNodePorts(pl *plan, name ServicePortName, svc *ServicePort) {
+	byNode := map[netip.Addr][]Endpoint{}
+	for _, e := range pl.eps {
+		if e.Local || !(e.Ready || (e.Serving && e.Terminating)) {
+			continue
+		}
+		nodeIP, ok := p.routes(e.Addr.Addr())
+		if !ok {
+			pl.routeMisses = append(pl.routeMisses, e.Addr.Addr())
+			continue
+		}
+		byNode[nodeIP] = append(byNode[nodeIP], e)
+	}
+	for nodeIP, eps := range byNode {
+		if slices.Contains(p.node.NodePortIPs, nodeIP) {
+			continue // one of ours: programmed with the local entries
+		}
+		ready := filter(eps, func(e *Endpoint) bool { return e.Ready })
+		if len(ready) == 0 {
+			ready = eps
+		}
+		key := feKey(nodeIP, svc.NodePort, svc.Protocol)
+		id := p.idFor(idKey{name: name, node: nodeIP}, key)
+		list, _, _, _ := backendLayout(EndpointSets{Cluster: ready}, p.prev(id))
+		pl.ids[nodeIP] = id
+		pl.backends[id] = list
+		pl.frontends[key] = gen.SluiceFeValue{
+			SvcId: id, Count: uint32(len(list)), AffinityTimeout: svc.AffinityTimeout,
+			Flags: gen.SluiceFeFlagsFE_EXTERNAL,
+		}
+	}
+}

@@ -1,0 +1,657 @@
+package nat
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/maps"
+	"golang.org/x/sys/unix"
+)
+
+// RouteLookup tells which node an endpoint IP is on: that node's IP, or false
+// when the routes do not know it yet.
+type RouteLookup func(endpoint netip.Addr) (nodeIP netip.Addr, ok bool)
+
+// Options configures a Syncer.
+type Options struct {
+	// Maps are the pinned maps to program (frontends, backends, source ranges,
+	// affinity, host IPs).
+	Maps *maps.Set
+	// Routes enables the internalTrafficPolicy Local NodePort expansion; nil
+	// disables it (the wildcard NodePort entry is programmed instead).
+	Routes RouteLookup
+	// Trigger is called (from RoutesChanged) when routes resolve endpoints an
+	// earlier Apply could not place, so the caller schedules another Apply.
+	Trigger func()
+	// Clock returns the kernel's monotonic time, the clock the datapath stamps
+	// affinity entries with. Nil: CLOCK_MONOTONIC.
+	Clock  func() time.Duration
+	Logger *slog.Logger
+}
+
+// State is everything to program: every service port with its endpoints, and
+// this node.
+//
+// Like objects from an informer cache, a *ServicePort and an endpoint slice are
+// immutable once passed to Apply: a caller that changes a service or its
+// endpoints passes a new pointer or slice. Apply skips a service whose pointers
+// are the ones it saw last time without looking further, which is what keeps an
+// Apply of 10,000 services with one change well under a millisecond; when the
+// pointers differ it compares contents, so rebuilding the whole State each time
+// is correct too, only slower.
+type State struct {
+	Node      Node
+	Services  map[ServicePortName]*ServicePort
+	Endpoints map[ServicePortName][]Endpoint
+	// Changed, when not nil, names every service port added, removed or
+	// changed (service or endpoints) since the previous Apply, as a change
+	// tracker knows them; Apply then looks at nothing else, so its cost follows
+	// the changes, not the number of services. Nil: Apply compares everything.
+	// The first Apply and an Apply with a changed Node always compare
+	// everything.
+	Changed map[ServicePortName]bool
+}
+
+// StaleBackend is a UDP backend that left a service: conntrack entries of the
+// service (ServiceID) that NAT to Backend should be flushed.
+type StaleBackend struct {
+	ServiceID uint32
+	Backend   netip.AddrPort
+}
+
+// Stats reports what one Apply did.
+type Stats struct {
+	// Services programmed after this Apply.
+	Services int
+	// Writes and Deletes count map operations.
+	Writes, Deletes int
+	// AffinityDeleted counts stale session-affinity entries removed.
+	AffinityDeleted int
+	// Errors lists services that could not be programmed (each names the
+	// service); the others were programmed.
+	Errors []error
+	// FullMaps names maps that refused an update because they are full.
+	FullMaps []string
+	// StaleUDP lists UDP backends removed from services, for conntrack flushing.
+	StaleUDP []StaleBackend
+	// NodePortIPs are the host IPs NodePorts are programmed on.
+	NodePortIPs []netip.Addr
+}
+
+// Syncer programs the NAT maps from a State. Not safe for concurrent Apply;
+// RoutesChanged may be called from any goroutine.
+type Syncer struct {
+	opts Options
+	log  *slog.Logger
+
+	fe      *maps.CachingMap[gen.SluiceFeKey, gen.SluiceFeValue]
+	be      *maps.CachingMap[gen.SluiceBeKey, gen.SluiceBeValue]
+	src     *maps.CachingMap[gen.SluiceSrcrangeKey, gen.SluiceSrcrangeValue]
+	hostIPs *maps.CachingMap[gen.SluiceHostipKey, gen.SluiceHostipValue]
+	aff     *maps.Map[gen.SluiceAffKey, gen.SluiceAffValue]
+
+	mu          sync.Mutex
+	loaded      bool
+	generation  uint64 // counts full scans; marks the plans a State still names
+	nodeChanged bool   // during an Apply: the node's addresses changed
+	node        Node
+	services    map[ServicePortName]*plan
+	replan      map[ServicePortName]bool // forced by routes arriving
+	ids         *idAllocator
+	feOwner     map[gen.SluiceFeKey]ServicePortName
+	ipRefs      map[netip.Addr]int
+	// affinityDirty: service ids whose backends changed while they use affinity.
+	affinityDirty map[uint32]bool
+}
+
+// NewSyncer opens the typed maps of opts.Maps.
+func NewSyncer(opts Options) (*Syncer, error) {
+	if opts.Maps == nil {
+		return nil, errors.New("nat syncer: no maps")
+	}
+	s := &Syncer{
+		opts: opts, log: opts.Logger,
+		services: map[ServicePortName]*plan{}, replan: map[ServicePortName]bool{},
+		ids: newIDAllocator(), feOwner: map[gen.SluiceFeKey]ServicePortName{},
+		ipRefs: map[netip.Addr]int{}, affinityDirty: map[uint32]bool{},
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.opts.Clock == nil {
+		s.opts.Clock = monotonic
+	}
+	fe, err := maps.Frontends.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
+	be, err := maps.Backends.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
+	src, err := maps.SrcRanges.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
+	hip, err := maps.HostIPs.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
+	if s.aff, err = maps.Affinity.In(opts.Maps); err != nil {
+		return nil, err
+	}
+	s.fe, s.be, s.src, s.hostIPs = maps.NewCachingMap(fe), maps.NewCachingMap(be), maps.NewCachingMap(src), maps.NewCachingMap(hip)
+	return s, nil
+}
+
+func monotonic() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// Apply programs the maps for st. Services whose inputs did not change since the
+// last Apply are not looked at again and cost no map operation; after a restart
+// the first Apply reads the maps back and reuses the ids of services it finds,
+// so an unchanged state writes nothing.
+//
+// A service that cannot be programmed is reported in Stats.Errors and keeps
+// what it had; the others are programmed. A full map fails the Apply with an
+// error naming the map; frontends are then not updated, so every service that
+// was programmed keeps working.
+func (s *Syncer) Apply(st State) (Stats, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var stats Stats
+	first := !s.loaded
+	if first {
+		if err := s.load(); err != nil {
+			return stats, err
+		}
+	}
+	nodeChanged := !s.node.equal(&st.Node)
+	topologyChanged := s.node.Name != st.Node.Name || s.node.Zone != st.Node.Zone
+	s.nodeChanged = nodeChanged
+	s.node = st.Node
+	s.node.NodePortIPs = slices.Clone(st.Node.NodePortIPs)
+	pl := &planner{node: &s.node, routes: s.opts.Routes, idFor: s.idFor, prev: s.currentBackends}
+
+	if first {
+		s.adoptIDs(st.Services)
+	}
+	if st.Changed != nil && !first && !nodeChanged {
+		// The caller's change tracker says what changed: look at nothing else.
+		for name := range st.Changed {
+			s.syncOne(pl, name, st, true, &stats)
+		}
+		for name := range s.replan {
+			if !st.Changed[name] {
+				s.syncOne(pl, name, st, true, &stats)
+			}
+		}
+	} else {
+		s.generation++
+		for name := range st.Services {
+			s.syncOne(pl, name, st, topologyChanged, &stats)
+		}
+		for name, old := range s.services {
+			if old.generation != s.generation {
+				s.install(name, old, nil, &stats)
+			}
+		}
+	}
+	s.setHostIPs(st.Node.NodePortIPs)
+	stats.NodePortIPs = slices.Clone(st.Node.NodePortIPs)
+
+	err := s.write(&stats)
+	stats.Services = len(s.services)
+	if err == nil && len(s.affinityDirty) > 0 {
+		n, aerr := s.cleanAffinity(false)
+		stats.AffinityDeleted += n
+		stats.Deletes += n
+		err = aerr
+	}
+	s.ids.releasePending()
+	return stats, err
+}
+
+// syncOne brings one service port's desired entries up to date with st.
+// force skips the unchanged check (the caller knows it changed).
+func (s *Syncer) syncOne(pl *planner, name ServicePortName, st State, force bool, stats *Stats) {
+	svc, present := st.Services[name]
+	old := s.services[name]
+	if !present {
+		if old != nil {
+			s.install(name, old, nil, stats)
+		}
+		return
+	}
+	eps := st.Endpoints[name]
+	if old != nil {
+		old.generation = s.generation
+		nodeBound := svc.NodePort != 0 || len(svc.LoadBalancerSourceRanges) > 0
+		if !force && !s.replan[name] && !(s.nodeChanged && nodeBound) && old.unchanged(svc, eps) {
+			return
+		}
+	}
+	p, err := s.planValid(pl, name, svc, eps)
+	if err != nil {
+		stats.Errors = append(stats.Errors, err) // keeps what it had, if anything
+		return
+	}
+	p.svcIn, p.epsIn, p.generation = svc, eps, s.generation
+	stats.Errors = append(stats.Errors, s.install(name, old, p, stats)...)
+	delete(s.replan, name)
+}
+
+// planValid validates a service and its endpoints, then plans it.
+func (s *Syncer) planValid(pl *planner, name ServicePortName, svc *ServicePort, eps []Endpoint) (*plan, error) {
+	if err := svc.Validate(); err != nil {
+		return nil, err
+	}
+	for i := range eps {
+		if _, err := NewEndpoint(eps[i]); err != nil {
+			return nil, fmt.Errorf("service %s: %w", name, err)
+		}
+	}
+	p, err := pl.plan(name, svc, eps)
+	if err != nil {
+		return nil, err
+	}
+	p.svc, p.eps = cloneService(svc), slices.Clone(eps)
+	return p, nil
+}
+
+// adoptIDs gives every service whose ClusterIP frontend is already in the maps
+// (a restart) that frontend's id before any new id is handed out.
+func (s *Syncer) adoptIDs(services map[ServicePortName]*ServicePort) {
+	for name, svc := range services {
+		if svc.Validate() != nil {
+			continue
+		}
+		if v, ok := s.fe.GetDataplane(feKey(svc.ClusterIP, svc.Port, svc.Protocol)); ok && v.SvcId != 0 {
+			s.ids.adopt(idKey{name: name}, v.SvcId)
+		}
+	}
+}
+
+// unchanged reports whether svc and eps program what p programs: the same
+// pointers as last time (see State), or equal contents.
+func (p *plan) unchanged(svc *ServicePort, eps []Endpoint) bool {
+	if p.svcIn == svc && sameSlice(p.epsIn, eps) {
+		return true
+	}
+	return p.svc.Equal(svc) && sameEndpoints(p.eps, eps)
+}
+
+func sameSlice(a, b []Endpoint) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+func sameEndpoints(a, b []Endpoint) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(&b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func cloneService(s *ServicePort) *ServicePort {
+	c := *s
+	c.ExternalIPs = slices.Clone(s.ExternalIPs)
+	c.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs)
+	c.LoadBalancerSourceRanges = slices.Clone(s.LoadBalancerSourceRanges)
+	return &c
+}
+
+// load reads the maps back, so the first Apply after a restart reuses ids and
+// writes nothing for unchanged services.
+func (s *Syncer) load() error {
+	for _, m := range []interface{ LoadDataplaneState() error }{s.fe, s.be, s.src, s.hostIPs} {
+		if err := m.LoadDataplaneState(); err != nil {
+			return fmt.Errorf("nat syncer: read maps: %w", err)
+		}
+	}
+	s.loaded = true
+	// Affinity entries of services that no longer exist are dropped by the
+	// first clean-up.
+	s.affinityDirty[0] = true
+	return nil
+}
+
+// currentBackends returns the desired backends of a service id, by ordinal
+// (after a restart: what the maps hold).
+func (s *Syncer) currentBackends(id uint32) []gen.SluiceBeValue {
+	var list []gen.SluiceBeValue
+	for i := uint32(0); ; i++ {
+		v, ok := s.be.GetDesired(gen.SluiceBeKey{SvcId: id, Ordinal: i})
+		if !ok {
+			v, ok = s.be.GetDataplane(gen.SluiceBeKey{SvcId: id, Ordinal: i})
+		}
+		if !ok {
+			return list
+		}
+		list = append(list, v)
+	}
+}
+
+// idFor returns the service id of a backend set: the one it has, or the one the
+// dataplane's frontend fe already uses (after a restart), or a new one.
+func (s *Syncer) idFor(k idKey, fe gen.SluiceFeKey) uint32 {
+	if id, ok := s.ids.get(k); ok {
+		return id
+	}
+	if v, ok := s.fe.GetDataplane(fe); ok && v.SvcId != 0 && s.ids.adopt(k, v.SvcId) {
+		return v.SvcId
+	}
+	return s.ids.alloc(k)
+}
+
+// install replaces a service's old plan by p (nil: the service is gone) in the
+// desired state, and returns errors for frontends another service owns.
+func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []error {
+	var errs []error
+	if old == nil {
+		old = &plan{}
+	}
+	newFE := map[gen.SluiceFeKey]gen.SluiceFeValue{}
+	if p != nil {
+		for k, v := range p.frontends {
+			if owner, ok := s.feOwner[k]; ok && owner != name {
+				errs = append(errs, fmt.Errorf("service %s: frontend %v:%d/%d already belongs to service %s",
+					name, gen.AddrFromNet(k.Addr), gen.PortFromNet(k.Port), k.Proto, owner))
+				continue
+			}
+			newFE[k] = v
+		}
+	}
+	for k := range old.frontends {
+		if _, keep := newFE[k]; !keep && s.feOwner[k] == name {
+			s.fe.DeleteDesired(k)
+			delete(s.feOwner, k)
+		}
+	}
+	for k, v := range newFE {
+		s.fe.SetDesired(k, v)
+		s.feOwner[k] = name
+	}
+
+	var newBE map[uint32][]gen.SluiceBeValue
+	if p != nil {
+		newBE = p.backends
+	}
+	udp := old.svc != nil && old.svc.Protocol == UDP
+	affinity := (old.svc != nil && old.svc.AffinityTimeout > 0) || (p != nil && p.svc.AffinityTimeout > 0)
+	for id, list := range old.backends {
+		nl := newBE[id]
+		for i := len(nl); i < len(list); i++ {
+			s.be.DeleteDesired(gen.SluiceBeKey{SvcId: id, Ordinal: uint32(i)})
+		}
+		if udp {
+			for _, b := range list {
+				if !slices.ContainsFunc(nl, func(n gen.SluiceBeValue) bool { return n.Addr == b.Addr && n.Port == b.Port }) {
+					stats.StaleUDP = append(stats.StaleUDP, StaleBackend{ServiceID: id,
+						Backend: netip.AddrPortFrom(gen.AddrFromNet(b.Addr), gen.PortFromNet(b.Port))})
+				}
+			}
+		}
+		if affinity && !slices.Equal(list, nl) {
+			s.affinityDirty[id] = true
+		}
+		if _, ok := newBE[id]; !ok {
+			s.ids.release(id)
+		}
+	}
+	for id, list := range newBE {
+		for i, v := range list {
+			s.be.SetDesired(gen.SluiceBeKey{SvcId: id, Ordinal: uint32(i)}, v)
+		}
+	}
+
+	var newSrc []gen.SluiceSrcrangeKey
+	var newIPs []netip.Addr
+	if p != nil {
+		newSrc, newIPs = p.srcRanges, p.ips
+	}
+	for _, k := range old.srcRanges {
+		if !slices.Contains(newSrc, k) {
+			s.src.DeleteDesired(k)
+		}
+	}
+	for _, k := range newSrc {
+		s.src.SetDesired(k, gen.SluiceSrcrangeValue{})
+	}
+	for _, ip := range old.ips {
+		s.unrefIP(ip)
+	}
+	for _, ip := range newIPs {
+		s.refIP(ip)
+	}
+
+	if p == nil {
+		delete(s.services, name)
+	} else {
+		p.frontends = newFE
+		s.services[name] = p
+	}
+	return errs
+}
+
+// Service IPs are marked with an ICMP frontend so the datapath answers echo
+// requests to them; several service ports share one IP.
+func markerKey(ip netip.Addr) gen.SluiceFeKey {
+	return gen.SluiceFeKey{Addr: gen.NetAddr(ip), Proto: uint8(1)}
+}
+
+func (s *Syncer) refIP(ip netip.Addr) {
+	s.ipRefs[ip]++
+	if s.ipRefs[ip] == 1 {
+		s.fe.SetDesired(markerKey(ip), gen.SluiceFeValue{})
+	}
+}
+
+func (s *Syncer) unrefIP(ip netip.Addr) {
+	s.ipRefs[ip]--
+	if s.ipRefs[ip] <= 0 {
+		delete(s.ipRefs, ip)
+		s.fe.DeleteDesired(markerKey(ip))
+	}
+}
+
+func (s *Syncer) setHostIPs(ips []netip.Addr) {
+	want := map[gen.SluiceHostipKey]bool{}
+	for _, ip := range ips {
+		k := gen.SluiceHostipKey{Addr: gen.NetAddr(ip)}
+		want[k] = true
+		s.hostIPs.SetDesired(k, gen.SluiceHostipValue{})
+	}
+	var gone []gen.SluiceHostipKey
+	s.hostIPs.IterDataplane(func(k gen.SluiceHostipKey, _ gen.SluiceHostipValue) bool {
+		if !want[k] {
+			gone = append(gone, k)
+		}
+		return true
+	})
+	for _, k := range gone {
+		s.hostIPs.DeleteDesired(k)
+	}
+}
+
+// write applies the desired state in the order that never exposes a half
+// state: frontend deletions, backend (and source range) updates, frontend
+// updates, backend (and source range) deletions.
+func (s *Syncer) write(stats *Stats) error {
+	steps := []struct {
+		what  string
+		apply func() (maps.ApplyStats, error)
+	}{
+		{"frontend deletions", s.fe.ApplyDeletionsOnly},
+		{"source range updates", s.src.ApplyUpdatesOnly},
+		{"backend updates", s.be.ApplyUpdatesOnly},
+		{"frontend updates", s.fe.ApplyUpdatesOnly},
+		{"backend deletions", s.be.ApplyDeletionsOnly},
+		{"source range deletions", s.src.ApplyDeletionsOnly},
+		{"host IPs", s.hostIPs.ApplyAll},
+	}
+	for _, step := range steps {
+		st, err := step.apply()
+		stats.Writes += st.Writes
+		stats.Deletes += st.Deletes
+		if err != nil {
+			var full *maps.FullError
+			if errors.As(err, &full) {
+				stats.FullMaps = append(stats.FullMaps, full.Map)
+			}
+			// Stop here: later steps would point frontends at backends that
+			// were not written. The pending entries are retried next Apply.
+			return fmt.Errorf("nat syncer: %s: %w", step.what, err)
+		}
+	}
+	return nil
+}
+
+// RoutesChanged re-checks endpoints whose node was unknown; when one resolves,
+// its service is planned again at the next Apply and Options.Trigger is called.
+func (s *Syncer) RoutesChanged() {
+	if s.opts.Routes == nil {
+		return
+	}
+	s.mu.Lock()
+	resolved := false
+	for name, p := range s.services {
+		for _, ip := range p.routeMisses {
+			if _, ok := s.opts.Routes(ip); ok {
+				s.replan[name] = true
+				resolved = true
+				break
+			}
+		}
+	}
+	s.mu.Unlock()
+	if resolved && s.opts.Trigger != nil {
+		s.opts.Trigger()
+	}
+}
+
+// CleanAffinity removes affinity entries that are expired or whose service or
+// backend is gone. Apply calls it after changes to services with affinity; call
+// it periodically too, so expired entries do not linger.
+func (s *Syncer) CleanAffinity() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cleanAffinity(true)
+}
+
+func (s *Syncer) cleanAffinity(all bool) (int, error) {
+	type svcInfo struct {
+		timeout  time.Duration
+		backends []gen.SluiceBeValue
+	}
+	live := map[uint32]svcInfo{}
+	for _, p := range s.services {
+		for _, id := range p.ids {
+			live[id] = svcInfo{time.Duration(p.svc.AffinityTimeout) * time.Second, p.backends[id]}
+		}
+	}
+	now := s.opts.Clock()
+	everything := all || s.affinityDirty[0]
+	var stale []gen.SluiceAffKey
+	err := s.aff.Iterate(func(k gen.SluiceAffKey, v gen.SluiceAffValue) bool {
+		if !everything && !s.affinityDirty[k.SvcId] {
+			return true
+		}
+		info, ok := live[k.SvcId]
+		switch {
+		case !ok || info.timeout == 0,
+			now-time.Duration(v.Ts) >= info.timeout,
+			!slices.ContainsFunc(info.backends, func(b gen.SluiceBeValue) bool { return b.Addr == v.Addr && b.Port == v.Port }):
+			stale = append(stale, k)
+		}
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, k := range stale {
+		if err := s.aff.Delete(k); err != nil && !errors.Is(err, maps.ErrKeyNotExist) {
+			return n, err
+		}
+		n++
+	}
+	clear(s.affinityDirty)
+	return n, nil
+}
+
+// ServiceID returns the id of a service port's main backend set.
+func (s *Syncer) ServiceID(name ServicePortName) (uint32, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.ids.get(idKey{name: name})
+	return id, ok
+}
+
+// idAllocator hands out service ids; an id freed in one Apply is reused only
+// after that Apply, when its backends are gone from the maps.
+type idAllocator struct {
+	byKey   map[idKey]uint32
+	used    map[uint32]idKey
+	next    uint32
+	pending []uint32
+}
+
+func newIDAllocator() *idAllocator {
+	return &idAllocator{byKey: map[idKey]uint32{}, used: map[uint32]idKey{}, next: 1}
+}
+
+func (a *idAllocator) get(k idKey) (uint32, bool) {
+	id, ok := a.byKey[k]
+	return id, ok
+}
+
+func (a *idAllocator) adopt(k idKey, id uint32) bool {
+	if _, taken := a.used[id]; taken {
+		return false
+	}
+	a.byKey[k], a.used[id] = id, k
+	return true
+}
+
+func (a *idAllocator) alloc(k idKey) uint32 {
+	for {
+		id := a.next
+		a.next++
+		if a.next == 0 {
+			a.next = 1
+		}
+		if _, taken := a.used[id]; !taken && id != 0 {
+			a.byKey[k], a.used[id] = id, k
+			return id
+		}
+	}
+}
+
+// release forgets the key of id now and frees the id after the Apply.
+func (a *idAllocator) release(id uint32) {
+	if k, ok := a.used[id]; ok {
+		delete(a.byKey, k)
+		a.pending = append(a.pending, id)
+	}
+}
+
+func (a *idAllocator) releasePending() {
+	for _, id := range a.pending {
+		delete(a.used, id)
+	}
+	a.pending = a.pending[:0]
+}
