@@ -1,0 +1,170 @@
+package bpftest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/gen"
+)
+
+// Topology is a node namespace with pods behind veths and an external host on a
+// data interface, the datapath attached by TCX on the node's side of each veth:
+//
+//	pod i:    10.20<i>.0.2/24, gateway 10.20<i>.0.1 (the node's side)
+//	external: 10.210.0.2/24,   gateway 10.210.0.1 (the node IP)
+type Topology struct {
+	DP       *Datapath
+	Node     *NetNS
+	Pods     map[string]*NetNS
+	PodIP    map[string]netip.Addr
+	PodIface map[string]string // the node's side of each pod's veth
+	External *NetNS
+	NodeIP   netip.Addr
+}
+
+// NewTopology builds the namespaces and attaches d's programs; everything is
+// removed when the test ends.
+func NewTopology(t *testing.T, d *Datapath, pods ...string) *Topology {
+	t.Helper()
+	topo := &Topology{DP: d, Node: NewNetNS(t), Pods: map[string]*NetNS{}, PodIP: map[string]netip.Addr{},
+		PodIface: map[string]string{}, NodeIP: netip.MustParseAddr("10.210.0.1")}
+	n := topo.Node
+	for _, s := range []string{"net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0",
+		// Replies of NodePort flows leave with the node IP as source, which the
+		// node must accept on a workload interface.
+		"net.ipv4.conf.all.accept_local=1"} {
+		n.Run("sysctl", "-qw", s)
+	}
+	for i, name := range pods {
+		ns := NewNetNS(t)
+		v := NewVeth(t, n, ns)
+		gw := fmt.Sprintf("10.20%d.0.1", i)
+		ip := fmt.Sprintf("10.20%d.0.2", i)
+		n.Run("ip", "addr", "add", gw+"/24", "dev", v.Name)
+		ns.Run("ip", "addr", "add", ip+"/24", "dev", v.PeerName)
+		ns.Run("ip", "route", "add", "default", "via", gw)
+		topo.Attach(t, v.Name, d.Objs.SlFromWl, d.Objs.SlToWl)
+		topo.Pods[name], topo.PodIP[name], topo.PodIface[name] = ns, netip.MustParseAddr(ip), v.Name
+	}
+	topo.External = NewNetNS(t)
+	data := NewVeth(t, n, topo.External)
+	n.Run("ip", "addr", "add", topo.NodeIP.String()+"/24", "dev", data.Name)
+	topo.External.Run("ip", "addr", "add", "10.210.0.2/24", "dev", data.PeerName)
+	topo.External.Run("ip", "route", "add", "default", "via", topo.NodeIP.String())
+	topo.Attach(t, data.Name, d.Objs.SlFromHost, d.Objs.SlToHost)
+
+	d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(topo.NodeIP)})
+	d.Put(d.Objs.SlHostipV1, gen.SluiceHostipKey{Addr: gen.NetAddr(topo.NodeIP)}, gen.SluiceHostipValue{})
+	return topo
+}
+
+// Attach puts ingress and egress programs on an interface of the node namespace
+// with TCX links, detached when the test ends.
+func (topo *Topology) Attach(t *testing.T, iface string, ingress, egress *ebpf.Program) {
+	t.Helper()
+	err := topo.Node.Do(func() error {
+		ifc, err := net.InterfaceByName(iface)
+		if err != nil {
+			return err
+		}
+		for _, a := range []struct {
+			prog *ebpf.Program
+			at   ebpf.AttachType
+		}{{ingress, ebpf.AttachTCXIngress}, {egress, ebpf.AttachTCXEgress}} {
+			l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: a.prog, Attach: a.at})
+			if err != nil {
+				return fmt.Errorf("attach %v to %s: %w", a.prog, iface, err)
+			}
+			t.Cleanup(func() { l.Close() })
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ServeTCP answers each line with "<name> <client address> <line>".
+func ServeTCP(t *testing.T, ns *NetNS, name, addr string) {
+	t.Helper()
+	var ln net.Listener
+	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					fmt.Fprintf(c, "%s %s %s", name, c.RemoteAddr().(*net.TCPAddr).IP, line)
+				}
+			}()
+		}
+	}()
+}
+
+// ServeUDPEcho answers each datagram with "<name> <datagram>".
+func ServeUDPEcho(t *testing.T, ns *NetNS, name, addr string) {
+	t.Helper()
+	var pc net.PacketConn
+	if err := ns.Do(func() (err error) { pc, err = net.ListenPacket("udp4", addr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(append([]byte(name+" "), buf[:n]...), from)
+		}
+	}()
+}
+
+// Exchange connects from ns to addr, sends a line and returns the answer. A TCP
+// peer must report addr as its address (the service, not the backend).
+func Exchange(ns *NetNS, network, addr, line string) (string, error) {
+	var answer string
+	err := ns.Do(func() error {
+		c, err := net.DialTimeout(network, addr, 3*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := fmt.Fprintf(c, "%s\n", line); err != nil {
+			return err
+		}
+		if network == "udp4" {
+			buf := make([]byte, 1500)
+			n, err := c.Read(buf)
+			answer = string(buf[:n])
+			return err
+		}
+		if got := c.RemoteAddr().String(); got != addr {
+			return fmt.Errorf("peer address %s, want %s", got, addr)
+		}
+		answer, err = bufio.NewReader(c).ReadString('\n')
+		return err
+	})
+	return strings.TrimSpace(answer), err
+}
