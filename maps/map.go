@@ -135,6 +135,15 @@ func (m *Map[K, V]) Get(k K) (V, error) {
 	return v, nil
 }
 
+// Lookup reads the value of *k into *v. With k and v pointing at memory the
+// caller reuses, a lookup allocates nothing (scanners do millions of them).
+func (m *Map[K, V]) Lookup(k *K, v *V) error {
+	if err := m.m.Lookup(ptr(k), ptr(v)); err != nil {
+		return fmt.Errorf("map %s: lookup: %w", m.name, err)
+	}
+	return nil
+}
+
 // Put stores v under k. flags is ebpf.UpdateAny, UpdateNoExist or UpdateExist.
 func (m *Map[K, V]) Put(k K, v V, flags ebpf.MapUpdateFlags) error {
 	if err := m.m.Update(ptr(&k), ptr(&v), flags); err != nil {

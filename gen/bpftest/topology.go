@@ -120,8 +120,9 @@ func ServeTCP(t *testing.T, ns *NetNS, name, addr string) {
 	}()
 }
 
-// ServeUDPEcho answers each datagram with "<name> <datagram>".
-func ServeUDPEcho(t *testing.T, ns *NetNS, name, addr string) {
+// ServeUDPEcho answers each datagram with "<name> <datagram>" until the test
+// ends or the returned stop is called.
+func ServeUDPEcho(t *testing.T, ns *NetNS, name, addr string) (stop func()) {
 	t.Helper()
 	var pc net.PacketConn
 	if err := ns.Do(func() (err error) { pc, err = net.ListenPacket("udp4", addr); return err }); err != nil {
@@ -138,6 +139,7 @@ func ServeUDPEcho(t *testing.T, ns *NetNS, name, addr string) {
 			pc.WriteTo(append([]byte(name+" "), buf[:n]...), from)
 		}
 	}()
+	return func() { pc.Close() }
 }
 
 // Exchange connects from ns to addr, sends a line and returns the answer. A TCP

@@ -1,0 +1,79 @@
+package conntrack
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/sluice-net/sluice/gen"
+)
+
+// Flow is a NATed flow decoded for people and tools.
+type Flow struct {
+	Proto     string         `json:"proto"`
+	Client    netip.AddrPort `json:"client"`
+	Frontend  netip.AddrPort `json:"frontend"`
+	Backend   netip.AddrPort `json:"backend"`
+	SNAT      netip.AddrPort `json:"snat,omitzero"` // the node's address the flow leaves with
+	ServiceID uint32         `json:"serviceID"`
+	State     State          `json:"state"`
+	Idle      time.Duration  `json:"idle"`
+	Orphan    bool           `json:"orphan,omitempty"` // one entry of the pair is missing
+}
+
+func addrPort(a uint32, p uint16) netip.AddrPort {
+	return netip.AddrPortFrom(gen.AddrFromNet(a), gen.PortFromNet(p))
+}
+
+// ProtoName is the lower-case name of an IP protocol number.
+func ProtoName(p uint8) string {
+	switch p {
+	case protoTCP:
+		return "tcp"
+	case protoUDP:
+		return "udp"
+	case protoICMP:
+		return "icmp"
+	}
+	return fmt.Sprintf("proto-%d", p)
+}
+
+// Decode describes the pair as of now (kernel monotonic time).
+func Decode(p *Pair, now time.Duration) Flow {
+	f := Flow{Proto: ProtoName(p.proto()), State: p.State(), Idle: now - p.LastSeen(), Orphan: !p.HasFwd || !p.HasRev}
+	switch {
+	case p.HasFwd:
+		f.Client = addrPort(p.FwdKey.Saddr, p.FwdKey.Sport)
+		f.Frontend = addrPort(p.FwdKey.Daddr, p.FwdKey.Dport)
+		f.Backend = addrPort(p.Fwd.NatAddr, p.Fwd.NatPort)
+		f.ServiceID = p.Fwd.SvcId
+		if p.Fwd.Flags&gen.SluiceCtFlagsCT_SNAT != 0 {
+			f.SNAT = addrPort(p.Fwd.SnatAddr, p.Fwd.SnatPort)
+		}
+	default: // only the reverse entry: it knows the client and the frontend too
+		f.Backend = addrPort(p.RevKey.Saddr, p.RevKey.Sport)
+		f.Frontend = addrPort(p.Rev.NatAddr, p.Rev.NatPort)
+		f.Client = addrPort(p.Rev.SnatAddr, p.Rev.SnatPort)
+		f.ServiceID = p.Rev.SvcId
+		if p.Rev.Flags&gen.SluiceCtFlagsCT_SNAT != 0 {
+			f.SNAT = addrPort(p.RevKey.Daddr, p.RevKey.Dport)
+		}
+	}
+	return f
+}
+
+// String reads like
+// "tcp 10.0.0.5:41234 -> 10.96.0.10:80 (nat 10.244.1.7:8080) established, last seen 3s ago".
+func (f Flow) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %v -> %v (nat %v", f.Proto, f.Client, f.Frontend, f.Backend)
+	if f.SNAT.IsValid() {
+		fmt.Fprintf(&b, ", snat %v", f.SNAT)
+	}
+	fmt.Fprintf(&b, ") %s, last seen %s ago", f.State, f.Idle.Truncate(time.Second))
+	if f.Orphan {
+		b.WriteString(" [orphan]")
+	}
+	return b.String()
+}

@@ -1,0 +1,373 @@
+package conntrack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/maps"
+	"golang.org/x/sys/unix"
+)
+
+// Reason says why a flow was deleted.
+type Reason string
+
+// Deletion reasons.
+const (
+	ReasonExpired  Reason = "expired"
+	ReasonStaleNAT Reason = "stale-nat"
+	ReasonOrphan   Reason = "orphan"  // one entry whose peer is gone
+	ReasonFlushed  Reason = "flushed" // FlushBackends
+)
+
+// EntryScanner is one link of the scanner's chain: it judges flows.
+type EntryScanner interface {
+	// Prepare runs before each scan, e.g. to snapshot other maps.
+	Prepare(now time.Duration) error
+	// Check returns why the flow should be deleted, or "" to keep it.
+	Check(p *Pair, now time.Duration) Reason
+}
+
+// Liveness expires idle flows by Timeouts.
+type Liveness struct{ Timeouts Timeouts }
+
+// Prepare does nothing: liveness needs no other state.
+func (*Liveness) Prepare(time.Duration) error { return nil }
+
+// Check expires the flow when it has been idle past its timeout.
+func (l *Liveness) Check(p *Pair, now time.Duration) Reason {
+	if l.Timeouts.Expired(p, now) {
+		return ReasonExpired
+	}
+	return ""
+}
+
+// Options configures a Scanner.
+type Options struct {
+	// Conntrack is the map to scan (maps.Conntrack).
+	Conntrack *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue]
+	// Scanners is the chain each flow passes; the first reason wins. Nil:
+	// Liveness with DefaultTimeouts.
+	Scanners []EntryScanner
+	// Clock returns the kernel's monotonic time (the datapath stamps entries
+	// with bpf_ktime_get_ns). Nil: CLOCK_MONOTONIC.
+	Clock func() time.Duration
+	// Interval is the first scan interval (default 10 s); the interval halves
+	// while more than a quarter of the entries expire per scan, down to
+	// MinInterval (default 1 s), and doubles while fewer than 5% do, up to
+	// MaxInterval (default 1 min).
+	Interval, MinInterval, MaxInterval time.Duration
+	// OnScan, if set, receives every scan's statistics (metrics).
+	OnScan func(ScanStats)
+	Logger *slog.Logger
+}
+
+// ScanStats describe one scan.
+type ScanStats struct {
+	Entries          int
+	Forward, Reverse int
+	TCP, UDP, Other  int
+	Capacity         uint32
+	FillRatio        float64
+	Deleted          map[Reason]int
+	Duration         time.Duration
+}
+
+// DeletedTotal sums the deletions of every reason.
+func (s ScanStats) DeletedTotal() int {
+	n := 0
+	for _, c := range s.Deleted {
+		n += c
+	}
+	return n
+}
+
+// fillWarning is the fill ratio above which a scan logs a warning.
+const fillWarning = 0.9
+
+// Scanner walks the conntrack map and deletes flows the chain rejects.
+type Scanner struct {
+	opts Options
+	log  *slog.Logger
+	// Reused across entries and scans so a scan of a million entries makes
+	// little garbage (a Pair handed to the chain's interfaces would escape).
+	pair     Pair
+	peerKey  gen.SluiceCtKey
+	toDelete []gen.SluiceCtKey
+	reasons  []Reason
+}
+
+// NewScanner checks opts and fills in defaults.
+func NewScanner(opts Options) (*Scanner, error) {
+	if opts.Conntrack == nil {
+		return nil, errors.New("conntrack scanner: no conntrack map")
+	}
+	if opts.Scanners == nil {
+		opts.Scanners = []EntryScanner{&Liveness{Timeouts: DefaultTimeouts()}}
+	}
+	if opts.Clock == nil {
+		opts.Clock = Monotonic
+	}
+	if opts.Interval == 0 {
+		opts.Interval = 10 * time.Second
+	}
+	if opts.MinInterval == 0 {
+		opts.MinInterval = time.Second
+	}
+	if opts.MaxInterval == 0 {
+		opts.MaxInterval = time.Minute
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Scanner{opts: opts, log: log}, nil
+}
+
+// Monotonic is the kernel's monotonic clock, the one bpf_ktime_get_ns reads.
+func Monotonic() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// Scan walks the map once. Each forward entry is judged together with its
+// reverse entry (looked up by the peer key it holds) and both are deleted
+// together. A reverse entry is judged alone only when it looks expired by its
+// own data, to find orphans whose forward entry is gone.
+//
+// The walk uses batch lookups while the datapath keeps writing: flows created
+// meanwhile may or may not be seen (they are young, so kept either way), and
+// deletions are applied after the walk.
+func (s *Scanner) Scan() (ScanStats, error) {
+	start := time.Now()
+	now := s.opts.Clock()
+	st := ScanStats{Capacity: s.opts.Conntrack.MaxEntries(), Deleted: map[Reason]int{}}
+	for _, sc := range s.opts.Scanners {
+		if err := sc.Prepare(now); err != nil {
+			return st, fmt.Errorf("conntrack scan: prepare: %w", err)
+		}
+	}
+	s.toDelete, s.reasons = s.toDelete[:0], s.reasons[:0]
+	var walkErr error
+	err := s.opts.Conntrack.Iterate(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool {
+		st.Entries++
+		switch k.Proto {
+		case protoTCP:
+			st.TCP++
+		case protoUDP:
+			st.UDP++
+		default:
+			st.Other++
+		}
+		p := &s.pair
+		if v.Type == gen.SluiceCtTypeCT_FORWARD {
+			st.Forward++
+			*p = Pair{FwdKey: k, Fwd: v, HasFwd: true, RevKey: v.Peer}
+			if s.needsReverse(p, now) {
+				p.HasRev, walkErr = s.lookupPeer(v.Peer, &p.Rev)
+				if walkErr != nil {
+					return false
+				}
+			}
+			if reason := s.judge(p, now); reason != "" {
+				s.delete(k, reason)
+				s.delete(v.Peer, "") // gone already is fine
+			}
+			return true
+		}
+		st.Reverse++
+		*p = Pair{RevKey: k, Rev: v, HasRev: true, FwdKey: v.Peer}
+		if !s.looksExpired(p, now) {
+			return true
+		}
+		p.HasFwd, walkErr = s.lookupPeer(v.Peer, &p.Fwd)
+		if walkErr != nil {
+			return false
+		}
+		if !p.HasFwd || p.Fwd.Peer != k {
+			s.delete(k, ReasonOrphan) // its forward entry is gone or belongs to another flow
+		}
+		// Otherwise the forward entry judges the pair.
+		return true
+	})
+	if err == nil {
+		err = walkErr
+	}
+	if err != nil {
+		return st, fmt.Errorf("conntrack scan: %w", err)
+	}
+	if err := s.applyDeletions(&st); err != nil {
+		return st, err
+	}
+	st.FillRatio = float64(st.Entries) / float64(max(st.Capacity, 1))
+	st.Duration = time.Since(start)
+	if st.FillRatio > fillWarning {
+		s.log.Warn("conntrack map nearly full", "map", s.opts.Conntrack.Name(),
+			"entries", st.Entries, "capacity", st.Capacity, "fill", fmt.Sprintf("%.0f%%", 100*st.FillRatio))
+	}
+	if s.opts.OnScan != nil {
+		s.opts.OnScan(st)
+	}
+	return st, nil
+}
+
+// lookupPeer reads the entry of k into out (memory the scanner owns).
+func (s *Scanner) lookupPeer(k gen.SluiceCtKey, out *gen.SluiceCtValue) (bool, error) {
+	s.peerKey = k
+	err := s.opts.Conntrack.Lookup(&s.peerKey, out)
+	if errors.Is(err, maps.ErrKeyNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// needsReverse tells whether judging a flow needs its reverse entry. The
+// built-in scanners do not when the forward entry alone proves the flow alive
+// (StaleNAT reads only the forward entry); any other scanner gets both.
+func (s *Scanner) needsReverse(p *Pair, now time.Duration) bool {
+	for _, sc := range s.opts.Scanners {
+		switch sc := sc.(type) {
+		case *Liveness:
+			if !sc.Timeouts.aliveByForward(&p.FwdKey, &p.Fwd, now) {
+				return true
+			}
+		case *StaleNAT:
+		default:
+			return true
+		}
+	}
+	return false
+}
+
+// looksExpired: a reverse entry alone, judged by the liveness scanners.
+func (s *Scanner) looksExpired(p *Pair, now time.Duration) bool {
+	for _, sc := range s.opts.Scanners {
+		if l, ok := sc.(*Liveness); ok && l.Check(p, now) != "" {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Scanner) judge(p *Pair, now time.Duration) Reason {
+	for _, sc := range s.opts.Scanners {
+		if r := sc.Check(p, now); r != "" {
+			return r
+		}
+	}
+	return ""
+}
+
+// delete queues k; an empty reason marks the second entry of a pair (counted once).
+func (s *Scanner) delete(k gen.SluiceCtKey, reason Reason) {
+	s.toDelete = append(s.toDelete, k)
+	s.reasons = append(s.reasons, reason)
+}
+
+// deleteChunk bounds one batch delete.
+const deleteChunk = 4096
+
+// applyDeletions deletes the queued keys in batches; a key already gone (the
+// datapath's LRU evicted it, or it was queued twice) counts as deleted.
+func (s *Scanner) applyDeletions(st *ScanStats) error {
+	for _, r := range s.reasons {
+		if r != "" {
+			st.Deleted[r]++
+		}
+	}
+	keys := s.toDelete
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), deleteChunk)]
+		n, err := s.opts.Conntrack.BatchDelete(chunk)
+		if errors.Is(err, maps.ErrKeyNotExist) {
+			n++ // skip the missing key and go on
+		} else if err != nil {
+			return fmt.Errorf("conntrack scan: delete: %w", err)
+		}
+		keys = keys[n:]
+	}
+	return nil
+}
+
+// Run scans until ctx ends, adapting the interval to how much each scan
+// deletes. Scan errors are logged, not fatal.
+func (s *Scanner) Run(ctx context.Context) {
+	interval := s.opts.Interval
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		st, err := s.Scan()
+		if err != nil {
+			s.log.Error("conntrack scan failed", "err", err)
+		} else {
+			interval = s.NextInterval(interval, st)
+		}
+		timer.Reset(interval)
+	}
+}
+
+// NextInterval is the adaptive rule: halve while more than 25% of the entries
+// were deleted, double while fewer than 5% were, within [MinInterval,
+// MaxInterval].
+func (s *Scanner) NextInterval(cur time.Duration, st ScanStats) time.Duration {
+	if st.Entries == 0 {
+		return min(cur*2, s.opts.MaxInterval)
+	}
+	ratio := float64(st.DeletedTotal()) / float64(st.Entries)
+	switch {
+	case ratio > 0.25:
+		return max(cur/2, s.opts.MinInterval)
+	case ratio < 0.05:
+		return min(cur*2, s.opts.MaxInterval)
+	}
+	return cur
+}
+
+// Backend is a backend that left a service (from the NAT syncer's report).
+type Backend struct {
+	ServiceID uint32
+	Addr      netip.AddrPort
+}
+
+// FlushBackends deletes the UDP flows balanced to the given backends of the
+// given services, both entries of each, so a client with a fixed source port
+// reaches a live backend with its next datagram (kube-proxy's stale UDP rule).
+// TCP flows are left to end on their own.
+func (s *Scanner) FlushBackends(backends []Backend) (int, error) {
+	if len(backends) == 0 {
+		return 0, nil
+	}
+	gone := make(map[Backend]bool, len(backends))
+	for _, b := range backends {
+		gone[b] = true
+	}
+	s.toDelete, s.reasons = s.toDelete[:0], s.reasons[:0]
+	err := s.opts.Conntrack.Iterate(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool {
+		if k.Proto != protoUDP || v.Type != gen.SluiceCtTypeCT_FORWARD {
+			return true
+		}
+		if gone[Backend{ServiceID: v.SvcId, Addr: addrPort(v.NatAddr, v.NatPort)}] {
+			s.delete(k, ReasonFlushed)
+			s.delete(v.Peer, "")
+		}
+		return true
+	})
+	if err != nil {
+		return 0, fmt.Errorf("conntrack flush: %w", err)
+	}
+	st := ScanStats{Deleted: map[Reason]int{}}
+	if err := s.applyDeletions(&st); err != nil {
+		return 0, err
+	}
+	return st.Deleted[ReasonFlushed], nil
+}

@@ -1,0 +1,313 @@
+package conntrack_test
+
+import (
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/conntrack"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/maps"
+)
+
+var (
+	nodeIP   = netip.MustParseAddr("10.0.0.1")
+	clientAP = netip.MustParseAddrPort("10.1.0.5:41234")
+	vipAP    = netip.MustParseAddrPort("10.96.0.10:80")
+	dnsAP    = netip.MustParseAddrPort("10.96.0.53:53")
+	be1AP    = netip.MustParseAddrPort("10.2.0.7:8080")
+	be2AP    = netip.MustParseAddrPort("10.2.0.8:8080")
+	udpBE    = netip.MustParseAddrPort("10.2.0.9:5353")
+)
+
+// env is the datapath with a web (TCP) and a dns (UDP) service, and a scanner
+// whose clock is the kernel's plus an offset the test moves.
+type env struct {
+	t      *testing.T
+	dp     *bpftest.Datapath
+	ct     *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue]
+	offset atomic.Int64
+	sc     *conntrack.Scanner
+}
+
+func newEnv(t *testing.T, timeouts conntrack.Timeouts) *env {
+	e := &env{t: t, dp: bpftest.NewDatapath(t, nodeIP)}
+	e.dp.AddService(bpftest.Service{ID: 1, Front: vipAP, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
+	e.dp.AddService(bpftest.Service{ID: 2, Front: dnsAP, Proto: bpftest.ProtoUDP, Backends: []bpftest.Backend{{AP: udpBE}}})
+	var err error
+	if e.ct, err = maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](e.dp.Objs.SlCtV1); err != nil {
+		t.Fatal(err)
+	}
+	fe, _ := maps.NewMap[gen.SluiceFeKey, gen.SluiceFeValue](e.dp.Objs.SlFeV1)
+	be, _ := maps.NewMap[gen.SluiceBeKey, gen.SluiceBeValue](e.dp.Objs.SlBeV1)
+	hip, _ := maps.NewMap[gen.SluiceHostipKey, gen.SluiceHostipValue](e.dp.Objs.SlHostipV1)
+	e.sc, err = conntrack.NewScanner(conntrack.Options{
+		Conntrack: e.ct,
+		Scanners: []conntrack.EntryScanner{
+			&conntrack.Liveness{Timeouts: timeouts},
+			&conntrack.StaleNAT{Frontends: fe, Backends: be, HostIPs: hip},
+		},
+		Clock: func() time.Duration { return conntrack.Monotonic() + time.Duration(e.offset.Load()) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *env) advance(d time.Duration) { e.offset.Add(int64(d)) }
+
+func (e *env) scan() conntrack.ScanStats {
+	e.t.Helper()
+	st, err := e.sc.Scan()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return st
+}
+
+func (e *env) tcp(src, dst netip.AddrPort, flags uint8) {
+	e.t.Helper()
+	e.dp.RunOK(e.dp.Objs.SlFromWl, bpftest.TCPPacket(src, dst, flags))
+}
+
+func (e *env) udp(src, dst netip.AddrPort) {
+	e.t.Helper()
+	e.dp.RunOK(e.dp.Objs.SlFromWl, bpftest.UDPPacket(src, dst, []byte("x")))
+}
+
+func (e *env) has(src, dst netip.AddrPort, proto uint8) bool {
+	_, ok := e.dp.CT(bpftest.CtKey(src, dst, proto))
+	return ok
+}
+
+// flow creates one flow per state and returns a function telling whether both
+// of its entries are still there (and failing if only one is).
+type flowCase struct {
+	name    string
+	timeout time.Duration
+	make    func(e *env, client netip.AddrPort) (fwdDst, revSrc netip.AddrPort, proto uint8)
+}
+
+func TestEachTimeoutRule(t *testing.T) {
+	def := conntrack.DefaultTimeouts()
+	cases := []flowCase{
+		{"tcp syn-sent", def.TCPSynSent, func(e *env, c netip.AddrPort) (netip.AddrPort, netip.AddrPort, uint8) {
+			e.tcp(c, vipAP, bpftest.SYN)
+			return vipAP, be1AP, bpftest.ProtoTCP
+		}},
+		{"tcp established", def.TCPEstablished, func(e *env, c netip.AddrPort) (netip.AddrPort, netip.AddrPort, uint8) {
+			e.tcp(c, vipAP, bpftest.SYN)
+			e.tcp(be1AP, c, bpftest.SYN|bpftest.ACK)
+			e.tcp(c, vipAP, bpftest.ACK)
+			return vipAP, be1AP, bpftest.ProtoTCP
+		}},
+		{"tcp fins seen", def.TCPFinsSeen, func(e *env, c netip.AddrPort) (netip.AddrPort, netip.AddrPort, uint8) {
+			e.tcp(c, vipAP, bpftest.SYN)
+			e.tcp(be1AP, c, bpftest.SYN|bpftest.ACK)
+			e.tcp(c, vipAP, bpftest.FIN|bpftest.ACK)
+			e.tcp(be1AP, c, bpftest.FIN|bpftest.ACK)
+			return vipAP, be1AP, bpftest.ProtoTCP
+		}},
+		{"tcp reset", def.TCPResetSeen, func(e *env, c netip.AddrPort) (netip.AddrPort, netip.AddrPort, uint8) {
+			e.tcp(c, vipAP, bpftest.SYN)
+			e.tcp(be1AP, c, bpftest.RST|bpftest.ACK)
+			return vipAP, be1AP, bpftest.ProtoTCP
+		}},
+		{"udp", def.UDP, func(e *env, c netip.AddrPort) (netip.AddrPort, netip.AddrPort, uint8) {
+			e.udp(c, dnsAP)
+			e.dp.RunOK(e.dp.Objs.SlFromWl, bpftest.UDPPacket(udpBE, c, []byte("y")))
+			return dnsAP, udpBE, bpftest.ProtoUDP
+		}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, def)
+			client := netip.AddrPortFrom(clientAP.Addr(), uint16(20000+i))
+			fwdDst, revSrc, proto := c.make(e, client)
+			both := func() bool {
+				f, r := e.has(client, fwdDst, proto), e.has(revSrc, client, proto)
+				if f != r {
+					t.Fatalf("forward entry present %v, reverse %v: a pair was split", f, r)
+				}
+				return f
+			}
+			e.advance(c.timeout - time.Second)
+			if st := e.scan(); st.Entries != 2 || !both() {
+				t.Fatalf("flow gone %v before its timeout %v", c.timeout-time.Second, c.timeout)
+			}
+			e.advance(2 * time.Second)
+			st := e.scan()
+			if both() {
+				t.Fatalf("flow kept past its timeout %v", c.timeout)
+			}
+			if st.Deleted[conntrack.ReasonExpired] != 1 {
+				t.Fatalf("deletions %v, want one expired flow", st.Deleted)
+			}
+		})
+	}
+}
+
+func TestCreationGraceKeepsYoungFlows(t *testing.T) {
+	to := conntrack.DefaultTimeouts()
+	to.UDP = time.Second
+	e := newEnv(t, to)
+	e.udp(clientAP, dnsAP)
+	e.advance(5 * time.Second) // idle past the UDP timeout, but younger than the grace
+	e.scan()
+	if !e.has(clientAP, dnsAP, bpftest.ProtoUDP) {
+		t.Fatal("flow younger than the creation grace expired")
+	}
+	e.advance(6 * time.Second)
+	e.scan()
+	if e.has(clientAP, dnsAP, bpftest.ProtoUDP) {
+		t.Fatal("flow kept after the grace and its timeout")
+	}
+}
+
+func TestReverseEntryJudgedWithItsForwardEntry(t *testing.T) {
+	e := newEnv(t, conntrack.DefaultTimeouts())
+	// A one-way UDP flow: the backend never answers, so the reverse entry's own
+	// last packet is its creation; the forward entry is busy.
+	e.udp(clientAP, dnsAP)
+	fwdKey := bpftest.CtKey(clientAP, dnsAP, bpftest.ProtoUDP)
+	fwd, _ := e.dp.CT(fwdKey)
+	e.advance(100 * time.Second)
+	fwd.LastSeen = uint64(conntrack.Monotonic() + time.Duration(e.offset.Load()))
+	if err := e.ct.Put(fwdKey, fwd, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.scan()
+	if !e.has(clientAP, dnsAP, bpftest.ProtoUDP) || !e.has(udpBE, clientAP, bpftest.ProtoUDP) {
+		t.Fatal("live one-way flow lost an entry")
+	}
+
+	// An orphan: the forward entry is gone (evicted); its reverse entry goes.
+	if err := e.ct.Delete(fwdKey); err != nil {
+		t.Fatal(err)
+	}
+	e.advance(100 * time.Second)
+	st := e.scan()
+	if e.has(udpBE, clientAP, bpftest.ProtoUDP) || st.Deleted[conntrack.ReasonOrphan] != 1 {
+		t.Fatalf("orphan reverse entry kept (deleted %v)", st.Deleted)
+	}
+}
+
+func TestStaleUDPFlushedTCPKept(t *testing.T) {
+	e := newEnv(t, conntrack.DefaultTimeouts())
+	e.tcp(clientAP, vipAP, bpftest.SYN)
+	e.tcp(be1AP, clientAP, bpftest.SYN|bpftest.ACK)
+	e.udp(clientAP, dnsAP)
+	other := netip.AddrPortFrom(clientAP.Addr(), 999)
+	e.udp(other, dnsAP)
+
+	// On demand: the syncer reports the UDP backend gone.
+	n, err := e.sc.FlushBackends([]conntrack.Backend{{ServiceID: 2, Addr: udpBE}, {ServiceID: 1, Addr: be1AP}})
+	if err != nil || n != 2 {
+		t.Fatalf("flushed %d flows (%v), want the 2 UDP flows", n, err)
+	}
+	if e.has(clientAP, dnsAP, bpftest.ProtoUDP) || e.has(udpBE, clientAP, bpftest.ProtoUDP) || e.has(other, dnsAP, bpftest.ProtoUDP) {
+		t.Fatal("UDP flow to the removed backend kept")
+	}
+	if !e.has(clientAP, vipAP, bpftest.ProtoTCP) || !e.has(be1AP, clientAP, bpftest.ProtoTCP) {
+		t.Fatal("TCP flow flushed: established connections must survive their backend leaving")
+	}
+
+	// By scan: the backend is replaced in the maps; the next scan finds the
+	// UDP flow stale, keeps the TCP one whose backend also left.
+	e.udp(clientAP, dnsAP)
+	e.dp.Put(e.dp.Objs.SlBeV1, gen.SluiceBeKey{SvcId: 2}, gen.SluiceBeValue{Addr: gen.NetAddr(be2AP.Addr()), Port: gen.NetPort(5353)})
+	e.dp.Put(e.dp.Objs.SlBeV1, gen.SluiceBeKey{SvcId: 1}, gen.SluiceBeValue{Addr: gen.NetAddr(be2AP.Addr()), Port: gen.NetPort(be2AP.Port())})
+	st := e.scan()
+	if st.Deleted[conntrack.ReasonStaleNAT] != 1 || e.has(clientAP, dnsAP, bpftest.ProtoUDP) {
+		t.Fatalf("stale UDP flow not removed by scan (deleted %v)", st.Deleted)
+	}
+	if !e.has(clientAP, vipAP, bpftest.ProtoTCP) {
+		t.Fatal("scan removed a TCP flow whose backend left")
+	}
+	// The next datagram goes to the new backend.
+	out := e.dp.RunOK(e.dp.Objs.SlFromWl, bpftest.UDPPacket(clientAP, dnsAP, []byte("again")))
+	if out.Dst.Addr() != be2AP.Addr() {
+		t.Fatalf("datagram after the flush went to %v", out.Dst)
+	}
+}
+
+func TestScanWhileFlowsAreCreatedLosesNothingLive(t *testing.T) {
+	e := newEnv(t, conntrack.DefaultTimeouts())
+	var stop atomic.Bool
+	var created atomic.Int32
+	var wg sync.WaitGroup
+	defer func() { stop.Store(true); wg.Wait() }()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; !stop.Load() && i < 20000; i++ {
+			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 1000)
+			if i%2 == 0 {
+				e.tcp(src, vipAP, bpftest.SYN)
+			} else {
+				e.udp(src, dnsAP)
+			}
+			created.Add(1)
+		}
+	}()
+	scans := 0
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); scans++ {
+		if st := e.scan(); st.DeletedTotal() != 0 {
+			t.Fatalf("scan deleted live flows: %v", st.Deleted)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	st := e.scan()
+	if want := 2 * int(created.Load()); st.Entries != want {
+		t.Fatalf("%d entries after %d scans, want %d (2 per flow created)", st.Entries, scans, want)
+	}
+	if scans < 5 {
+		t.Fatalf("only %d scans ran concurrently", scans)
+	}
+}
+
+func TestDecodeForPeople(t *testing.T) {
+	e := newEnv(t, conntrack.DefaultTimeouts())
+	e.tcp(clientAP, vipAP, bpftest.SYN)
+	e.tcp(be1AP, clientAP, bpftest.SYN|bpftest.ACK)
+	p := conntrack.Pair{FwdKey: bpftest.CtKey(clientAP, vipAP, bpftest.ProtoTCP), HasFwd: true, HasRev: true}
+	p.Fwd, _ = e.dp.CT(p.FwdKey)
+	p.RevKey = p.Fwd.Peer
+	p.Rev, _ = e.dp.CT(p.RevKey)
+	now := time.Duration(p.Rev.LastSeen) + 3500*time.Millisecond
+	want := "tcp 10.1.0.5:41234 -> 10.96.0.10:80 (nat 10.2.0.7:8080) established, last seen 3s ago"
+	if got := conntrack.Decode(&p, now).String(); got != want {
+		t.Fatalf("got  %q\nwant %q", got, want)
+	}
+}
+
+func TestAdaptiveInterval(t *testing.T) {
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: &maps.Map[gen.SluiceCtKey, gen.SluiceCtValue]{},
+		MinInterval: time.Second, MaxInterval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := conntrack.ScanStats{Entries: 100, Deleted: map[conntrack.Reason]int{conntrack.ReasonExpired: 40}}
+	idle := conntrack.ScanStats{Entries: 100, Deleted: map[conntrack.Reason]int{conntrack.ReasonExpired: 1}}
+	steady := conntrack.ScanStats{Entries: 100, Deleted: map[conntrack.Reason]int{conntrack.ReasonExpired: 10}}
+	if got := sc.NextInterval(10*time.Second, busy); got != 5*time.Second {
+		t.Fatalf("busy: %v", got)
+	}
+	if got := sc.NextInterval(1500*time.Millisecond, busy); got != time.Second {
+		t.Fatalf("busy at the floor: %v", got)
+	}
+	if got := sc.NextInterval(10*time.Second, idle); got != 20*time.Second {
+		t.Fatalf("idle: %v", got)
+	}
+	if got := sc.NextInterval(50*time.Second, idle); got != time.Minute {
+		t.Fatalf("idle at the ceiling: %v", got)
+	}
+	if got := sc.NextInterval(10*time.Second, steady); got != 10*time.Second {
+		t.Fatalf("steady: %v", got)
+	}
+}

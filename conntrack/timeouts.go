@@ -1,0 +1,164 @@
+// Package conntrack keeps the datapath's conntrack table healthy: a Scanner
+// walks it periodically and deletes flows that expired or whose NAT went stale,
+// always a forward entry together with its reverse entry; FlushBackends removes
+// the UDP flows of backends that left their service right after a sync; Flow
+// decodes an entry pair for people.
+//
+// Established TCP connections to a backend that left its service are kept until
+// they end or expire (graceful termination, as with kube-proxy): the stale-NAT
+// check applies to non-TCP flows only, and FlushBackends to UDP only.
+package conntrack
+
+import (
+	"time"
+
+	"github.com/sluice-net/sluice/gen"
+)
+
+// Timeouts decide when an idle flow expires, by protocol and TCP state.
+type Timeouts struct {
+	// CreationGrace: no flow younger than this is expired, whatever its state.
+	CreationGrace  time.Duration
+	TCPSynSent     time.Duration
+	TCPEstablished time.Duration
+	// TCPFinsSeen applies once both sides sent a FIN.
+	TCPFinsSeen time.Duration
+	// TCPResetSeen applies once either side sent a RST.
+	TCPResetSeen time.Duration
+	UDP          time.Duration
+	ICMP         time.Duration
+	Other        time.Duration
+}
+
+// DefaultTimeouts are Calico's defaults.
+func DefaultTimeouts() Timeouts {
+	return Timeouts{
+		CreationGrace:  10 * time.Second,
+		TCPSynSent:     20 * time.Second,
+		TCPEstablished: time.Hour,
+		TCPFinsSeen:    30 * time.Second,
+		TCPResetSeen:   40 * time.Second,
+		UDP:            60 * time.Second,
+		ICMP:           5 * time.Second,
+		Other:          10 * time.Minute,
+	}
+}
+
+// TCP flag bits recorded in ct_value.tcp_seen (bpf/include/parse.h).
+const (
+	tcpFIN = 0x01
+	tcpSYN = 0x02
+	tcpRST = 0x04
+	tcpACK = 0x10
+)
+
+const (
+	protoICMP = 1
+	protoTCP  = 6
+	protoUDP  = 17
+)
+
+// State is a flow's state as the timeouts see it.
+type State string
+
+// Flow states.
+const (
+	StateSynSent     State = "syn-sent"
+	StateEstablished State = "established"
+	StateFinsSeen    State = "closing"
+	StateReset       State = "reset"
+	StateActive      State = "active" // any non-TCP flow
+)
+
+// Pair is a flow's two conntrack entries; either may be missing (an orphan).
+type Pair struct {
+	FwdKey, RevKey gen.SluiceCtKey
+	Fwd, Rev       gen.SluiceCtValue
+	HasFwd, HasRev bool
+}
+
+func (p *Pair) proto() uint8 {
+	if p.HasFwd {
+		return p.FwdKey.Proto
+	}
+	return p.RevKey.Proto
+}
+
+// State derives the TCP state from the flags each direction has seen.
+func (p *Pair) State() State {
+	if p.proto() != protoTCP {
+		return StateActive
+	}
+	fwd, rev := p.Fwd.TcpSeen, p.Rev.TcpSeen
+	switch {
+	case (fwd|rev)&tcpRST != 0:
+		return StateReset
+	case fwd&tcpFIN != 0 && rev&tcpFIN != 0:
+		return StateFinsSeen
+	case rev&(tcpSYN|tcpACK) == tcpSYN|tcpACK:
+		return StateEstablished
+	}
+	return StateSynSent
+}
+
+// LastSeen is the later of the two entries' last packets (kernel monotonic).
+func (p *Pair) LastSeen() time.Duration {
+	return time.Duration(max(p.Fwd.LastSeen, p.Rev.LastSeen))
+}
+
+// Created is when the flow's first packet was seen (kernel monotonic).
+func (p *Pair) Created() time.Duration {
+	if p.HasFwd {
+		return time.Duration(p.Fwd.Created)
+	}
+	return time.Duration(p.Rev.Created)
+}
+
+// Timeout returns the idle time after which the flow expires.
+func (t *Timeouts) Timeout(p *Pair) time.Duration {
+	switch p.proto() {
+	case protoTCP:
+		switch p.State() {
+		case StateReset:
+			return t.TCPResetSeen
+		case StateFinsSeen:
+			return t.TCPFinsSeen
+		case StateEstablished:
+			return t.TCPEstablished
+		}
+		return t.TCPSynSent
+	case protoUDP:
+		return t.UDP
+	case protoICMP:
+		return t.ICMP
+	}
+	return t.Other
+}
+
+// shortest is the least idle time after which a flow of proto can expire.
+func (t *Timeouts) shortest(proto uint8) time.Duration {
+	switch proto {
+	case protoTCP:
+		return min(t.TCPSynSent, t.TCPEstablished, t.TCPFinsSeen, t.TCPResetSeen)
+	case protoUDP:
+		return t.UDP
+	case protoICMP:
+		return t.ICMP
+	}
+	return t.Other
+}
+
+// aliveByForward: the forward entry alone proves the flow is not expired (it
+// is young, or it saw a packet within the shortest timeout of its protocol),
+// so the reverse entry need not be read to judge liveness.
+func (t *Timeouts) aliveByForward(k *gen.SluiceCtKey, v *gen.SluiceCtValue, now time.Duration) bool {
+	return now-time.Duration(v.Created) < t.CreationGrace || now-time.Duration(v.LastSeen) <= t.shortest(k.Proto)
+}
+
+// Expired judges the pair at now (kernel monotonic time).
+func (t *Timeouts) Expired(p *Pair, now time.Duration) bool {
+	if now-p.Created() < t.CreationGrace {
+		return false
+	}
+	return now-p.LastSeen() > t.Timeout(p)
+}
