@@ -74,4 +74,3 @@ func TestFixedPortUDPClientFollowsReplacedBackend(t *testing.T) {
 		t.Fatalf("after the flush: %q %v, want an answer from b2", got, err)
 	}
 }
-
