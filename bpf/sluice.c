@@ -4,6 +4,8 @@
 #include "common.h"
 #include "datapath.h"
 #include "parse.h"
+#include "prefilter.h"
+#include "socklb.h"
 #include "stats.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -65,4 +67,46 @@ SEC("tc")
 int sl_to_host(struct __sk_buff *skb)
 {
 	return pipeline(skb, HOOK_TO_HOST);
+}
+
+/* cgroup/connect4: balance a connect() to a service. */
+SEC("cgroup/connect4")
+int sl_connect4(struct bpf_sock_addr *ctx)
+{
+	return socklb_translate(ctx);
+}
+
+/* cgroup/sendmsg4: balance a sendto() on an unconnected UDP socket. */
+SEC("cgroup/sendmsg4")
+int sl_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return socklb_translate(ctx);
+}
+
+/* cgroup/recvmsg4: replies come from the service, not the backend. */
+SEC("cgroup/recvmsg4")
+int sl_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return socklb_reverse(ctx, SOCK_REVNAT_TIMEOUT_NS);
+}
+
+/* cgroup/getpeername4: the peer is the service, not the backend. */
+SEC("cgroup/getpeername4")
+int sl_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return socklb_reverse(ctx, 0);
+}
+
+/* cgroup_skb/egress: a UDP socket pinned to a backend that left fails its send. */
+SEC("cgroup_skb/egress")
+int sl_sock_egress(struct __sk_buff *skb)
+{
+	return socklb_check_egress(skb);
+}
+
+/* xdp: the prefilter on data interfaces. */
+SEC("xdp")
+int sl_xdp_prefilter(struct xdp_md *ctx)
+{
+	return prefilter(ctx);
 }

@@ -20,12 +20,14 @@ type SluiceAffKey struct {
 }
 
 type SluiceAffValue struct {
-	_     structs.HostLayout
-	Ts    uint64
-	Addr  uint32
-	Port  uint16
-	Flags SluiceBeFlags
-	Pad   uint8
+	_       structs.HostLayout
+	Ts      uint64
+	Addr    uint32
+	Port    uint16
+	Flags   SluiceBeFlags
+	Pad     uint8
+	Ordinal uint32
+	Pad2    uint32
 }
 
 type SluiceBeFlags uint8
@@ -49,27 +51,41 @@ type SluiceBeValue struct {
 }
 
 type SluiceConfig struct {
-	_           structs.HostLayout
-	NodeIp      uint32
-	SnatPortMin uint16
-	SnatPortMax uint16
+	_               structs.HostLayout
+	NodeIp          uint32
+	SnatPortMin     uint16
+	SnatPortMax     uint16
+	HostNetnsCookie uint64
+	Flags           SluiceConfigFlags
+	Pad             uint32
 }
+
+type SluiceConfigFlags uint32
+
+const (
+	SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY SluiceConfigFlags = 1
+)
 
 type SluiceCounter uint32
 
 const (
-	SluiceCounterCNT_DROP_MALFORMED        SluiceCounter = 0
-	SluiceCounterCNT_DROP_SRC_RANGE        SluiceCounter = 1
-	SluiceCounterCNT_DROP_NO_LOCAL_BACKEND SluiceCounter = 2
-	SluiceCounterCNT_DROP_BACKEND_MISSING  SluiceCounter = 3
-	SluiceCounterCNT_DROP_SNAT_PORTS       SluiceCounter = 4
-	SluiceCounterCNT_DROP_CT_CREATE        SluiceCounter = 5
-	SluiceCounterCNT_DROP_REJECT_FAILED    SluiceCounter = 6
-	SluiceCounterCNT_REJECT_NO_ENDPOINTS   SluiceCounter = 7
-	SluiceCounterCNT_PASS_FRAGMENT         SluiceCounter = 8
-	SluiceCounterCNT_ICMP_ECHO_ANSWERED    SluiceCounter = 9
-	SluiceCounterCNT_ICMP_ERROR_TRANSLATED SluiceCounter = 10
-	SluiceCounterCNT_MAX                   SluiceCounter = 11
+	SluiceCounterCNT_DROP_MALFORMED           SluiceCounter = 0
+	SluiceCounterCNT_DROP_SRC_RANGE           SluiceCounter = 1
+	SluiceCounterCNT_DROP_NO_LOCAL_BACKEND    SluiceCounter = 2
+	SluiceCounterCNT_DROP_BACKEND_MISSING     SluiceCounter = 3
+	SluiceCounterCNT_DROP_SNAT_PORTS          SluiceCounter = 4
+	SluiceCounterCNT_DROP_CT_CREATE           SluiceCounter = 5
+	SluiceCounterCNT_DROP_REJECT_FAILED       SluiceCounter = 6
+	SluiceCounterCNT_REJECT_NO_ENDPOINTS      SluiceCounter = 7
+	SluiceCounterCNT_PASS_FRAGMENT            SluiceCounter = 8
+	SluiceCounterCNT_ICMP_ECHO_ANSWERED       SluiceCounter = 9
+	SluiceCounterCNT_ICMP_ERROR_TRANSLATED    SluiceCounter = 10
+	SluiceCounterCNT_SOCK_REJECT_NO_ENDPOINTS SluiceCounter = 11
+	SluiceCounterCNT_SOCK_NO_LOCAL_BACKEND    SluiceCounter = 12
+	SluiceCounterCNT_SOCK_STALE_BACKEND       SluiceCounter = 13
+	SluiceCounterCNT_XDP_DROP_DENIED          SluiceCounter = 14
+	SluiceCounterCNT_XDP_PASS_FAILSAFE        SluiceCounter = 15
+	SluiceCounterCNT_MAX                      SluiceCounter = 16
 )
 
 type SluiceCtFlags uint8
@@ -111,6 +127,18 @@ type SluiceCtValue struct {
 	Type     SluiceCtType
 	Flags    SluiceCtFlags
 	Pad      [2]uint8
+}
+
+type SluiceFailsafeKey struct {
+	_     structs.HostLayout
+	Proto uint8
+	Pad   uint8
+	Port  uint16
+}
+
+type SluiceFailsafeValue struct {
+	_     structs.HostLayout
+	Flags uint32
 }
 
 type SluiceFeFlags uint32
@@ -166,6 +194,35 @@ type SluiceIfStatsKey struct {
 	Ifindex uint32
 }
 
+type SluicePrefilterKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type SluicePrefilterValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
+type SluiceSockKey struct {
+	_           structs.HostLayout
+	Cookie      uint64
+	BackendAddr uint32
+	BackendPort uint16
+	Pad         uint16
+}
+
+type SluiceSockValue struct {
+	_            structs.HostLayout
+	Ts           uint64
+	FrontendAddr uint32
+	FrontendPort uint16
+	Pad          uint16
+	SvcId        uint32
+	Ordinal      uint32
+}
+
 type SluiceSrcrangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -182,20 +239,29 @@ type SluiceSrcrangeValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	SluiceMapSlAffV1      = "sl_aff_v1"
-	SluiceMapSlBeV1       = "sl_be_v1"
-	SluiceMapSlConfigV1   = "sl_config_v1"
-	SluiceMapSlCountersV1 = "sl_counters_v1"
-	SluiceMapSlCtV1       = "sl_ct_v1"
-	SluiceMapSlFeV1       = "sl_fe_v1"
-	SluiceMapSlHostipV1   = "sl_hostip_v1"
-	SluiceMapSlIfstatsV1  = "sl_ifstats_v1"
-	SluiceMapSlSrcrangeV1 = "sl_srcrange_v1"
-	SluiceProgSlCount     = "sl_count"
-	SluiceProgSlFromHost  = "sl_from_host"
-	SluiceProgSlFromWl    = "sl_from_wl"
-	SluiceProgSlToHost    = "sl_to_host"
-	SluiceProgSlToWl      = "sl_to_wl"
+	SluiceMapSlAffV1         = "sl_aff_v1"
+	SluiceMapSlBeV1          = "sl_be_v1"
+	SluiceMapSlConfigV1      = "sl_config_v1"
+	SluiceMapSlCountersV1    = "sl_counters_v1"
+	SluiceMapSlCtV1          = "sl_ct_v1"
+	SluiceMapSlFailsafeV1    = "sl_failsafe_v1"
+	SluiceMapSlFeV1          = "sl_fe_v1"
+	SluiceMapSlHostipV1      = "sl_hostip_v1"
+	SluiceMapSlIfstatsV1     = "sl_ifstats_v1"
+	SluiceMapSlPrefilterV1   = "sl_prefilter_v1"
+	SluiceMapSlSockV1        = "sl_sock_v1"
+	SluiceMapSlSrcrangeV1    = "sl_srcrange_v1"
+	SluiceProgSlConnect4     = "sl_connect4"
+	SluiceProgSlCount        = "sl_count"
+	SluiceProgSlFromHost     = "sl_from_host"
+	SluiceProgSlFromWl       = "sl_from_wl"
+	SluiceProgSlGetpeername4 = "sl_getpeername4"
+	SluiceProgSlRecvmsg4     = "sl_recvmsg4"
+	SluiceProgSlSendmsg4     = "sl_sendmsg4"
+	SluiceProgSlSockEgress   = "sl_sock_egress"
+	SluiceProgSlToHost       = "sl_to_host"
+	SluiceProgSlToWl         = "sl_to_wl"
+	SluiceProgSlXdpPrefilter = "sl_xdp_prefilter"
 )
 
 // LoadSluice returns the embedded CollectionSpec for Sluice.
@@ -240,26 +306,35 @@ type SluiceSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceProgramSpecs struct {
-	SlCount    *ebpf.ProgramSpec `ebpf:"sl_count"`
-	SlFromHost *ebpf.ProgramSpec `ebpf:"sl_from_host"`
-	SlFromWl   *ebpf.ProgramSpec `ebpf:"sl_from_wl"`
-	SlToHost   *ebpf.ProgramSpec `ebpf:"sl_to_host"`
-	SlToWl     *ebpf.ProgramSpec `ebpf:"sl_to_wl"`
+	SlConnect4     *ebpf.ProgramSpec `ebpf:"sl_connect4"`
+	SlCount        *ebpf.ProgramSpec `ebpf:"sl_count"`
+	SlFromHost     *ebpf.ProgramSpec `ebpf:"sl_from_host"`
+	SlFromWl       *ebpf.ProgramSpec `ebpf:"sl_from_wl"`
+	SlGetpeername4 *ebpf.ProgramSpec `ebpf:"sl_getpeername4"`
+	SlRecvmsg4     *ebpf.ProgramSpec `ebpf:"sl_recvmsg4"`
+	SlSendmsg4     *ebpf.ProgramSpec `ebpf:"sl_sendmsg4"`
+	SlSockEgress   *ebpf.ProgramSpec `ebpf:"sl_sock_egress"`
+	SlToHost       *ebpf.ProgramSpec `ebpf:"sl_to_host"`
+	SlToWl         *ebpf.ProgramSpec `ebpf:"sl_to_wl"`
+	SlXdpPrefilter *ebpf.ProgramSpec `ebpf:"sl_xdp_prefilter"`
 }
 
 // SluiceMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceMapSpecs struct {
-	SlAffV1      *ebpf.MapSpec `ebpf:"sl_aff_v1"`
-	SlBeV1       *ebpf.MapSpec `ebpf:"sl_be_v1"`
-	SlConfigV1   *ebpf.MapSpec `ebpf:"sl_config_v1"`
-	SlCountersV1 *ebpf.MapSpec `ebpf:"sl_counters_v1"`
-	SlCtV1       *ebpf.MapSpec `ebpf:"sl_ct_v1"`
-	SlFeV1       *ebpf.MapSpec `ebpf:"sl_fe_v1"`
-	SlHostipV1   *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
-	SlIfstatsV1  *ebpf.MapSpec `ebpf:"sl_ifstats_v1"`
-	SlSrcrangeV1 *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
+	SlAffV1       *ebpf.MapSpec `ebpf:"sl_aff_v1"`
+	SlBeV1        *ebpf.MapSpec `ebpf:"sl_be_v1"`
+	SlConfigV1    *ebpf.MapSpec `ebpf:"sl_config_v1"`
+	SlCountersV1  *ebpf.MapSpec `ebpf:"sl_counters_v1"`
+	SlCtV1        *ebpf.MapSpec `ebpf:"sl_ct_v1"`
+	SlFailsafeV1  *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
+	SlFeV1        *ebpf.MapSpec `ebpf:"sl_fe_v1"`
+	SlHostipV1    *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
+	SlIfstatsV1   *ebpf.MapSpec `ebpf:"sl_ifstats_v1"`
+	SlPrefilterV1 *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
+	SlSockV1      *ebpf.MapSpec `ebpf:"sl_sock_v1"`
+	SlSrcrangeV1  *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
 }
 
 // SluiceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -288,15 +363,18 @@ func (o *SluiceObjects) Close() error {
 //
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluiceMaps struct {
-	SlAffV1      *ebpf.Map `ebpf:"sl_aff_v1"`
-	SlBeV1       *ebpf.Map `ebpf:"sl_be_v1"`
-	SlConfigV1   *ebpf.Map `ebpf:"sl_config_v1"`
-	SlCountersV1 *ebpf.Map `ebpf:"sl_counters_v1"`
-	SlCtV1       *ebpf.Map `ebpf:"sl_ct_v1"`
-	SlFeV1       *ebpf.Map `ebpf:"sl_fe_v1"`
-	SlHostipV1   *ebpf.Map `ebpf:"sl_hostip_v1"`
-	SlIfstatsV1  *ebpf.Map `ebpf:"sl_ifstats_v1"`
-	SlSrcrangeV1 *ebpf.Map `ebpf:"sl_srcrange_v1"`
+	SlAffV1       *ebpf.Map `ebpf:"sl_aff_v1"`
+	SlBeV1        *ebpf.Map `ebpf:"sl_be_v1"`
+	SlConfigV1    *ebpf.Map `ebpf:"sl_config_v1"`
+	SlCountersV1  *ebpf.Map `ebpf:"sl_counters_v1"`
+	SlCtV1        *ebpf.Map `ebpf:"sl_ct_v1"`
+	SlFailsafeV1  *ebpf.Map `ebpf:"sl_failsafe_v1"`
+	SlFeV1        *ebpf.Map `ebpf:"sl_fe_v1"`
+	SlHostipV1    *ebpf.Map `ebpf:"sl_hostip_v1"`
+	SlIfstatsV1   *ebpf.Map `ebpf:"sl_ifstats_v1"`
+	SlPrefilterV1 *ebpf.Map `ebpf:"sl_prefilter_v1"`
+	SlSockV1      *ebpf.Map `ebpf:"sl_sock_v1"`
+	SlSrcrangeV1  *ebpf.Map `ebpf:"sl_srcrange_v1"`
 }
 
 func (m *SluiceMaps) Close() error {
@@ -306,9 +384,12 @@ func (m *SluiceMaps) Close() error {
 		m.SlConfigV1,
 		m.SlCountersV1,
 		m.SlCtV1,
+		m.SlFailsafeV1,
 		m.SlFeV1,
 		m.SlHostipV1,
 		m.SlIfstatsV1,
+		m.SlPrefilterV1,
+		m.SlSockV1,
 		m.SlSrcrangeV1,
 	)
 }
@@ -323,20 +404,32 @@ type SluiceVariables struct {
 //
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluicePrograms struct {
-	SlCount    *ebpf.Program `ebpf:"sl_count"`
-	SlFromHost *ebpf.Program `ebpf:"sl_from_host"`
-	SlFromWl   *ebpf.Program `ebpf:"sl_from_wl"`
-	SlToHost   *ebpf.Program `ebpf:"sl_to_host"`
-	SlToWl     *ebpf.Program `ebpf:"sl_to_wl"`
+	SlConnect4     *ebpf.Program `ebpf:"sl_connect4"`
+	SlCount        *ebpf.Program `ebpf:"sl_count"`
+	SlFromHost     *ebpf.Program `ebpf:"sl_from_host"`
+	SlFromWl       *ebpf.Program `ebpf:"sl_from_wl"`
+	SlGetpeername4 *ebpf.Program `ebpf:"sl_getpeername4"`
+	SlRecvmsg4     *ebpf.Program `ebpf:"sl_recvmsg4"`
+	SlSendmsg4     *ebpf.Program `ebpf:"sl_sendmsg4"`
+	SlSockEgress   *ebpf.Program `ebpf:"sl_sock_egress"`
+	SlToHost       *ebpf.Program `ebpf:"sl_to_host"`
+	SlToWl         *ebpf.Program `ebpf:"sl_to_wl"`
+	SlXdpPrefilter *ebpf.Program `ebpf:"sl_xdp_prefilter"`
 }
 
 func (p *SluicePrograms) Close() error {
 	return _SluiceClose(
+		p.SlConnect4,
 		p.SlCount,
 		p.SlFromHost,
 		p.SlFromWl,
+		p.SlGetpeername4,
+		p.SlRecvmsg4,
+		p.SlSendmsg4,
+		p.SlSockEgress,
 		p.SlToHost,
 		p.SlToWl,
+		p.SlXdpPrefilter,
 	)
 }
 

@@ -63,20 +63,26 @@ var (
 	Config    = Def[uint32, gen.SluiceConfig]{Name: gen.SluiceMapSlConfigV1}
 	HostIPs   = Def[gen.SluiceHostipKey, gen.SluiceHostipValue]{Name: gen.SluiceMapSlHostipV1}
 	Counters  = PerCPUDef[gen.SluiceCounter, uint64]{Name: gen.SluiceMapSlCountersV1}
+	Sockets   = Def[gen.SluiceSockKey, gen.SluiceSockValue]{Name: gen.SluiceMapSlSockV1}
+	Prefilter = Def[gen.SluicePrefilterKey, gen.SluicePrefilterValue]{Name: gen.SluiceMapSlPrefilterV1}
+	Failsafe  = Def[gen.SluiceFailsafeKey, gen.SluiceFailsafeValue]{Name: gen.SluiceMapSlFailsafeV1}
 )
 
 // docs says what each map is for; every map of the object must have a line
 // (a test checks), which keeps the catalogue complete.
 var docs = map[string]string{
-	gen.SluiceMapSlIfstatsV1:  "per-interface packet counters of sl_count",
-	gen.SluiceMapSlFeV1:       "service frontends: {IP, port, protocol} -> service id, backend counts, affinity, flags",
-	gen.SluiceMapSlBeV1:       "service backends: {service id, ordinal} -> backend IP:port, local flag",
-	gen.SluiceMapSlSrcrangeV1: "loadBalancerSourceRanges: LPM {service id, source CIDR}",
-	gen.SluiceMapSlAffV1:      "session affinity: {service id, client IP} -> backend, time chosen (LRU)",
-	gen.SluiceMapSlCtV1:       "conntrack: forward and reverse entry per NATed flow (LRU)",
-	gen.SluiceMapSlConfigV1:   "node-wide settings: node IP for SNAT, SNAT port range",
-	gen.SluiceMapSlHostipV1:   "this node's IPv4 addresses (NodePort wildcard matching)",
-	gen.SluiceMapSlCountersV1: "per-CPU counters of drops and other verdicts, by reason",
+	gen.SluiceMapSlIfstatsV1:   "per-interface packet counters of sl_count",
+	gen.SluiceMapSlFeV1:        "service frontends: {IP, port, protocol} -> service id, backend counts, affinity, flags",
+	gen.SluiceMapSlBeV1:        "service backends: {service id, ordinal} -> backend IP:port, local flag",
+	gen.SluiceMapSlSrcrangeV1:  "loadBalancerSourceRanges: LPM {service id, source CIDR}",
+	gen.SluiceMapSlAffV1:       "session affinity: {service id, client IP} -> backend, time chosen (LRU)",
+	gen.SluiceMapSlCtV1:        "conntrack: forward and reverse entry per NATed flow (LRU)",
+	gen.SluiceMapSlConfigV1:    "node-wide settings: node IP for SNAT, SNAT port range",
+	gen.SluiceMapSlHostipV1:    "this node's IPv4 addresses (NodePort wildcard matching)",
+	gen.SluiceMapSlCountersV1:  "per-CPU counters of drops and other verdicts, by reason",
+	gen.SluiceMapSlSockV1:      "socket LB: {socket cookie, backend} -> service address to give back (LRU)",
+	gen.SluiceMapSlPrefilterV1: "XDP prefilter: LPM deny list of source CIDRs",
+	gen.SluiceMapSlFailsafeV1:  "XDP prefilter: {protocol, port} inbound ports never dropped",
 }
 
 // Info describes one map of the catalogue.

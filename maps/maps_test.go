@@ -78,6 +78,23 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.Config.Name:    roundTripConfig,
 	maps.HostIPs.Name:   roundTrip(maps.HostIPs),
 	maps.Counters.Name:  roundTripCounters,
+	maps.Sockets.Name:   roundTrip(maps.Sockets),
+	maps.Prefilter.Name: roundTripPrefilter,
+	maps.Failsafe.Name:  roundTrip(maps.Failsafe),
+}
+
+func roundTripPrefilter(t *testing.T, s *maps.Set) {
+	m, err := maps.Prefilter.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := gen.SluicePrefilterKey{Prefixlen: 16, Addr: gen.NetAddr(netip.MustParseAddr("198.51.0.0"))}
+	if err := m.Put(k, gen.SluicePrefilterValue{Flags: 1}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Get(k); err != nil || got.Flags != 1 {
+		t.Fatalf("got %+v %v", got, err)
+	}
 }
 
 // An LPM trie only holds keys whose prefix length is valid and whose bits past

@@ -7,14 +7,24 @@
 #include "common.h"
 #include "consts.h"
 
+enum config_flags : __u32 {
+	/* Socket-level load balancing applies only to sockets of the network
+	 * namespace host_netns_cookie names; pods then use the TC path. */
+	CFG_SOCKLB_HOST_ONLY = 1 << 0,
+};
+
 struct config {
 	__be32 node_ip;		/* network order: source of SNATed flows (NodePort to a
 				 * remote backend, hairpin); 0 disables SNAT: such flows
-				 * are then forwarded with the client's address */
+				 * are then forwarded with the client's address. Also the
+				 * session-affinity identity of host sockets. */
 	__u16 snat_port_min;	/* host order: 0 means SNAT_PORT_MIN_DEFAULT */
 	__u16 snat_port_max;	/* host order: 0 means SNAT_PORT_MAX_DEFAULT */
+	__u64 host_netns_cookie; /* host order: the host network namespace's cookie */
+	enum config_flags flags; /* host order */
+	__u32 pad;		/* 0 */
 };
-ASSERT_SIZE(struct config, 8);
+ASSERT_SIZE(struct config, 24);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -11,6 +11,13 @@
 #define SL_AFF_MAX		65536		/* session affinity entries (LRU) */
 #define SL_CT_MAX		524288		/* conntrack entries, two per flow (LRU) */
 #define SL_HOSTIP_MAX		256		/* this node's addresses */
+#define SL_SOCK_MAX		65536		/* socket-LB reverse translations (LRU) */
+#define SL_PREFILTER_MAX	65536		/* XDP deny-list CIDRs */
+#define SL_FAILSAFE_MAX		64		/* XDP failsafe inbound ports */
+
+/* An unconnected UDP socket's translation is used for replies (recvmsg) up to
+ * this long after its last send; later "replies" keep the backend's address. */
+#define SOCK_REVNAT_TIMEOUT_NS	(600 * NS_PER_SEC)
 
 #define NS_PER_SEC		1000000000ULL
 /* A conntrack entry's last_seen is refreshed at most this often, so an

@@ -17,6 +17,11 @@ enum counter : __u32 {
 	CNT_PASS_FRAGMENT,		/* IPv4 fragment passed untouched */
 	CNT_ICMP_ECHO_ANSWERED,		/* echo request to a service IP answered */
 	CNT_ICMP_ERROR_TRANSLATED,	/* ICMP error about a NATed flow reverse-translated */
+	CNT_SOCK_REJECT_NO_ENDPOINTS,	/* connect()/sendmsg() refused: no endpoints */
+	CNT_SOCK_NO_LOCAL_BACKEND,	/* connect()/sendmsg() failed: local only, none local */
+	CNT_SOCK_STALE_BACKEND,		/* a UDP send failed: its backend left the service */
+	CNT_XDP_DROP_DENIED,		/* prefilter: source in the deny list */
+	CNT_XDP_PASS_FAILSAFE,		/* prefilter: denied source, failsafe port */
 	CNT_MAX,
 };
 

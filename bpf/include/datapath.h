@@ -125,6 +125,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
 	struct fe_value *fe = fe_lookup(p->daddr, p->dport, p->proto);
 	int from_host = hook == HOOK_FROM_HOST;
 	struct be_value be;
+	__u32 ordinal;
 
 	if (!fe)
 		return TC_ACT_OK;
@@ -132,7 +133,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
 		return drop(CNT_DROP_SRC_RANGE);
 
 	int local_only = (fe->flags & FE_INT_LOCAL) || (from_host && (fe->flags & FE_EXT_LOCAL));
-	switch (pick_backend(fe, p->saddr, local_only, &be)) {
+	switch (pick_backend(fe, p->saddr, local_only, &be, &ordinal)) {
 	case PICK_NO_ENDPOINTS:
 		return reject(skb, p);
 	case PICK_NO_LOCAL:

@@ -97,8 +97,10 @@ struct aff_value {
 	__be16 port;		/* network order */
 	enum be_flags flags;	/* of the backend */
 	__u8 pad;		/* 0 */
+	__u32 ordinal;		/* host order: the backend's ordinal when chosen */
+	__u32 pad2;		/* 0 */
 };
-ASSERT_SIZE(struct aff_value, 16);
+ASSERT_SIZE(struct aff_value, 24);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -162,9 +164,9 @@ enum pick_result {
 	PICK_BACKEND_MISSING,	/* drop: the frontend points at a missing backend */
 };
 
-/* pick_backend chooses a backend for a new flow from client. */
+/* pick_backend chooses a backend for a new flow from client, and its ordinal. */
 static __always_inline int pick_backend(const struct fe_value *fe, __be32 client,
-					int local_only, struct be_value *out)
+					int local_only, struct be_value *out, __u32 *ordinal)
 {
 	__u32 n = local_only ? fe->local_count : fe->count;
 	struct aff_key akey = { .svc_id = fe->svc_id, .client = client };
@@ -182,6 +184,7 @@ static __always_inline int pick_backend(const struct fe_value *fe, __be32 client
 			out->addr = a->addr;
 			out->port = a->port;
 			out->flags = a->flags;
+			*ordinal = a->ordinal;
 			return PICK_OK;
 		}
 	}
@@ -192,9 +195,11 @@ static __always_inline int pick_backend(const struct fe_value *fe, __be32 client
 	if (!be)
 		return PICK_BACKEND_MISSING;
 	*out = *be;
+	*ordinal = bkey.ordinal;
 
 	if (fe->affinity_timeout) {
-		struct aff_value a = { .ts = now, .addr = be->addr, .port = be->port, .flags = be->flags };
+		struct aff_value a = { .ts = now, .addr = be->addr, .port = be->port, .flags = be->flags,
+				       .ordinal = bkey.ordinal };
 		bpf_map_update_elem(&sl_aff_v1, &akey, &a, BPF_ANY);
 	}
 	return PICK_OK;

@@ -1,0 +1,147 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Socket-level load balancing for host processes (cgroup v2 hooks): connect()
+ * and sendmsg() to a service are rewritten to a backend before the socket
+ * sends anything, using the same frontend, backend and affinity maps and the
+ * same policies as the TC path; getpeername() and recvmsg() give the service's
+ * address back.
+ *
+ * The reverse translation lives in sl_sock_v1, keyed by the socket's cookie and
+ * the backend, so it cannot be confused between sockets, nor between two
+ * services one socket talks to.
+ *
+ * A connected UDP socket stays pinned to the backend its connect() chose. When
+ * that backend leaves its service, sl_sock_egress fails the socket's next send
+ * (EPERM) and forgets its translation: the client's reconnect (or a new socket)
+ * is balanced again to a live backend. TCP is never cut (graceful termination). */
+#pragma once
+
+#include "common.h"
+#include "config.h"
+#include "consts.h"
+#include "counters.h"
+#include "nat.h"
+
+#define AF_INET		2
+#define ECONNREFUSED	111
+#define EHOSTUNREACH	113
+
+struct sock_key {
+	__u64 cookie;		/* host order: bpf_get_socket_cookie() */
+	__be32 backend_addr;	/* network order */
+	__be16 backend_port;	/* network order */
+	__u16 pad;		/* 0 */
+};
+ASSERT_SIZE(struct sock_key, 16);
+
+struct sock_value {
+	__u64 ts;		/* host order: bpf_ktime_get_ns() of the last connect/send */
+	__be32 frontend_addr;	/* network order: the service address to give back */
+	__be16 frontend_port;	/* network order */
+	__u16 pad;		/* 0 */
+	__u32 svc_id;		/* host order: where the backend was chosen */
+	__u32 ordinal;		/* host order: the backend's ordinal then */
+};
+ASSERT_SIZE(struct sock_value, 24);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SL_SOCK_MAX);
+	__type(key, struct sock_key);
+	__type(value, struct sock_value);
+} sl_sock_v1 SEC(".maps");
+
+static __always_inline int socklb_applies(void *ctx, const struct config *cfg)
+{
+	if (cfg && (cfg->flags & CFG_SOCKLB_HOST_ONLY))
+		return bpf_get_netns_cookie(ctx) == cfg->host_netns_cookie;
+	return 1;
+}
+
+/* socklb_translate rewrites the destination of a connect() or sendmsg(); it
+ * returns the hook's verdict (1 proceed, 0 fail with the retval set). */
+static __always_inline int socklb_translate(struct bpf_sock_addr *ctx)
+{
+	struct config *cfg = config_get();
+	struct be_value be;
+	__u32 ordinal;
+
+	if (ctx->user_family != AF_INET || !socklb_applies(ctx, cfg))
+		return 1;
+	__be32 addr = ctx->user_ip4;
+	__be16 port = (__be16)ctx->user_port;
+	struct fe_value *fe = fe_lookup(addr, port, ctx->protocol);
+	if (!fe)
+		return 1;
+
+	/* Host sockets share the node's address as their client identity, as
+	 * their packets would with kube-proxy; external policy Local does not
+	 * apply to host traffic (it goes to every endpoint). */
+	__be32 client = cfg ? cfg->node_ip : 0;
+	switch (pick_backend(fe, client, fe->flags & FE_INT_LOCAL, &be, &ordinal)) {
+	case PICK_NO_ENDPOINTS:
+		count(CNT_SOCK_REJECT_NO_ENDPOINTS);
+		bpf_set_retval(-ECONNREFUSED);
+		return 0;
+	case PICK_NO_LOCAL:
+		count(CNT_SOCK_NO_LOCAL_BACKEND);
+		bpf_set_retval(-EHOSTUNREACH);
+		return 0;
+	case PICK_BACKEND_MISSING:
+		count(CNT_DROP_BACKEND_MISSING);
+		bpf_set_retval(-EHOSTUNREACH);
+		return 0;
+	}
+
+	struct sock_key key = { .cookie = bpf_get_socket_cookie(ctx), .backend_addr = be.addr, .backend_port = be.port };
+	struct sock_value val = {
+		.ts = bpf_ktime_get_ns(), .frontend_addr = addr, .frontend_port = port,
+		.svc_id = fe->svc_id, .ordinal = ordinal,
+	};
+	bpf_map_update_elem(&sl_sock_v1, &key, &val, BPF_ANY);
+	ctx->user_ip4 = be.addr;
+	ctx->user_port = (__u32)be.port;
+	return 1;
+}
+
+/* socklb_reverse gives the service address back for a peer that is a backend
+ * this socket was balanced to. max_age 0: no age limit. */
+static __always_inline int socklb_reverse(struct bpf_sock_addr *ctx, __u64 max_age)
+{
+	struct sock_key key = {
+		.cookie = bpf_get_socket_cookie(ctx),
+		.backend_addr = ctx->user_ip4, .backend_port = (__be16)ctx->user_port,
+	};
+
+	if (ctx->user_family != AF_INET)
+		return 1;
+	struct sock_value *v = bpf_map_lookup_elem(&sl_sock_v1, &key);
+	if (!v || (max_age && bpf_ktime_get_ns() - v->ts > max_age))
+		return 1;
+	ctx->user_ip4 = v->frontend_addr;
+	ctx->user_port = (__u32)v->frontend_port;
+	return 1;
+}
+
+/* socklb_check_egress fails a UDP send whose socket was balanced to a backend
+ * that is no longer at its place in the service. */
+static __always_inline int socklb_check_egress(struct __sk_buff *skb)
+{
+	struct iphdr ip;
+	__be16 ports[2];
+
+	if (skb->protocol != bpf_htons(ETH_P_IP) || bpf_skb_load_bytes(skb, 0, &ip, sizeof(ip)) ||
+	    ip.protocol != IPPROTO_UDP || ip.ihl < 5 ||
+	    bpf_skb_load_bytes(skb, ip.ihl * 4, ports, sizeof(ports)))
+		return 1;
+	struct sock_key key = { .cookie = bpf_get_socket_cookie(skb), .backend_addr = ip.daddr, .backend_port = ports[1] };
+	struct sock_value *v = bpf_map_lookup_elem(&sl_sock_v1, &key);
+	if (!v)
+		return 1;
+	struct be_key bkey = { .svc_id = v->svc_id, .ordinal = v->ordinal };
+	struct be_value *be = bpf_map_lookup_elem(&sl_be_v1, &bkey);
+	if (be && be->addr == ip.daddr && be->port == ports[1])
+		return 1;
+	bpf_map_delete_elem(&sl_sock_v1, &key);
+	count(CNT_SOCK_STALE_BACKEND);
+	return 0;
+}

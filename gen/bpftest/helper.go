@@ -1,0 +1,98 @@
+package bpftest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// HelperMain is a TestMain for packages whose tests start helper processes
+// (Cgroup.StartHelper): in a helper it performs the client action and exits,
+// otherwise it runs the tests.
+func HelperMain(m *testing.M) {
+	if action := os.Getenv(HelperEnv); action != "" {
+		if err := runHelper(action, os.Args[1:]); err != nil {
+			fmt.Println("error:", err)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runHelper performs one client action and prints what it saw, a line per fact:
+//
+//	tcp ADDR            connect, send a line, print "peer=<getpeername> answer=<reply>"
+//	udp-sendto ADDR     unconnected socket, print "from=<reply source> answer=<reply>"
+//	udp-connected ADDR  connected socket: ask, wait for a line on stdin, ask again
+//	                    (printing a send or receive error), then ask on a new socket
+func runHelper(action string, args []string) error {
+	addr := args[0]
+	switch action {
+	case "tcp": // connect, report the peer and the server's answer
+		c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "hi\n")
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		answer, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return err
+		}
+		fmt.Printf("peer=%s answer=%s", c.RemoteAddr(), answer)
+	case "udp-sendto": // unconnected socket: sendto, then report the reply's source
+		pc, err := net.ListenPacket("udp4", ":0")
+		if err != nil {
+			return err
+		}
+		defer pc.Close()
+		dst, err := net.ResolveUDPAddr("udp4", addr)
+		if err != nil {
+			return err
+		}
+		if _, err := pc.WriteTo([]byte("q"), dst); err != nil {
+			return err
+		}
+		pc.SetReadDeadline(time.Now().Add(2 * time.Second))
+		buf := make([]byte, 512)
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("from=%s answer=%s\n", from, buf[:n])
+	case "udp-connected": // one connected socket: ask, wait for the parent, ask again, reconnect
+		ask := func(c net.Conn, q string) string {
+			if _, err := c.Write([]byte(q)); err != nil {
+				return "send-error=" + err.Error()
+			}
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, 512)
+			n, err := c.Read(buf)
+			if err != nil {
+				return "recv-error=" + err.Error()
+			}
+			return "answer=" + string(buf[:n])
+		}
+		c, err := net.Dial("udp4", addr)
+		if err != nil {
+			return err
+		}
+		fmt.Println(ask(c, "1"))
+		bufio.NewReader(os.Stdin).ReadString('\n') // the parent removes the backend
+		fmt.Println(ask(c, "2"))
+		c.Close()
+		c, err = net.Dial("udp4", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		fmt.Println(ask(c, "3"))
+	default:
+		return fmt.Errorf("unknown helper action %q", action)
+	}
+	return nil
+}

@@ -1,0 +1,34 @@
+package ifacemgr_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/ifacemgr"
+)
+
+func TestSocketLBAttachAndDetach(t *testing.T) {
+	d := bpftest.NewDatapath(t, netip.MustParseAddr("10.0.0.1"))
+	ns, cg := bpftest.NewNetNS(t), bpftest.NewCgroup(t)
+	vip, be := netip.MustParseAddrPort("10.96.0.10:80"), netip.MustParseAddrPort("127.0.0.2:8080")
+	bpftest.ServeTCP(t, ns, "b1", be.String())
+	d.AddService(bpftest.Service{ID: 1, Front: vip, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be}}})
+
+	o := d.Objs
+	s, err := ifacemgr.AttachSocketLB(cg.Path, ifacemgr.SocketLBPrograms{Connect4: o.SlConnect4, Sendmsg4: o.SlSendmsg4,
+		Recvmsg4: o.SlRecvmsg4, Getpeername4: o.SlGetpeername4, SockEgress: o.SlSockEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := cg.RunHelper(ns, "tcp", vip.String()); !strings.Contains(out[0], "answer=b1") {
+		t.Fatalf("attached: %q", out)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out := cg.RunHelper(ns, "tcp", vip.String()); !strings.Contains(out[0], "network is unreachable") {
+		t.Fatalf("detached, yet the service was reached: %q", out)
+	}
+}
