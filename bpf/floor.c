@@ -30,3 +30,11 @@ int floor_parse_lookup(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	return TC_ACT_UNSPEC;
 }
+
+/* The XDP floor: an empty program. */
+SEC("xdp")
+int floor_xdp_pass(struct xdp_md *ctx)
+{
+	(void)ctx;
+	return XDP_PASS;
+}

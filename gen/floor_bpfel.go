@@ -19,6 +19,7 @@ const (
 	FloorMapFloorFlows        = "floor_flows"
 	FloorMapSlCtV1            = "sl_ct_v1"
 	FloorProgFloorParseLookup = "floor_parse_lookup"
+	FloorProgFloorXdpPass     = "floor_xdp_pass"
 )
 
 // LoadFloor returns the embedded CollectionSpec for Floor.
@@ -64,6 +65,7 @@ type FloorSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type FloorProgramSpecs struct {
 	FloorParseLookup *ebpf.ProgramSpec `ebpf:"floor_parse_lookup"`
+	FloorXdpPass     *ebpf.ProgramSpec `ebpf:"floor_xdp_pass"`
 }
 
 // FloorMapSpecs contains maps before they are loaded into the kernel.
@@ -122,11 +124,13 @@ type FloorVariables struct {
 // It can be passed to LoadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FloorPrograms struct {
 	FloorParseLookup *ebpf.Program `ebpf:"floor_parse_lookup"`
+	FloorXdpPass     *ebpf.Program `ebpf:"floor_xdp_pass"`
 }
 
 func (p *FloorPrograms) Close() error {
 	return _FloorClose(
 		p.FloorParseLookup,
+		p.FloorXdpPass,
 	)
 }
 

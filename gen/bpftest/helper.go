@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -28,6 +29,7 @@ func HelperMain(m *testing.M) {
 //	udp-sendto ADDR     unconnected socket, print "from=<reply source> answer=<reply>"
 //	udp-connected ADDR  connected socket: ask, wait for a line on stdin, ask again
 //	                    (printing a send or receive error), then ask on a new socket
+//	connect-loop ADDR N N connects and closes, print "ns=<mean connect time>"
 func runHelper(action string, args []string) error {
 	addr := args[0]
 	switch action {
@@ -91,6 +93,27 @@ func runHelper(action string, args []string) error {
 		}
 		defer c.Close()
 		fmt.Println(ask(c, "3"))
+	case "connect-loop": // N connects and closes; print the mean connect() time
+		n, err := strconv.Atoi(args[1])
+		if err != nil {
+			return err
+		}
+		for range 200 { // warm up: caches, the listener's accept loop
+			if c, err := net.Dial("tcp4", addr); err == nil {
+				c.Close()
+			}
+		}
+		var total time.Duration
+		for range n {
+			start := time.Now()
+			c, err := net.Dial("tcp4", addr)
+			total += time.Since(start)
+			if err != nil {
+				return err
+			}
+			c.Close()
+		}
+		fmt.Printf("ns=%d\n", total.Nanoseconds()/int64(n))
 	default:
 		return fmt.Errorf("unknown helper action %q", action)
 	}

@@ -31,7 +31,7 @@ type Topology struct {
 
 // NewTopology builds the namespaces and attaches d's programs; everything is
 // removed when the test ends.
-func NewTopology(t *testing.T, d *Datapath, pods ...string) *Topology {
+func NewTopology(t testing.TB, d *Datapath, pods ...string) *Topology {
 	t.Helper()
 	topo := &Topology{DP: d, Node: NewNetNS(t), Pods: map[string]*NetNS{}, PodIP: map[string]netip.Addr{},
 		PodIface: map[string]string{}, NodeIP: netip.MustParseAddr("10.210.0.1")}
@@ -67,7 +67,7 @@ func NewTopology(t *testing.T, d *Datapath, pods ...string) *Topology {
 
 // Attach puts ingress and egress programs on an interface of the node namespace
 // with TCX links, detached when the test ends.
-func (topo *Topology) Attach(t *testing.T, iface string, ingress, egress *ebpf.Program) {
+func (topo *Topology) Attach(t testing.TB, iface string, ingress, egress *ebpf.Program) {
 	t.Helper()
 	err := topo.Node.Do(func() error {
 		ifc, err := net.InterfaceByName(iface)
@@ -92,7 +92,7 @@ func (topo *Topology) Attach(t *testing.T, iface string, ingress, egress *ebpf.P
 }
 
 // ServeTCP answers each line with "<name> <client address> <line>".
-func ServeTCP(t *testing.T, ns *NetNS, name, addr string) {
+func ServeTCP(t testing.TB, ns *NetNS, name, addr string) {
 	t.Helper()
 	var ln net.Listener
 	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
@@ -122,7 +122,7 @@ func ServeTCP(t *testing.T, ns *NetNS, name, addr string) {
 
 // ServeUDPEcho answers each datagram with "<name> <datagram>" until the test
 // ends or the returned stop is called.
-func ServeUDPEcho(t *testing.T, ns *NetNS, name, addr string) (stop func()) {
+func ServeUDPEcho(t testing.TB, ns *NetNS, name, addr string) (stop func()) {
 	t.Helper()
 	var pc net.PacketConn
 	if err := ns.Do(func() (err error) { pc, err = net.ListenPacket("udp4", addr); return err }); err != nil {

@@ -1,0 +1,9 @@
+package bench
+
+import (
+	"testing"
+
+	"github.com/sluice-net/sluice/gen/bpftest"
+)
+
+func TestMain(m *testing.M) { bpftest.HelperMain(m) }
