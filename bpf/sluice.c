@@ -3,6 +3,7 @@
 
 #include "common.h"
 #include "datapath.h"
+#include "ifstate.h"
 #include "parse.h"
 #include "prefilter.h"
 #include "socklb.h"

@@ -194,6 +194,28 @@ type SluiceIfStatsKey struct {
 	Ifindex uint32
 }
 
+type SluiceIfstateFlags uint32
+
+const (
+	SluiceIfstateFlagsIFS_WORKLOAD SluiceIfstateFlags = 1
+	SluiceIfstateFlagsIFS_DATA     SluiceIfstateFlags = 2
+	SluiceIfstateFlagsIFS_L3       SluiceIfstateFlags = 4
+	SluiceIfstateFlagsIFS_READY    SluiceIfstateFlags = 8
+)
+
+type SluiceIfstateKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+}
+
+type SluiceIfstateValue struct {
+	_             structs.HostLayout
+	Flags         SluiceIfstateFlags
+	IngressPolicy uint32
+	EgressPolicy  uint32
+	Name          [16]int8
+}
+
 type SluicePrefilterKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -247,6 +269,7 @@ const (
 	SluiceMapSlFailsafeV1    = "sl_failsafe_v1"
 	SluiceMapSlFeV1          = "sl_fe_v1"
 	SluiceMapSlHostipV1      = "sl_hostip_v1"
+	SluiceMapSlIfstateV1     = "sl_ifstate_v1"
 	SluiceMapSlIfstatsV1     = "sl_ifstats_v1"
 	SluiceMapSlPrefilterV1   = "sl_prefilter_v1"
 	SluiceMapSlSockV1        = "sl_sock_v1"
@@ -331,6 +354,7 @@ type SluiceMapSpecs struct {
 	SlFailsafeV1  *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
 	SlFeV1        *ebpf.MapSpec `ebpf:"sl_fe_v1"`
 	SlHostipV1    *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
+	SlIfstateV1   *ebpf.MapSpec `ebpf:"sl_ifstate_v1"`
 	SlIfstatsV1   *ebpf.MapSpec `ebpf:"sl_ifstats_v1"`
 	SlPrefilterV1 *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
 	SlSockV1      *ebpf.MapSpec `ebpf:"sl_sock_v1"`
@@ -371,6 +395,7 @@ type SluiceMaps struct {
 	SlFailsafeV1  *ebpf.Map `ebpf:"sl_failsafe_v1"`
 	SlFeV1        *ebpf.Map `ebpf:"sl_fe_v1"`
 	SlHostipV1    *ebpf.Map `ebpf:"sl_hostip_v1"`
+	SlIfstateV1   *ebpf.Map `ebpf:"sl_ifstate_v1"`
 	SlIfstatsV1   *ebpf.Map `ebpf:"sl_ifstats_v1"`
 	SlPrefilterV1 *ebpf.Map `ebpf:"sl_prefilter_v1"`
 	SlSockV1      *ebpf.Map `ebpf:"sl_sock_v1"`
@@ -387,6 +412,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlFailsafeV1,
 		m.SlFeV1,
 		m.SlHostipV1,
+		m.SlIfstateV1,
 		m.SlIfstatsV1,
 		m.SlPrefilterV1,
 		m.SlSockV1,

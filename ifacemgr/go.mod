@@ -5,12 +5,13 @@ go 1.26
 require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/sluice-net/sluice/gen v0.0.0
+	github.com/sluice-net/sluice/maps v0.0.0-00010101000000-000000000000
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
+	golang.org/x/sys v0.43.0
 )
 
-require (
-	github.com/google/gopacket v1.1.19 // indirect
-	golang.org/x/sys v0.43.0 // indirect
-)
+require github.com/google/gopacket v1.1.19 // indirect
 
 replace (
 	github.com/sluice-net/sluice/gen => ../gen

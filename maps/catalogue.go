@@ -66,6 +66,7 @@ var (
 	Sockets   = Def[gen.SluiceSockKey, gen.SluiceSockValue]{Name: gen.SluiceMapSlSockV1}
 	Prefilter = Def[gen.SluicePrefilterKey, gen.SluicePrefilterValue]{Name: gen.SluiceMapSlPrefilterV1}
 	Failsafe  = Def[gen.SluiceFailsafeKey, gen.SluiceFailsafeValue]{Name: gen.SluiceMapSlFailsafeV1}
+	IfState   = Def[gen.SluiceIfstateKey, gen.SluiceIfstateValue]{Name: gen.SluiceMapSlIfstateV1}
 )
 
 // docs says what each map is for; every map of the object must have a line
@@ -83,6 +84,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlSockV1:      "socket LB: {socket cookie, backend} -> service address to give back (LRU)",
 	gen.SluiceMapSlPrefilterV1: "XDP prefilter: LPM deny list of source CIDRs",
 	gen.SluiceMapSlFailsafeV1:  "XDP prefilter: {protocol, port} inbound ports never dropped",
+	gen.SluiceMapSlIfstateV1:   "managed interfaces: ifindex -> flags, name, policy slots",
 }
 
 // Info describes one map of the catalogue.

@@ -81,6 +81,7 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.Sockets.Name:   roundTrip(maps.Sockets),
 	maps.Prefilter.Name: roundTripPrefilter,
 	maps.Failsafe.Name:  roundTrip(maps.Failsafe),
+	maps.IfState.Name:   roundTrip(maps.IfState),
 }
 
 func roundTripPrefilter(t *testing.T, s *maps.Set) {

@@ -14,6 +14,7 @@
 #define SL_SOCK_MAX		65536		/* socket-LB reverse translations (LRU) */
 #define SL_PREFILTER_MAX	65536		/* XDP deny-list CIDRs */
 #define SL_FAILSAFE_MAX		64		/* XDP failsafe inbound ports */
+#define SL_IFSTATE_MAX		16384		/* managed interfaces */
 
 /* An unconnected UDP socket's translation is used for replies (recvmsg) up to
  * this long after its last send; later "replies" keep the backend's address. */

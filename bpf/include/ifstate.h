@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The interface-state map (sl_ifstate_v1): one entry per interface Sluice
+ * manages, written by ifacemgr in step with what it attached and removed when
+ * the interface goes (a leaked entry per vanished interface is what exhausted
+ * Calico's map). The policy slots are indices into the policy program array
+ * that the TC programs tail-call. */
+#pragma once
+
+#include "common.h"
+#include "consts.h"
+
+#define IFSTATE_NAME_LEN	16
+#define IFSTATE_NO_POLICY	0xffffffff
+
+enum ifstate_flags : __u32 {
+	IFS_WORKLOAD = 1 << 0,	/* a pod's host-side veth */
+	IFS_DATA = 1 << 1,	/* a node data interface */
+	IFS_L3 = 1 << 2,	/* an L3 / tunnel device */
+	IFS_READY = 1 << 3,	/* every program is attached */
+};
+
+struct ifstate_key {
+	__u32 ifindex;		/* host order */
+};
+ASSERT_SIZE(struct ifstate_key, 4);
+
+struct ifstate_value {
+	enum ifstate_flags flags;		/* host order */
+	__u32 ingress_policy;			/* host order: slot, or IFSTATE_NO_POLICY */
+	__u32 egress_policy;			/* host order: slot, or IFSTATE_NO_POLICY */
+	char name[IFSTATE_NAME_LEN];		/* NUL-padded interface name */
+};
+ASSERT_SIZE(struct ifstate_value, 28);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_IFSTATE_MAX);
+	__type(key, struct ifstate_key);
+	__type(value, struct ifstate_value);
+} sl_ifstate_v1 SEC(".maps");

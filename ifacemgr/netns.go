@@ -1,0 +1,40 @@
+package ifacemgr
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// nsExec runs functions inside a network namespace. Interface indexes, TCX
+// attachment and /proc/sys/net all resolve in the calling thread's namespace,
+// so every such operation goes through do.
+type nsExec struct {
+	path string // "" is the current namespace
+}
+
+func (n nsExec) do(fn func() error) error {
+	if n.path == "" {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the runtime ends a thread whose goroutine exits
+		// while locked, so the namespace never leaks to other goroutines.
+		runtime.LockOSThread()
+		f, err := os.Open(n.path)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", n.path, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}

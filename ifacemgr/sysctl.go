@@ -1,0 +1,39 @@
+package ifacemgr
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// interfaceSysctls are the per-interface settings the datapath needs, set only
+// on interfaces Sluice manages (never on "all" or "default"):
+//
+//   - forwarding=1: the node routes NATed packets between pods and data
+//     interfaces.
+//   - rp_filter=0: after reverse NAT a reply's source is a service IP that no
+//     route leads back to; strict reverse-path filtering would drop it. (The
+//     effective value is the larger of this and net.ipv4.conf.all.rp_filter,
+//     which must therefore not be 1.)
+//   - accept_local=1: replies of NodePort flows leave a pod's veth with the
+//     node's own address as source, which the kernel otherwise drops as a
+//     martian.
+//
+// route_localnet is left alone: NodePorts on 127.0.0.1 are not supported.
+var interfaceSysctls = map[Class][][2]string{
+	Workload: {{"forwarding", "1"}, {"rp_filter", "0"}, {"accept_local", "1"}},
+	Data:     {{"forwarding", "1"}, {"rp_filter", "0"}},
+	L3:       {{"forwarding", "1"}, {"rp_filter", "0"}},
+}
+
+// setSysctls writes the class's settings for ifname (call inside the
+// interface's namespace: /proc/sys/net resolves in the caller's namespace).
+func setSysctls(ifname string, class Class) error {
+	for _, kv := range interfaceSysctls[class] {
+		path := filepath.Join("/proc/sys/net/ipv4/conf", ifname, kv[0])
+		if err := os.WriteFile(path, []byte(kv[1]), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s=%s: %w", path, kv[1], err)
+		}
+	}
+	return nil
+}
