@@ -1,0 +1,313 @@
+// Package kubeproxy makes Sluice a drop-in for kube-proxy: it follows Services,
+// EndpointSlices and this Node (from the API server or a folder of manifests),
+// turns them into the nat model by kube-proxy's rules, and drives the NAT syncer
+// and conntrack flushing at a bounded rate, with kube-proxy's health endpoints
+// and metrics.
+package kubeproxy
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/sluice-net/sluice/nat"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+)
+
+// Labels and annotations kube-proxy honours.
+const (
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	LabelHeadless         = "service.kubernetes.io/headless"
+	LabelServiceName      = discovery.LabelServiceName
+	AnnotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"
+	LabelZone             = "topology.kubernetes.io/zone"
+)
+
+// DefaultAffinityTimeout is ClientIP affinity's default timeoutSeconds.
+const DefaultAffinityTimeout = 10800
+
+// MaxEndpointsPerSlice is the API's limit; a larger slice is a bad object.
+const MaxEndpointsPerSlice = 1000
+
+// Converter turns Kubernetes objects into the nat model.
+type Converter struct {
+	// NodeName decides which endpoints are local.
+	NodeName string
+	// NodePortMin and NodePortMax bound valid NodePorts (30000-32767 by default).
+	NodePortMin, NodePortMax uint16
+}
+
+func (c *Converter) nodePortRange() (uint16, uint16) {
+	if c.NodePortMin == 0 && c.NodePortMax == 0 {
+		return 30000, 32767
+	}
+	return c.NodePortMin, c.NodePortMax
+}
+
+// ParseIPSloppy parses an IPv4 address, accepting the leading zeros older
+// Kubernetes accepted ("010.001.002.003" is 10.1.2.3), as kube-proxy does.
+func ParseIPSloppy(s string) (netip.Addr, error) {
+	s = strings.TrimSpace(s)
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap(), nil
+	}
+	parts := strings.Split(s, ".")
+	if len(parts) != 4 {
+		return netip.Addr{}, fmt.Errorf("%q is not an IP address", s)
+	}
+	var b [4]byte
+	for i, p := range parts {
+		n, err := strconv.ParseUint(p, 10, 8)
+		if err != nil || p == "" {
+			return netip.Addr{}, fmt.Errorf("%q is not an IP address", s)
+		}
+		b[i] = byte(n)
+	}
+	return netip.AddrFrom4(b), nil
+}
+
+// Skipped reports why a Service is not for this proxy (empty: it is).
+func Skipped(svc *v1.Service) string {
+	if _, other := svc.Labels[LabelServiceProxyName]; other { // any value, even empty
+		return "labelled for another proxy"
+	}
+	switch {
+	case svc.Spec.Type == v1.ServiceTypeExternalName:
+		return "ExternalName"
+	case svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == v1.ClusterIPNone:
+		return "headless"
+	}
+	return ""
+}
+
+// ServicePorts converts one Service. A Service that is not for this proxy, or
+// has no IPv4 ClusterIP, gives none; a malformed one an error naming the
+// Service and the field.
+func (c *Converter) ServicePorts(svc *v1.Service) ([]*nat.ServicePort, error) {
+	if Skipped(svc) != "" {
+		return nil, nil
+	}
+	name := svc.Namespace + "/" + svc.Name
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("service %s: "+format, append([]any{name}, args...)...)
+	}
+	clusterIPs := svc.Spec.ClusterIPs
+	if len(clusterIPs) == 0 {
+		clusterIPs = []string{svc.Spec.ClusterIP}
+	}
+	var clusterIP netip.Addr
+	for _, s := range clusterIPs {
+		ip, err := ParseIPSloppy(s)
+		if err != nil {
+			return nil, bad("clusterIP: %v", err)
+		}
+		if ip.Is4() {
+			clusterIP = ip
+			break
+		}
+	}
+	if !clusterIP.IsValid() {
+		return nil, nil // one IP family per proxier: no IPv4 ClusterIP, nothing for us
+	}
+	var externalIPs, lbIPs []netip.Addr
+	for _, s := range svc.Spec.ExternalIPs {
+		ip, err := ParseIPSloppy(s)
+		if err != nil {
+			return nil, bad("externalIPs: %v", err)
+		}
+		if ip.Is4() {
+			externalIPs = append(externalIPs, ip)
+		}
+	}
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
+			continue // ipMode Proxy: the load balancer proxies, the node must not intercept
+		}
+		ip, err := ParseIPSloppy(ing.IP)
+		if err != nil {
+			return nil, bad("loadBalancer ingress: %v", err)
+		}
+		if ip.Is4() {
+			lbIPs = append(lbIPs, ip)
+		}
+	}
+	var ranges []netip.Prefix
+	for _, s := range svc.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, bad("loadBalancerSourceRanges: %q is not a CIDR", s)
+		}
+		if p.Addr().Is4() {
+			ranges = append(ranges, p.Masked())
+		}
+	}
+	affinity := uint32(0)
+	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		affinity = DefaultAffinityTimeout
+		if cfg := svc.Spec.SessionAffinityConfig; cfg != nil && cfg.ClientIP != nil && cfg.ClientIP.TimeoutSeconds != nil {
+			t := *cfg.ClientIP.TimeoutSeconds
+			if t <= 0 || t > nat.MaxAffinityTimeout {
+				return nil, bad("sessionAffinityConfig timeoutSeconds %d: out of range 1-%d", t, nat.MaxAffinityTimeout)
+			}
+			affinity = uint32(t)
+		}
+	}
+	external := nat.PolicyCluster
+	if svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal &&
+		(svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer) {
+		external = nat.PolicyLocal
+	}
+	internal := nat.PolicyCluster
+	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p == v1.ServiceInternalTrafficPolicyLocal {
+		internal = nat.PolicyLocal
+	}
+	distribution := ""
+	if svc.Spec.TrafficDistribution != nil {
+		distribution = *svc.Spec.TrafficDistribution
+	}
+	lo, hi := c.nodePortRange()
+	var out []*nat.ServicePort
+	for _, p := range svc.Spec.Ports {
+		proto, err := nat.ParseProtocol(string(p.Protocol))
+		if err != nil {
+			return nil, bad("port %q: %v", p.Name, err)
+		}
+		if p.Port <= 0 || p.Port > 65535 {
+			return nil, bad("port %q: port %d out of range 1-65535", p.Name, p.Port)
+		}
+		if p.NodePort != 0 && (p.NodePort < int32(lo) || p.NodePort > int32(hi)) {
+			return nil, bad("port %q: nodePort %d outside the node-port range %d-%d", p.Name, p.NodePort, lo, hi)
+		}
+		sp, err := nat.NewServicePort(nat.ServicePort{
+			Name:      nat.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name},
+			ClusterIP: clusterIP, Port: uint16(p.Port), Protocol: proto, NodePort: uint16(p.NodePort),
+			ExternalIPs: externalIPs, LoadBalancerIPs: lbIPs, LoadBalancerSourceRanges: ranges,
+			AffinityTimeout: affinity, ExternalPolicy: external, InternalPolicy: internal,
+			HealthCheckNodePort: uint16(svc.Spec.HealthCheckNodePort), TrafficDistribution: distribution,
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sp)
+	}
+	return out, nil
+}
+
+// portKey names the endpoints of one service port: its name and protocol.
+type portKey struct {
+	name  string
+	proto nat.Protocol
+}
+
+// Endpoints converts a service's EndpointSlices into endpoints per port. Slices
+// that are not IPv4, endpoints without addresses and ports without numbers are
+// ignored; a malformed slice is left out and reported (the rest still count).
+// The same address in two slices counts once, a non-terminating entry winning.
+func (c *Converter) Endpoints(eps []*discovery.EndpointSlice) (map[portKey][]nat.Endpoint, []error) {
+	type entry struct {
+		ep    nat.Endpoint
+		order int
+	}
+	byPort := map[portKey]map[netip.AddrPort]entry{}
+	var errs []error
+	order := 0
+	for _, s := range eps {
+		if s.AddressType != discovery.AddressTypeIPv4 {
+			continue
+		}
+		if len(s.Endpoints) > MaxEndpointsPerSlice {
+			errs = append(errs, fmt.Errorf("endpointslice %s/%s: %d endpoints, more than the API's %d", s.Namespace, s.Name, len(s.Endpoints), MaxEndpointsPerSlice))
+			continue
+		}
+		eps, err := c.sliceEndpoints(s)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, p := range s.Ports {
+			if p.Port == nil {
+				continue
+			}
+			port := *p.Port
+			if port <= 0 || port > 65535 {
+				errs = append(errs, fmt.Errorf("endpointslice %s/%s: port %d out of range 1-65535", s.Namespace, s.Name, port))
+				continue
+			}
+			proto := nat.TCP
+			if p.Protocol != nil {
+				if proto, err = nat.ParseProtocol(string(*p.Protocol)); err != nil {
+					errs = append(errs, fmt.Errorf("endpointslice %s/%s: %w", s.Namespace, s.Name, err))
+					continue
+				}
+			}
+			key := portKey{proto: proto}
+			if p.Name != nil {
+				key.name = *p.Name
+			}
+			if byPort[key] == nil {
+				byPort[key] = map[netip.AddrPort]entry{}
+			}
+			for _, e := range eps {
+				e.Addr = netip.AddrPortFrom(e.Addr.Addr(), uint16(port))
+				if cur, dup := byPort[key][e.Addr]; dup && (!cur.ep.Terminating || e.Terminating) {
+					continue // the first non-terminating entry wins
+				}
+				order++
+				byPort[key][e.Addr] = entry{e, order}
+			}
+		}
+	}
+	out := map[portKey][]nat.Endpoint{}
+	for k, m := range byPort {
+		list := make([]entry, 0, len(m))
+		for _, e := range m {
+			list = append(list, e)
+		}
+		// Stable input for the syncer: the order the slices listed them.
+		slices.SortFunc(list, func(a, b entry) int { return a.order - b.order })
+		for _, e := range list {
+			out[k] = append(out[k], e.ep)
+		}
+	}
+	return out, errs
+}
+
+// sliceEndpoints converts a slice's endpoints (port still 0).
+func (c *Converter) sliceEndpoints(s *discovery.EndpointSlice) ([]nat.Endpoint, error) {
+	var out []nat.Endpoint
+	for _, e := range s.Endpoints {
+		if len(e.Addresses) == 0 {
+			continue
+		}
+		ip, err := ParseIPSloppy(e.Addresses[0])
+		if err != nil || !ip.Is4() {
+			return nil, fmt.Errorf("endpointslice %s/%s: address %q is not IPv4", s.Namespace, s.Name, e.Addresses[0])
+		}
+		ep := nat.Endpoint{
+			Addr:        netip.AddrPortFrom(ip, 0),
+			Ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
+			Serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
+			Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+		}
+		if e.NodeName != nil {
+			ep.NodeName = *e.NodeName
+			ep.Local = *e.NodeName == c.NodeName
+		}
+		if e.Zone != nil {
+			ep.Zone = *e.Zone
+		}
+		if e.Hints != nil {
+			for _, z := range e.Hints.ForZones {
+				ep.ZoneHints = append(ep.ZoneHints, z.Name)
+			}
+			for _, n := range e.Hints.ForNodes {
+				ep.NodeHints = append(ep.NodeHints, n.Name)
+			}
+		}
+		out = append(out, ep)
+	}
+	return out, nil
+}

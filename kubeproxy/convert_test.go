@@ -1,0 +1,153 @@
+package kubeproxy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/sluice-net/sluice/nat"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func service(name string, mods ...func(*v1.Service)) *v1.Service {
+	s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}
+	for _, m := range mods {
+		m(s)
+	}
+	return s
+}
+
+func TestServiceConversionRules(t *testing.T) {
+	c := &Converter{NodeName: "node-a"}
+	cases := []struct {
+		name  string
+		svc   *v1.Service
+		ports int
+		check func(*nat.ServicePort) string
+		err   string
+	}{
+		{name: "ClusterIP", svc: service("a"), ports: 1},
+		{name: "headless skipped", svc: service("a", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", nil })},
+		{name: "ExternalName skipped", svc: service("a", func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeExternalName })},
+		{name: "other proxy skipped", svc: service("a", func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: "x"} })},
+		{name: "other proxy skipped, empty label value", svc: service("a", func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: ""} })},
+		{name: "IPv6-only skipped", svc: service("a", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::1", []string{"fd00::1"} })},
+		{name: "leading zeros normalised", svc: service("a", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "010.096.000.010", nil }), ports: 1,
+			check: func(sp *nat.ServicePort) string {
+				if sp.ClusterIP != netip.MustParseAddr("10.96.0.10") {
+					return sp.ClusterIP.String()
+				}
+				return ""
+			}},
+		{name: "LoadBalancer: ipMode Proxy left out, ranges trimmed, local policy, affinity default", svc: service("a", func(s *v1.Service) {
+			s.Spec.Type = v1.ServiceTypeLoadBalancer
+			s.Spec.Ports[0].NodePort = 30080
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = 32000
+			s.Spec.LoadBalancerSourceRanges = []string{" 192.0.2.0/24 "}
+			s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+			s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "203.0.113.1"}, {IP: "203.0.113.2", IPMode: ptr(v1.LoadBalancerIPModeProxy)}}
+		}), ports: 1, check: func(sp *nat.ServicePort) string {
+			if len(sp.LoadBalancerIPs) != 1 || sp.LoadBalancerIPs[0].String() != "203.0.113.1" || sp.ExternalPolicy != nat.PolicyLocal ||
+				sp.AffinityTimeout != DefaultAffinityTimeout || sp.HealthCheckNodePort != 32000 || sp.LoadBalancerSourceRanges[0].String() != "192.0.2.0/24" {
+				return "wrong"
+			}
+			return ""
+		}},
+		{name: "eTP Local ignored on ClusterIP", svc: service("a", func(s *v1.Service) { s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal }), ports: 1,
+			check: func(sp *nat.ServicePort) string {
+				if sp.ExternalPolicy != nat.PolicyCluster {
+					return "external policy"
+				}
+				return ""
+			}},
+		{name: "nodePort out of range", svc: service("a", func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeNodePort; s.Spec.Ports[0].NodePort = 80 }),
+			err: `service default/a: port "http": nodePort 80 outside the node-port range 30000-32767`},
+		{name: "unparsable externalIP", svc: service("a", func(s *v1.Service) { s.Spec.ExternalIPs = []string{"1.2.3"} }),
+			err: `service default/a: externalIPs: "1.2.3" is not an IP address`},
+		{name: "bad source range", svc: service("a", func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"nope"} }),
+			err: `loadBalancerSourceRanges: "nope" is not a CIDR`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ports, err := c.ServicePorts(tc.svc)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || len(ports) != tc.ports {
+				t.Fatalf("%d ports, %v", len(ports), err)
+			}
+			if tc.check != nil {
+				if msg := tc.check(ports[0]); msg != "" {
+					t.Fatalf("port %+v: %s", ports[0], msg)
+				}
+			}
+		})
+	}
+}
+
+func slice(name string, eps []discovery.Endpoint, ports ...discovery.EndpointPort) *discovery.EndpointSlice {
+	if len(ports) == 0 {
+		ports = []discovery.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(v1.ProtocolTCP)}}
+	}
+	return &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{LabelServiceName: "a"}},
+		AddressType: discovery.AddressTypeIPv4, Endpoints: eps, Ports: ports}
+}
+
+func TestEndpointConversionRules(t *testing.T) {
+	c := &Converter{NodeName: "node-a"}
+	e := func(ip string, mods ...func(*discovery.Endpoint)) discovery.Endpoint {
+		ep := discovery.Endpoint{Addresses: []string{ip}}
+		for _, m := range mods {
+			m(&ep)
+		}
+		return ep
+	}
+	terminating := func(ep *discovery.Endpoint) {
+		ep.Conditions = discovery.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}
+	}
+	onNode := func(ep *discovery.Endpoint) { ep.NodeName = ptr("node-a"); ep.Zone = ptr("z1") }
+	got, errs := c.Endpoints([]*discovery.EndpointSlice{
+		slice("s1", []discovery.Endpoint{e("10.0.0.1", onNode), e("10.0.0.2", terminating), {}}),
+		slice("s2", []discovery.Endpoint{e("10.0.0.2"), e("10.0.0.3", terminating)}),                // 10.0.0.2 again, not terminating: wins
+		slice("s3", []discovery.Endpoint{e("10.0.0.4")}, discovery.EndpointPort{Name: ptr("http")}), // no port number: ignored
+		{ObjectMeta: metav1.ObjectMeta{Name: "fqdn"}, AddressType: discovery.AddressTypeFQDN, Endpoints: []discovery.Endpoint{e("x.example")}},
+		slice("bad", []discovery.Endpoint{e("10.0.0.999")}),
+	})
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "endpointslice default/bad") {
+		t.Fatalf("errors %v", errs)
+	}
+	list := got[portKey{name: "http", proto: nat.TCP}]
+	if len(list) != 3 {
+		t.Fatalf("endpoints %+v", list)
+	}
+	byIP := map[string]nat.Endpoint{}
+	for _, ep := range list {
+		byIP[ep.Addr.String()] = ep
+	}
+	if ep := byIP["10.0.0.1:8080"]; !ep.Ready || !ep.Serving || ep.Terminating || !ep.Local || ep.Zone != "z1" {
+		t.Fatalf("unset conditions must default to ready and serving, local from nodeName: %+v", ep)
+	}
+	if ep := byIP["10.0.0.2:8080"]; !ep.Ready || ep.Terminating {
+		t.Fatalf("duplicate address: the non-terminating entry must win: %+v", ep)
+	}
+	if ep := byIP["10.0.0.3:8080"]; ep.Ready || !ep.Serving || !ep.Terminating {
+		t.Fatalf("terminating endpoint: %+v", ep)
+	}
+	huge := make([]discovery.Endpoint, MaxEndpointsPerSlice+1)
+	for i := range huge {
+		huge[i] = e("10.1.0.1")
+	}
+	if _, errs := c.Endpoints([]*discovery.EndpointSlice{slice("huge", huge)}); len(errs) != 1 {
+		t.Fatal("a slice over the API limit was accepted")
+	}
+}

@@ -1,0 +1,222 @@
+package kubeproxy
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ProxyHealth is kube-proxy's health model: healthy unless an update has been
+// queued and not applied for longer than the timeout (2 × syncPeriod). An idle
+// proxy stays healthy. /healthz is also unhealthy while the Node is being
+// deleted.
+type ProxyHealth struct {
+	mu           sync.Mutex
+	timeout      time.Duration
+	lastQueued   time.Time
+	lastUpdated  time.Time
+	nodeEligible bool
+	now          func() time.Time
+	onRequest    func(path string, code int)
+}
+
+// NewProxyHealth returns a health model with the given timeout.
+func NewProxyHealth(timeout time.Duration) *ProxyHealth {
+	return &ProxyHealth{timeout: timeout, nodeEligible: true, now: time.Now}
+}
+
+// QueuedUpdate records that a change waits to be applied (the first one counts).
+func (h *ProxyHealth) QueuedUpdate() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lastQueued.IsZero() || !h.lastUpdated.Before(h.lastQueued) {
+		h.lastQueued = h.now()
+	}
+}
+
+// Updated records a successful sync.
+func (h *ProxyHealth) Updated() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lastUpdated = h.now()
+}
+
+// SetNodeEligible records whether the Node is usable (false while it is being
+// deleted).
+func (h *ProxyHealth) SetNodeEligible(ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.nodeEligible = ok
+}
+
+// Healthy reports the proxy's health, as of now.
+func (h *ProxyHealth) Healthy() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.healthy(h.now())
+}
+
+func (h *ProxyHealth) healthy(now time.Time) bool {
+	pending := !h.lastQueued.IsZero() && h.lastUpdated.Before(h.lastQueued)
+	return !pending || now.Sub(h.lastQueued) < h.timeout
+}
+
+type healthBody struct {
+	LastUpdated  string `json:"lastUpdated"`
+	CurrentTime  string `json:"currentTime"`
+	NodeEligible *bool  `json:"nodeEligible,omitempty"`
+}
+
+// Handler serves /healthz and /livez.
+func (h *ProxyHealth) Handler() http.Handler {
+	mux := http.NewServeMux()
+	serve := func(withNode bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			h.mu.Lock()
+			now := h.now()
+			ok := h.healthy(now)
+			body := healthBody{LastUpdated: h.lastUpdated.String(), CurrentTime: now.String()}
+			if withNode {
+				eligible := h.nodeEligible
+				body.NodeEligible = &eligible
+				ok = ok && eligible
+			}
+			onRequest := h.onRequest
+			h.mu.Unlock()
+			code := http.StatusOK
+			if !ok {
+				code = http.StatusServiceUnavailable
+			}
+			if onRequest != nil {
+				onRequest(r.URL.Path, code)
+			}
+			writeJSON(w, code, body)
+		}
+	}
+	mux.HandleFunc("/healthz", serve(true))
+	mux.HandleFunc("/livez", serve(false))
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, code int, body any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// ServiceHealth serves one health-check NodePort per externalTrafficPolicy
+// Local service: 200 while the service has local endpoints and the proxy is
+// healthy, 503 otherwise, with kube-proxy's JSON body. Load balancers use it
+// to send traffic only to nodes with local endpoints.
+type ServiceHealth struct {
+	mu        sync.Mutex
+	bindIP    string
+	proxy     *ProxyHealth
+	log       *slog.Logger
+	listeners map[uint16]*svcListener
+}
+
+type svcListener struct {
+	name   types.NamespacedName
+	local  int
+	server *http.Server
+}
+
+// NewServiceHealth serves health-check NodePorts on bindIP ("" = every address).
+func NewServiceHealth(bindIP string, proxy *ProxyHealth, log *slog.Logger) *ServiceHealth {
+	return &ServiceHealth{bindIP: bindIP, proxy: proxy, log: log, listeners: map[uint16]*svcListener{}}
+}
+
+// HealthCheck is one service's health-check NodePort and local endpoint count
+// (distinct local ready endpoint IPs).
+type HealthCheck struct {
+	Service        types.NamespacedName
+	Port           uint16
+	LocalEndpoints int
+}
+
+// Sync opens listeners for new health-check ports, closes those of services
+// that no longer have one, and updates the counts.
+func (s *ServiceHealth) Sync(checks []HealthCheck) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := map[uint16]HealthCheck{}
+	for _, c := range checks {
+		want[c.Port] = c
+	}
+	for port, l := range s.listeners {
+		if c, ok := want[port]; !ok || c.Service != l.name {
+			_ = l.server.Close()
+			delete(s.listeners, port)
+		}
+	}
+	var errs []error
+	for port, c := range want {
+		if l, ok := s.listeners[port]; ok {
+			l.local = c.LocalEndpoints
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(s.bindIP, strconv.Itoa(int(port))))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("health check port %d of service %s: %w", port, c.Service, err))
+			continue
+		}
+		l := &svcListener{name: c.Service, local: c.LocalEndpoints}
+		l.server = &http.Server{Handler: s.handler(l), ReadHeaderTimeout: 5 * time.Second}
+		s.listeners[port] = l
+		go func() {
+			if err := l.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Warn("health check server stopped", "port", port, "err", err)
+			}
+		}()
+	}
+	return errors.Join(errs...)
+}
+
+func (s *ServiceHealth) handler(l *svcListener) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		s.mu.Lock()
+		local := l.local
+		s.mu.Unlock()
+		healthy := s.proxy.Healthy()
+		code := http.StatusServiceUnavailable
+		if local > 0 && healthy {
+			code = http.StatusOK
+		}
+		writeJSON(w, code, map[string]any{
+			"service":             map[string]string{"namespace": l.name.Namespace, "name": l.name.Name},
+			"localEndpoints":      local,
+			"serviceProxyHealthy": healthy,
+		})
+	})
+}
+
+// Close stops every listener.
+func (s *ServiceHealth) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for port, l := range s.listeners {
+		_ = l.server.Close()
+		delete(s.listeners, port)
+	}
+}
+
+// Ports lists the open health-check ports.
+func (s *ServiceHealth) Ports() []uint16 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []uint16
+	for p := range s.listeners {
+		out = append(out, p)
+	}
+	return out
+}

@@ -1,0 +1,88 @@
+package kubeproxy
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// RunInformers feeds the proxier from the API server with shared informers, as
+// kube-proxy does: Services without the service-proxy-name label,
+// EndpointSlices without the headless label, and this Node. It returns once
+// the informers have started; they stop with ctx.
+func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, resync time.Duration) error {
+	noProxyName := informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.LabelSelector = "!" + LabelServiceProxyName
+	})
+	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, noProxyName)
+	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless }))
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.cfg.NodeName).String()
+		}))
+
+	t := p.Tracker()
+	svcInf := svcFactory.Core().V1().Services().Informer()
+	if _, err := svcInf.AddEventHandler(handler(func(s *v1.Service, deleted bool) { t.OnService(s, deleted) })); err != nil {
+		return err
+	}
+	sliceInf := sliceFactory.Discovery().V1().EndpointSlices().Informer()
+	if _, err := sliceInf.AddEventHandler(handler(func(s *discovery.EndpointSlice, deleted bool) { t.OnEndpointSlice(s, deleted) })); err != nil {
+		return err
+	}
+	nodeInf := nodeFactory.Core().V1().Nodes().Informer()
+	if _, err := nodeInf.AddEventHandler(handler(func(n *v1.Node, deleted bool) {
+		if deleted {
+			p.Health.SetNodeEligible(false)
+			return
+		}
+		p.OnNode(n)
+	})); err != nil {
+		return err
+	}
+	for _, f := range []informers.SharedInformerFactory{svcFactory, sliceFactory, nodeFactory} {
+		f.Start(ctx.Done())
+	}
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), svcInf.HasSynced) {
+			p.OnServicesSynced()
+		}
+	}()
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), sliceInf.HasSynced) {
+			p.OnEndpointSlicesSynced()
+		}
+	}()
+	return nil
+}
+
+// handler adapts typed add/update/delete callbacks, unwrapping tombstones.
+func handler[T any](on func(obj T, deleted bool)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { callTyped(o, false, on) },
+		UpdateFunc: func(_, o any) { callTyped(o, false, on) },
+		DeleteFunc: func(o any) {
+			if tomb, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = tomb.Obj
+			}
+			callTyped(o, true, on)
+		},
+	}
+}
+
+func callTyped[T any](o any, deleted bool, on func(T, bool)) {
+	if typed, ok := o.(T); ok {
+		on(typed, deleted)
+		return
+	}
+	panic(fmt.Sprintf("informer delivered %T", o))
+}

@@ -1,0 +1,323 @@
+package kubeproxy
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluice-net/sluice/conntrack"
+	"github.com/sluice-net/sluice/nat"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Config configures a Proxier, with kube-proxy's meanings.
+type Config struct {
+	// NodeName is this node (--hostname-override).
+	NodeName string
+	// NodePortAddresses restricts NodePorts to node IPs in these CIDRs
+	// (--nodeport-addresses); empty: every node IP, plus the wildcard entry.
+	NodePortAddresses []netip.Prefix
+	// NodePortMin and NodePortMax bound valid NodePorts (default 30000-32767).
+	NodePortMin, NodePortMax uint16
+	// MinSyncPeriod (default 1 s) and SyncPeriod (default 30 s) bound the
+	// sync rate; health turns bad after 2 × SyncPeriod with an update pending.
+	MinSyncPeriod, SyncPeriod time.Duration
+	// HealthCheckBindIP is where health-check NodePorts listen ("" = all).
+	HealthCheckBindIP string
+}
+
+// Flusher removes conntrack flows of backends that left their service
+// (conntrack.Scanner does).
+type Flusher interface {
+	FlushBackends([]conntrack.Backend) (int, error)
+}
+
+// Proxier drives the NAT syncer from Kubernetes objects.
+type Proxier struct {
+	cfg       Config
+	log       *slog.Logger
+	conv      Converter
+	tracker   *Tracker
+	syncer    *nat.Syncer
+	flusher   Flusher
+	Health    *ProxyHealth
+	svcHealth *ServiceHealth
+	metrics   *Metrics
+	runner    *Runner
+
+	mu             sync.Mutex
+	servicesSynced bool
+	slicesSynced   bool
+	node           nat.Node
+	nodeIPs        []netip.Addr
+
+	// Owned by the sync function.
+	ports       map[nat.ServicePortName]*nat.ServicePort
+	eps         map[nat.ServicePortName][]nat.Endpoint
+	portsBySvc  map[types.NamespacedName][]nat.ServicePortName
+	checks      map[types.NamespacedName]HealthCheck
+	noLocal     map[types.NamespacedName][2]bool // internal, external policy Local without local endpoints
+	pending     map[nat.ServicePortName]bool     // changes of a failed sync, retried
+	reportedBad map[string]bool
+	nodeApplied bool
+}
+
+// NewProxier wires a proxier; flusher and metrics may be nil.
+func NewProxier(cfg Config, syncer *nat.Syncer, flusher Flusher, metrics *Metrics, log *slog.Logger) *Proxier {
+	if cfg.MinSyncPeriod == 0 {
+		cfg.MinSyncPeriod = time.Second
+	}
+	if cfg.SyncPeriod == 0 {
+		cfg.SyncPeriod = 30 * time.Second
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Proxier{
+		cfg: cfg, log: log, syncer: syncer, flusher: flusher, metrics: metrics,
+		conv:        Converter{NodeName: cfg.NodeName, NodePortMin: cfg.NodePortMin, NodePortMax: cfg.NodePortMax},
+		Health:      NewProxyHealth(2 * cfg.SyncPeriod),
+		node:        nat.Node{Name: cfg.NodeName, AllNodePortIPs: len(cfg.NodePortAddresses) == 0},
+		ports:       map[nat.ServicePortName]*nat.ServicePort{},
+		eps:         map[nat.ServicePortName][]nat.Endpoint{},
+		portsBySvc:  map[types.NamespacedName][]nat.ServicePortName{},
+		checks:      map[types.NamespacedName]HealthCheck{},
+		noLocal:     map[types.NamespacedName][2]bool{},
+		pending:     map[nat.ServicePortName]bool{},
+		reportedBad: map[string]bool{},
+	}
+	p.svcHealth = NewServiceHealth(cfg.HealthCheckBindIP, p.Health, log)
+	if metrics != nil {
+		p.Health.onRequest = func(path string, code int) {
+			if path == "/healthz" {
+				metrics.Healthz.WithLabelValues(fmt.Sprint(code)).Inc()
+			}
+		}
+	}
+	p.tracker = NewTracker(p.changed)
+	p.runner = NewRunner(p.Sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
+	return p
+}
+
+// Tracker is where sources send Service and EndpointSlice events.
+func (p *Proxier) Tracker() *Tracker { return p.tracker }
+
+// Runs counts the syncs run.
+func (p *Proxier) Runs() int { return p.runner.Runs() }
+
+func (p *Proxier) changed() {
+	p.Health.QueuedUpdate()
+	p.runner.Trigger()
+}
+
+// OnServicesSynced and OnEndpointSlicesSynced tell that a source listed every
+// object of the kind; syncing starts once both have.
+func (p *Proxier) OnServicesSynced() { p.setSynced(func() { p.servicesSynced = true }) }
+
+// OnEndpointSlicesSynced: see OnServicesSynced.
+func (p *Proxier) OnEndpointSlicesSynced() { p.setSynced(func() { p.slicesSynced = true }) }
+
+func (p *Proxier) setSynced(f func()) {
+	p.mu.Lock()
+	f()
+	p.mu.Unlock()
+	p.changed()
+}
+
+// OnNode records this Node: its IPs (NodePort addresses after
+// --nodeport-addresses), its zone, and whether it is being deleted.
+func (p *Proxier) OnNode(node *v1.Node) {
+	var ips []netip.Addr
+	for _, a := range node.Status.Addresses {
+		if a.Type != v1.NodeInternalIP && a.Type != v1.NodeExternalIP {
+			continue
+		}
+		if ip, err := ParseIPSloppy(a.Address); err == nil && ip.Is4() {
+			ips = append(ips, ip)
+		}
+	}
+	deleting := node.DeletionTimestamp != nil || slices.ContainsFunc(node.Spec.Taints, func(t v1.Taint) bool {
+		return t.Key == "ToBeDeletedByClusterAutoscaler"
+	})
+	p.Health.SetNodeEligible(!deleting)
+	p.mu.Lock()
+	p.node.Zone = node.Labels[LabelZone]
+	p.mu.Unlock()
+	p.SetNodeIPs(ips)
+}
+
+// SetNodeIPs sets this node's addresses (the agent does when there is no Node
+// object, as with a folder of manifests).
+func (p *Proxier) SetNodeIPs(ips []netip.Addr) {
+	p.mu.Lock()
+	p.nodeIPs = slices.Clone(ips)
+	var np []netip.Addr
+	for _, ip := range ips {
+		if len(p.cfg.NodePortAddresses) == 0 || slices.ContainsFunc(p.cfg.NodePortAddresses, func(c netip.Prefix) bool { return c.Contains(ip) }) {
+			np = append(np, ip)
+		}
+	}
+	slices.SortFunc(np, func(a, b netip.Addr) int { return a.Compare(b) })
+	np = slices.Compact(np)
+	p.node.NodePortIPs = np
+	p.mu.Unlock()
+	p.changed()
+}
+
+// Run syncs until ctx ends.
+func (p *Proxier) Run(ctx context.Context) {
+	defer p.svcHealth.Close()
+	p.runner.Run(ctx)
+}
+
+// Sync programs the dataplane with what changed since the last sync. Until
+// Services and EndpointSlices have both been listed it does nothing.
+func (p *Proxier) Sync() error {
+	p.mu.Lock()
+	ready := p.servicesSynced && p.slicesSynced
+	node := p.node
+	node.NodePortIPs = slices.Clone(p.node.NodePortIPs)
+	p.mu.Unlock()
+	if !ready {
+		return nil
+	}
+	start := time.Now()
+	ch := p.tracker.TakeChanges()
+	for key, sc := range ch.Services {
+		p.updateService(key, sc)
+	}
+	stats, err := p.syncer.Apply(nat.State{Node: node, Services: p.ports, Endpoints: p.eps, Changed: p.pending})
+	if p.metrics != nil {
+		p.metrics.ServiceChanges.Add(float64(ch.ServiceEvents))
+		p.metrics.EndpointChanges.Add(float64(ch.SliceEvents))
+		p.metrics.MapWrites.Add(float64(stats.Writes + stats.Deletes))
+	}
+	for _, e := range stats.Errors {
+		p.reportBad(e)
+	}
+	if err != nil {
+		if p.metrics != nil {
+			p.metrics.SyncErrors.Inc()
+		}
+		return fmt.Errorf("sync: %w", err) // p.pending keeps the changes for the retry
+	}
+	clear(p.pending)
+	p.flushStaleUDP(stats.StaleUDP)
+	if err := p.svcHealth.Sync(slices.Collect(maps.Values(p.checks))); err != nil {
+		p.log.Warn("health check ports", "err", err)
+	}
+	p.Health.Updated()
+	if p.metrics != nil {
+		p.metrics.SyncDuration.Observe(time.Since(start).Seconds())
+		p.metrics.LastSync.SetToCurrentTime()
+		for _, ts := range ch.TriggerTimes {
+			p.metrics.NetworkProgramming.Observe(time.Since(ts).Seconds())
+		}
+		internal, external := 0, 0
+		for _, nl := range p.noLocal {
+			if nl[0] {
+				internal++
+			}
+			if nl[1] {
+				external++
+			}
+		}
+		p.metrics.NoLocalEndpoints.WithLabelValues("internal").Set(float64(internal))
+		p.metrics.NoLocalEndpoints.WithLabelValues("external").Set(float64(external))
+	}
+	return nil
+}
+
+// updateService recomputes one service's ports and endpoints.
+func (p *Proxier) updateService(key types.NamespacedName, sc ServiceChange) {
+	var ports []*nat.ServicePort
+	if sc.Service != nil {
+		var err error
+		if ports, err = p.conv.ServicePorts(sc.Service); err != nil {
+			p.reportBad(err)
+			ports = nil // skipped: a bad object is not programmed
+		}
+	}
+	eps, errs := p.conv.Endpoints(sc.Slices)
+	for _, err := range errs {
+		p.reportBad(err)
+	}
+	var names []nat.ServicePortName
+	localIPs := map[netip.Addr]bool{}
+	noLocal := [2]bool{}
+	for _, sp := range ports {
+		list := eps[portKey{name: sp.Name.Port, proto: sp.Protocol}]
+		p.ports[sp.Name], p.eps[sp.Name] = sp, list
+		p.pending[sp.Name] = true
+		names = append(names, sp.Name)
+		hasLocal := false
+		for _, e := range list {
+			if e.Local && e.Ready {
+				localIPs[e.Addr.Addr()] = true
+				hasLocal = true
+			}
+		}
+		noLocal[0] = noLocal[0] || (sp.InternalPolicy == nat.PolicyLocal && !hasLocal)
+		noLocal[1] = noLocal[1] || (sp.ExternalPolicy == nat.PolicyLocal && !hasLocal)
+	}
+	for _, old := range p.portsBySvc[key] {
+		if !slices.Contains(names, old) {
+			delete(p.ports, old)
+			delete(p.eps, old)
+			p.pending[old] = true
+		}
+	}
+	if len(names) == 0 {
+		delete(p.portsBySvc, key)
+		delete(p.checks, key)
+		delete(p.noLocal, key)
+		return
+	}
+	p.portsBySvc[key] = names
+	p.noLocal[key] = noLocal
+	if sp := ports[0]; sp.ExternalPolicy == nat.PolicyLocal && sp.HealthCheckNodePort != 0 {
+		p.checks[key] = HealthCheck{Service: key, Port: sp.HealthCheckNodePort, LocalEndpoints: len(localIPs)}
+	} else {
+		delete(p.checks, key)
+	}
+}
+
+// reportBad logs a malformed object once and counts it.
+func (p *Proxier) reportBad(err error) {
+	msg := err.Error()
+	if p.reportedBad[msg] {
+		return
+	}
+	p.reportedBad[msg] = true
+	p.log.Error("skipping malformed object", "err", msg)
+	if p.metrics != nil {
+		p.metrics.SkippedObjects.Inc()
+	}
+}
+
+func (p *Proxier) flushStaleUDP(stale []nat.StaleBackend) {
+	if p.flusher == nil || len(stale) == 0 {
+		return
+	}
+	backends := make([]conntrack.Backend, len(stale))
+	for i, s := range stale {
+		backends[i] = conntrack.Backend{ServiceID: s.ServiceID, Addr: s.Backend}
+	}
+	n, err := p.flusher.FlushBackends(backends)
+	if err != nil {
+		p.log.Warn("conntrack flush of removed UDP backends failed", "err", err)
+		return
+	}
+	if p.metrics != nil {
+		p.metrics.ConntrackFlushed.Add(float64(n))
+	}
+}
+
+// HealthCheckPorts lists the open health-check NodePorts.
+func (p *Proxier) HealthCheckPorts() []uint16 { return p.svcHealth.Ports() }

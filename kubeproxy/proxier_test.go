@@ -1,0 +1,365 @@
+package kubeproxy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/kubeproxy"
+	"github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/nat"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+type env struct {
+	t       *testing.T
+	set     *maps.Set
+	p       *kubeproxy.Proxier
+	reg     *prometheus.Registry
+	metrics *kubeproxy.Metrics
+}
+
+func newEnv(t *testing.T, cfg kubeproxy.Config) *env {
+	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	syncer, err := nat.NewSyncer(nat.Options{Maps: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeName == "" {
+		cfg.NodeName = "node-a"
+	}
+	if cfg.MinSyncPeriod == 0 {
+		cfg.MinSyncPeriod = 20 * time.Millisecond
+	}
+	cfg.HealthCheckBindIP = "127.0.0.1"
+	reg := prometheus.NewRegistry()
+	m := kubeproxy.NewMetrics(reg)
+	p := kubeproxy.NewProxier(cfg, syncer, nil, m, nil)
+	p.SetNodeIPs([]netip.Addr{netip.MustParseAddr("10.0.0.1")})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go p.Run(ctx)
+	return &env{t: t, set: set, p: p, reg: reg, metrics: m}
+}
+
+// frontends lists the programmed frontends as "ip:port/proto".
+func (e *env) frontends() map[string]gen.SluiceFeValue {
+	m, err := maps.Frontends.In(e.set)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]gen.SluiceFeValue{}
+	m.Iterate(func(k gen.SluiceFeKey, v gen.SluiceFeValue) bool {
+		if k.Proto != 1 { // not the echo markers
+			out[fmt.Sprintf("%v:%d/%d", gen.AddrFromNet(k.Addr), gen.PortFromNet(k.Port), k.Proto)] = v
+		}
+		return true
+	})
+	return out
+}
+
+func (e *env) eventually(what string, cond func() bool) {
+	e.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	e.t.Fatalf("timed out waiting for %s; frontends %v", what, e.frontends())
+}
+
+func svc(name, ip string, mods ...func(*v1.Service)) *v1.Service {
+	s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ClusterIP: ip, ClusterIPs: []string{ip},
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}
+	for _, m := range mods {
+		m(s)
+	}
+	return s
+}
+
+func endpointSlice(svcName, name string, ips ...string) *discovery.EndpointSlice {
+	s := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
+		Labels: map[string]string{kubeproxy.LabelServiceName: svcName}},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(v1.ProtocolTCP)}}}
+	for _, ip := range ips {
+		local := strings.HasSuffix(ip, "@local")
+		ip = strings.TrimSuffix(ip, "@local")
+		ep := discovery.Endpoint{Addresses: []string{ip}, NodeName: ptr("node-b")}
+		if local {
+			ep.NodeName = ptr("node-a")
+		}
+		s.Endpoints = append(s.Endpoints, ep)
+	}
+	return s
+}
+
+func TestInformersDriveTheMaps(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	client := fake.NewClientset()
+	ctx := context.Background()
+	create := func(obj any) {
+		var err error
+		switch o := obj.(type) {
+		case *v1.Service:
+			_, err = client.CoreV1().Services(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *discovery.EndpointSlice:
+			_, err = client.DiscoveryV1().EndpointSlices(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	create(svc("web", "10.96.0.10"))
+	create(endpointSlice("web", "web-1", "10.2.0.1", "10.2.0.2"))
+	create(svc("np", "10.96.0.11", func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeNodePort; s.Spec.Ports[0].NodePort = 30011 }))
+	create(svc("lb", "10.96.0.12", func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.Ports[0].NodePort = 30012
+		s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "203.0.113.12"}}
+	}))
+	create(svc("ext", "10.96.0.13", func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeExternalName; s.Spec.ExternalName = "x.example" }))
+	create(svc("headless", "None"))
+	create(svc("other-proxy", "10.96.0.14", func(s *v1.Service) { s.Labels = map[string]string{kubeproxy.LabelServiceProxyName: "other"} }))
+	hs := endpointSlice("web", "web-headless", "10.9.9.9")
+	hs.Labels[kubeproxy.LabelHeadless] = ""
+	create(hs)
+
+	if err := kubeproxy.RunInformers(ctx, client, e.p, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("every service type programmed", func() bool {
+		fe := e.frontends()
+		// web; np: ClusterIP, node IP, wildcard; lb: ClusterIP, LB IP, node IP, wildcard
+		return fe["10.96.0.10:80/6"].Count == 2 && len(fe) == 8
+	})
+	fe := e.frontends()
+	for _, k := range []string{"10.96.0.11:80/6", "10.0.0.1:30011/6", "255.255.255.255:30011/6", "10.96.0.12:80/6", "203.0.113.12:80/6", "10.0.0.1:30012/6"} {
+		if _, ok := fe[k]; !ok {
+			t.Errorf("frontend %s missing", k)
+		}
+	}
+	for _, k := range []string{"10.96.0.13:80/6", "10.96.0.14:80/6"} {
+		if _, ok := fe[k]; ok {
+			t.Errorf("frontend %s of a service that is not ours", k)
+		}
+	}
+
+	// Update: scale down; change type; delete.
+	s2 := endpointSlice("web", "web-1", "10.2.0.1")
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, s2, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	np, _ := client.CoreV1().Services("default").Get(ctx, "np", metav1.GetOptions{})
+	np.Spec.Type, np.Spec.Ports[0].NodePort = v1.ServiceTypeClusterIP, 0
+	if _, err := client.CoreV1().Services("default").Update(ctx, np, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.CoreV1().Services("default").Delete(ctx, "lb", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("updates and deletes followed", func() bool {
+		fe := e.frontends()
+		_, nodePort := fe["10.0.0.1:30011/6"]
+		_, lb := fe["203.0.113.12:80/6"]
+		return fe["10.96.0.10:80/6"].Count == 1 && !nodePort && !lb && len(fe) == 2
+	})
+	if got := testutil.ToFloat64(e.metrics.ServiceChanges); got < 7 {
+		t.Fatalf("service changes counted %v", got)
+	}
+}
+
+func TestTerminatingAndLocalEndpoints(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	tr := e.p.Tracker()
+	s := svc("web", "10.96.0.10", func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30020
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	})
+	sl := endpointSlice("web", "web-1", "10.2.0.1@local", "10.2.0.2")
+	sl.Endpoints[1].Conditions = discovery.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}
+	tr.OnService(s, false)
+	tr.OnEndpointSlice(sl, false)
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("external-local service", func() bool {
+		v := e.frontends()["10.0.0.1:30020/6"]
+		// Cluster: the ready endpoint only (a terminating one is a fallback);
+		// local: the local ready one.
+		return v.Count == 1 && v.LocalCount == 1 && v.Flags&gen.SluiceFeFlagsFE_EXT_LOCAL != 0
+	})
+}
+
+// 100 changes in a burst are coalesced into a few syncs, not 100.
+func TestCoalescing(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{MinSyncPeriod: 100 * time.Millisecond})
+	tr := e.p.Tracker()
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("first sync", func() bool { return e.p.Runs() >= 1 })
+	before := e.p.Runs()
+	for i := range 100 {
+		tr.OnService(svc(fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.1.%d", i)), false)
+	}
+	e.eventually("all 100 services programmed", func() bool { return len(e.frontends()) == 100 })
+	time.Sleep(250 * time.Millisecond)
+	if syncs := e.p.Runs() - before; syncs > 3 {
+		t.Fatalf("100 changes took %d syncs", syncs)
+	}
+}
+
+// No sync runs before both Services and EndpointSlices are listed.
+func TestWaitsForBothLists(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	e.p.Tracker().OnService(svc("web", "10.96.0.10"), false)
+	e.p.OnServicesSynced()
+	time.Sleep(200 * time.Millisecond)
+	if len(e.frontends()) != 0 {
+		t.Fatal("synced before EndpointSlices were listed")
+	}
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("sync after both lists", func() bool { return len(e.frontends()) == 1 })
+}
+
+func TestBadObjectsSkippedOthersProgrammed(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	tr := e.p.Tracker()
+	tr.OnService(svc("bad", "10.96.0.30", func(s *v1.Service) { s.Spec.Ports[0].NodePort = 99; s.Spec.Type = v1.ServiceTypeNodePort }), false)
+	tr.OnService(svc("good", "10.96.0.31"), false)
+	bad := endpointSlice("good", "good-bad", "10.2.0.300")
+	tr.OnEndpointSlice(bad, false)
+	tr.OnEndpointSlice(endpointSlice("good", "good-1", "10.2.0.5"), false)
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("good service programmed", func() bool { return e.frontends()["10.96.0.31:80/6"].Count == 1 })
+	if _, ok := e.frontends()["10.96.0.30:80/6"]; ok {
+		t.Fatal("bad service programmed")
+	}
+	if got := testutil.ToFloat64(e.metrics.SkippedObjects); got != 2 {
+		t.Fatalf("skipped objects counted %v, want 2 (each logged once)", got)
+	}
+}
+
+func TestHealthAndHealthCheckNodePort(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{SyncPeriod: time.Hour})
+	h := httptest.NewServer(e.p.Health.Handler())
+	defer h.Close()
+	get := func(url string) (int, map[string]any) {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		var m map[string]any
+		if err := json.Unmarshal(body, &m); err != nil {
+			t.Fatalf("body %q: %v", body, err)
+		}
+		if resp.Header.Get("Content-Type") != "application/json" {
+			t.Fatalf("content type %q", resp.Header.Get("Content-Type"))
+		}
+		return resp.StatusCode, m
+	}
+	code, body := get(h.URL + "/healthz")
+	if code != 200 || body["nodeEligible"] != true || body["lastUpdated"] == nil || body["currentTime"] == nil {
+		t.Fatalf("healthz %d %v", code, body)
+	}
+	if code, body := get(h.URL + "/livez"); code != 200 || body["nodeEligible"] != nil {
+		t.Fatalf("livez %d %v", code, body)
+	}
+	e.p.OnNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", DeletionTimestamp: &metav1.Time{Time: time.Now()}},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}}}})
+	if code, body := get(h.URL + "/healthz"); code != 503 || body["nodeEligible"] != false {
+		t.Fatalf("healthz of a node being deleted: %d %v", code, body)
+	}
+	if code, _ := get(h.URL + "/livez"); code != 200 {
+		t.Fatalf("livez of a node being deleted: %d", code)
+	}
+	if got := testutil.ToFloat64(e.metrics.Healthz.WithLabelValues("503")); got != 1 {
+		t.Fatalf("healthz 503 counted %v", got)
+	}
+
+	// A LoadBalancer service with externalTrafficPolicy Local gets a
+	// health-check NodePort: 200 with a local endpoint, 503 without.
+	tr := e.p.Tracker()
+	lb := svc("lb", "10.96.0.40", func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.Ports[0].NodePort = 30040
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		s.Spec.HealthCheckNodePort = 32140
+	})
+	tr.OnService(lb, false)
+	tr.OnEndpointSlice(endpointSlice("lb", "lb-1", "10.2.0.1@local", "10.2.0.2@local", "10.2.0.3"), false)
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("health check port open", func() bool { return len(e.p.HealthCheckPorts()) == 1 })
+	code, body = get("http://127.0.0.1:32140/")
+	svcBody, _ := body["service"].(map[string]any)
+	if code != 200 || body["localEndpoints"] != float64(2) || body["serviceProxyHealthy"] != true ||
+		svcBody["namespace"] != "default" || svcBody["name"] != "lb" {
+		t.Fatalf("health check %d %v", code, body)
+	}
+	tr.OnEndpointSlice(endpointSlice("lb", "lb-1", "10.2.0.3"), false)
+	e.eventually("no local endpoints: 503", func() bool { c, _ := get("http://127.0.0.1:32140/"); return c == 503 })
+	tr.OnService(lb, true)
+	e.eventually("health check port closed", func() bool { return len(e.p.HealthCheckPorts()) == 0 })
+	if _, err := http.Get("http://127.0.0.1:32140/"); err == nil {
+		t.Fatal("health check port still answers after the service went")
+	}
+}
+
+func TestMetricsAreExposed(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	tr := e.p.Tracker()
+	sl := endpointSlice("web", "web-1", "10.2.0.1")
+	sl.Annotations = map[string]string{kubeproxy.AnnotationTriggerTime: time.Now().Add(-time.Second).Format(time.RFC3339Nano)}
+	tr.OnService(svc("web", "10.96.0.10", func(s *v1.Service) { s.Spec.InternalTrafficPolicy = ptr(v1.ServiceInternalTrafficPolicyLocal) }), false)
+	tr.OnEndpointSlice(sl, false)
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("synced", func() bool { return len(e.frontends()) == 1 })
+	e.eventually("metrics", func() bool { return testutil.ToFloat64(e.metrics.LastSync) > 0 })
+	names := map[string]bool{}
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+	}
+	for _, n := range []string{"kubeproxy_sync_proxy_rules_duration_seconds", "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+		"kubeproxy_network_programming_duration_seconds", "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+		"kubeproxy_sync_proxy_rules_service_changes_total", "kubeproxy_sync_proxy_rules_no_local_endpoints_total"} {
+		if !names[n] {
+			t.Errorf("metric %s missing", n)
+		}
+	}
+	if got := testutil.ToFloat64(e.metrics.NoLocalEndpoints.WithLabelValues("internal")); got != 1 {
+		t.Fatalf("no-local-endpoints (internal) %v, want 1", got)
+	}
+	if n := testutil.CollectAndCount(e.metrics.NetworkProgramming); n != 1 {
+		t.Fatalf("network programming latency observed %d series", n)
+	}
+}

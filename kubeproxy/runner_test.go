@@ -1,0 +1,45 @@
+package kubeproxy
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestRunnerRetriesFailuresWithBackoff(t *testing.T) {
+	var calls atomic.Int32
+	r := NewRunner(func() error {
+		if calls.Add(1) <= 3 {
+			return errors.New("map full")
+		}
+		return nil
+	}, 10*time.Millisecond, time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx)
+	r.Trigger()
+	deadline := time.Now().Add(2 * time.Second)
+	for calls.Load() < 4 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if calls.Load() != 4 {
+		t.Fatalf("%d calls: three failures must be retried without a new trigger", calls.Load())
+	}
+	time.Sleep(100 * time.Millisecond)
+	if calls.Load() != 4 {
+		t.Fatalf("kept running after success: %d calls", calls.Load())
+	}
+}
+
+func TestRunnerRunsAtLeastOncePerMaxInterval(t *testing.T) {
+	var calls atomic.Int32
+	r := NewRunner(func() error { calls.Add(1); return nil }, time.Millisecond, 30*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	r.Run(ctx)
+	if n := calls.Load(); n < 3 {
+		t.Fatalf("%d runs in 200 ms with a 30 ms max interval", n)
+	}
+}
