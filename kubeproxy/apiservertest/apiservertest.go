@@ -1,0 +1,192 @@
+// Package apiservertest runs a real kube-apiserver backed by a real etcd on
+// loopback, for integration tests and benchmarks. The kube-apiserver binary is
+// built from k8s.io/kubernetes at the version matching client-go by the
+// test-only module test/kube-apiserver (.ci/run builds it and sets
+// SLUICE_KUBE_APISERVER); etcd comes from Debian's etcd-server package.
+package apiservertest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// BinaryEnv names the environment variable holding the kube-apiserver path.
+const BinaryEnv = "SLUICE_KUBE_APISERVER"
+
+// Server is a running API server.
+type Server struct {
+	URL    string
+	Config *rest.Config
+	Client kubernetes.Interface
+	Dir    string // kubeconfig and logs live here
+	// Kubeconfig is a kubeconfig file for the server (a system:masters token).
+	Kubeconfig string
+	token      string
+}
+
+// Binaries returns the kube-apiserver and etcd paths, or why they are missing.
+func Binaries() (apiserver, etcd string, err error) {
+	apiserver = os.Getenv(BinaryEnv)
+	if apiserver == "" {
+		return "", "", fmt.Errorf("%s is not set (build test/kube-apiserver; .ci/run does)", BinaryEnv)
+	}
+	if _, err := os.Stat(apiserver); err != nil {
+		return "", "", fmt.Errorf("kube-apiserver: %w", err)
+	}
+	if etcd, err = exec.LookPath("etcd"); err != nil {
+		return "", "", fmt.Errorf("etcd not found (apt-get install etcd-server): %w", err)
+	}
+	return apiserver, etcd, nil
+}
+
+// Require skips tb when the binaries are missing, or fails it under
+// SLUICE_REQUIRE_BPF=1, like every other environment-dependent test.
+func Require(tb testing.TB) (apiserver, etcd string) {
+	tb.Helper()
+	a, e, err := Binaries()
+	if err != nil {
+		if bpftest.Required() {
+			tb.Fatalf("API server integration cannot run: %v", err)
+		}
+		tb.Skipf("skipping API server integration: %v", err)
+	}
+	return a, e
+}
+
+func freePort(tb testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func start(tb testing.TB, dir, name string, args ...string) {
+	log, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		log.Close()
+	})
+}
+
+// Start runs etcd and kube-apiserver on loopback until the test ends.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	apiserver, etcd := Require(tb)
+	dir := tb.TempDir()
+	clientPort, peerPort, apiPort := freePort(tb), freePort(tb), freePort(tb)
+	etcdURL := "http://127.0.0.1:" + strconv.Itoa(clientPort)
+	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
+	start(tb, dir, "etcd", etcd, "--data-dir", filepath.Join(dir, "etcd"), "--name", "sluice",
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "sluice="+peerURL, "--log-level", "warn")
+
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	keyFile := filepath.Join(dir, "sa.key")
+	pemKey := pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})
+	if err := os.WriteFile(keyFile, pemKey, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	// A static token in system:masters: the simplest credential the server
+	// accepts (anonymous requests are refused by this version's defaults).
+	token := fmt.Sprintf("sluice-%d", apiPort)
+	tokenFile := filepath.Join(dir, "tokens.csv")
+	if err := os.WriteFile(tokenFile, []byte(token+",sluice-test,sluice-test,system:masters\n"), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	start(tb, dir, "kube-apiserver", apiserver, "--token-auth-file", tokenFile,
+		"--etcd-servers", etcdURL, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+		"--secure-port", strconv.Itoa(apiPort), "--cert-dir", filepath.Join(dir, "certs"),
+		"--service-cluster-ip-range", "10.96.0.0/16", "--service-node-port-range", "30000-32767",
+		"--authorization-mode", "AlwaysAllow",
+		"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", keyFile,
+		"--service-account-signing-key-file", keyFile, "--enable-priority-and-fairness=false",
+		"--disable-admission-plugins", "ServiceAccount", "--endpoint-reconciler-type", "none")
+
+	s := &Server{URL: "https://127.0.0.1:" + strconv.Itoa(apiPort), Dir: dir, token: token}
+	s.Config = &rest.Config{Host: s.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}, QPS: 1000, Burst: 2000}
+	if s.Client, err = kubernetes.NewForConfig(s.Config); err != nil {
+		tb.Fatal(err)
+	}
+	s.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: test, cluster: {server: %q, insecure-skip-tls-verify: true}}]
+contexts: [{name: test, context: {cluster: test, user: sluice-test}}]
+users: [{name: sluice-test, user: {token: %q}}]
+current-context: test
+`, s.URL, token)
+	if err := os.WriteFile(s.Kubeconfig, []byte(kc), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if err := s.waitReady(90 * time.Second); err != nil {
+		logs, _ := os.ReadFile(filepath.Join(dir, "kube-apiserver.log"))
+		if len(logs) > 4000 {
+			logs = logs[len(logs)-4000:]
+		}
+		tb.Fatalf("kube-apiserver not ready: %v\n%s", err, logs)
+	}
+	return s
+}
+
+func (s *Server) waitReady(timeout time.Duration) error {
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var last error
+	for ctx.Err() == nil {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+s.token)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("readyz: %s", resp.Status)
+		}
+		last = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	return last
+}
