@@ -363,3 +363,27 @@ func TestMetricsAreExposed(t *testing.T) {
 		t.Fatalf("network programming latency observed %d series", n)
 	}
 }
+
+// --nodeport-addresses: NodePorts only on node IPs inside the CIDRs, no
+// wildcard; a node IP change re-derives them.
+func TestNodePortAddresses(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16")}})
+	e.p.SetNodeIPs([]netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("192.168.1.1")})
+	e.p.Tracker().OnService(svc("np", "10.96.0.11", func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeNodePort; s.Spec.Ports[0].NodePort = 30011 }), false)
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("NodePort on the allowed node IP only", func() bool {
+		fe := e.frontends()
+		_, allowed := fe["192.168.1.1:30011/6"]
+		_, other := fe["10.0.0.1:30011/6"]
+		_, wild := fe["255.255.255.255:30011/6"]
+		return allowed && !other && !wild
+	})
+	e.p.SetNodeIPs([]netip.Addr{netip.MustParseAddr("192.168.1.2")})
+	e.eventually("NodePort moved with the node IP", func() bool {
+		fe := e.frontends()
+		_, old := fe["192.168.1.1:30011/6"]
+		_, moved := fe["192.168.1.2:30011/6"]
+		return moved && !old
+	})
+}
