@@ -257,6 +257,16 @@ type SluiceSrcrangeValue struct {
 	Flags uint32
 }
 
+type SluiceSvcnameKey struct {
+	_     structs.HostLayout
+	SvcId uint32
+}
+
+type SluiceSvcnameValue struct {
+	_    structs.HostLayout
+	Name [120]int8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -274,6 +284,7 @@ const (
 	SluiceMapSlPrefilterV1   = "sl_prefilter_v1"
 	SluiceMapSlSockV1        = "sl_sock_v1"
 	SluiceMapSlSrcrangeV1    = "sl_srcrange_v1"
+	SluiceMapSlSvcnameV1     = "sl_svcname_v1"
 	SluiceProgSlConnect4     = "sl_connect4"
 	SluiceProgSlCount        = "sl_count"
 	SluiceProgSlFromHost     = "sl_from_host"
@@ -359,6 +370,7 @@ type SluiceMapSpecs struct {
 	SlPrefilterV1 *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
 	SlSockV1      *ebpf.MapSpec `ebpf:"sl_sock_v1"`
 	SlSrcrangeV1  *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
+	SlSvcnameV1   *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
 }
 
 // SluiceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -400,6 +412,7 @@ type SluiceMaps struct {
 	SlPrefilterV1 *ebpf.Map `ebpf:"sl_prefilter_v1"`
 	SlSockV1      *ebpf.Map `ebpf:"sl_sock_v1"`
 	SlSrcrangeV1  *ebpf.Map `ebpf:"sl_srcrange_v1"`
+	SlSvcnameV1   *ebpf.Map `ebpf:"sl_svcname_v1"`
 }
 
 func (m *SluiceMaps) Close() error {
@@ -417,6 +430,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlPrefilterV1,
 		m.SlSockV1,
 		m.SlSrcrangeV1,
+		m.SlSvcnameV1,
 	)
 }
 

@@ -3,6 +3,8 @@ package ifacemgr
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -46,29 +48,85 @@ type SocketLBPrograms struct {
 // AttachSocketLB attaches the programs to the cgroup v2 at path: every socket
 // of a process in that cgroup or below is balanced at connect() and sendmsg().
 // The agent uses the cgroup v2 root; tests use a child cgroup they created.
-func AttachSocketLB(path string, p SocketLBPrograms) (*SocketLB, error) {
+//
+// With pinDir set, each link is pinned there as "cgroup_<hook>", so the
+// programs stay when the agent stops; a later call adopts a pinned link that
+// runs the same code and replaces other programs in place.
+func AttachSocketLB(path, pinDir string, p SocketLBPrograms) (*SocketLB, error) {
 	s := &SocketLB{}
-	for _, a := range []struct {
-		prog *ebpf.Program
-		at   ebpf.AttachType
-	}{
-		{p.Connect4, ebpf.AttachCGroupInet4Connect},
-		{p.Sendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
-		{p.Recvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
-		{p.Getpeername4, ebpf.AttachCgroupInet4GetPeername},
-		{p.SockEgress, ebpf.AttachCGroupInetEgress},
-	} {
-		l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: a.at, Program: a.prog})
+	for _, a := range socketLBHooks(p) {
+		l, err := attachCgroup(path, pinDir, a.name, a.prog, a.at)
 		if err != nil {
 			s.Close()
-			return nil, fmt.Errorf("attach %v to cgroup %s: %w", a.prog, path, err)
+			return nil, err
 		}
 		s.links = append(s.links, l)
 	}
 	return s, nil
 }
 
-// Close detaches every program of the set.
+type cgroupHook struct {
+	name string
+	prog *ebpf.Program
+	at   ebpf.AttachType
+}
+
+func socketLBHooks(p SocketLBPrograms) []cgroupHook {
+	return []cgroupHook{
+		{"connect4", p.Connect4, ebpf.AttachCGroupInet4Connect},
+		{"sendmsg4", p.Sendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
+		{"recvmsg4", p.Recvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
+		{"getpeername4", p.Getpeername4, ebpf.AttachCgroupInet4GetPeername},
+		{"sock_egress", p.SockEgress, ebpf.AttachCGroupInetEgress},
+	}
+}
+
+func attachCgroup(path, pinDir, name string, prog *ebpf.Program, at ebpf.AttachType) (link.Link, error) {
+	pin := ""
+	if pinDir != "" {
+		pin = filepath.Join(pinDir, "cgroup_"+name)
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			info, ierr := l.Info()
+			want, terr := progTag(prog)
+			if ierr == nil && terr == nil {
+				if tag, err := tagOfID(info.Program); err == nil && tag == want {
+					return l, nil
+				}
+			}
+			if err := l.Update(prog); err == nil {
+				return l, nil
+			}
+			_ = l.Unpin()
+			l.Close()
+		}
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: at, Program: prog})
+	if err != nil {
+		return nil, fmt.Errorf("attach %v to cgroup %s: %w", prog, path, err)
+	}
+	if pin != "" {
+		if err := os.MkdirAll(pinDir, 0o700); err != nil {
+			l.Close()
+			return nil, err
+		}
+		if err := l.Pin(pin); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("pin %s: %w", pin, err)
+		}
+	}
+	return l, nil
+}
+
+// RemoveSocketLB unpins the socket-LB links under pinDir, detaching them.
+func RemoveSocketLB(pinDir string) error {
+	var errs []error
+	for _, h := range socketLBHooks(SocketLBPrograms{}) {
+		errs = append(errs, unpinLink(filepath.Join(pinDir, "cgroup_"+h.name)))
+	}
+	return errors.Join(errs...)
+}
+
+// Close releases the handles; unpinned links detach, pinned ones stay.
 func (s *SocketLB) Close() error {
 	var errs []error
 	for _, l := range s.links {

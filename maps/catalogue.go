@@ -67,6 +67,7 @@ var (
 	Prefilter = Def[gen.SluicePrefilterKey, gen.SluicePrefilterValue]{Name: gen.SluiceMapSlPrefilterV1}
 	Failsafe  = Def[gen.SluiceFailsafeKey, gen.SluiceFailsafeValue]{Name: gen.SluiceMapSlFailsafeV1}
 	IfState   = Def[gen.SluiceIfstateKey, gen.SluiceIfstateValue]{Name: gen.SluiceMapSlIfstateV1}
+	SvcNames  = Def[gen.SluiceSvcnameKey, gen.SluiceSvcnameValue]{Name: gen.SluiceMapSlSvcnameV1}
 )
 
 // docs says what each map is for; every map of the object must have a line
@@ -85,6 +86,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlPrefilterV1: "XDP prefilter: LPM deny list of source CIDRs",
 	gen.SluiceMapSlFailsafeV1:  "XDP prefilter: {protocol, port} inbound ports never dropped",
 	gen.SluiceMapSlIfstateV1:   "managed interfaces: ifindex -> flags, name, policy slots",
+	gen.SluiceMapSlSvcnameV1:   "service id -> namespace/name:port, for inspection tools",
 }
 
 // Info describes one map of the catalogue.

@@ -82,6 +82,7 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.Prefilter.Name: roundTripPrefilter,
 	maps.Failsafe.Name:  roundTrip(maps.Failsafe),
 	maps.IfState.Name:   roundTrip(maps.IfState),
+	maps.SvcNames.Name:  roundTrip(maps.SvcNames),
 }
 
 func roundTripPrefilter(t *testing.T, s *maps.Set) {

@@ -94,6 +94,7 @@ type Syncer struct {
 	be      *maps.CachingMap[gen.SluiceBeKey, gen.SluiceBeValue]
 	src     *maps.CachingMap[gen.SluiceSrcrangeKey, gen.SluiceSrcrangeValue]
 	hostIPs *maps.CachingMap[gen.SluiceHostipKey, gen.SluiceHostipValue]
+	names   *maps.CachingMap[gen.SluiceSvcnameKey, gen.SluiceSvcnameValue]
 	aff     *maps.Map[gen.SluiceAffKey, gen.SluiceAffValue]
 
 	mu          sync.Mutex
@@ -146,6 +147,11 @@ func NewSyncer(opts Options) (*Syncer, error) {
 	if s.aff, err = maps.Affinity.In(opts.Maps); err != nil {
 		return nil, err
 	}
+	names, err := maps.SvcNames.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
+	s.names = maps.NewCachingMap(names)
 	s.fe, s.be, s.src, s.hostIPs = maps.NewCachingMap(fe), maps.NewCachingMap(be), maps.NewCachingMap(src), maps.NewCachingMap(hip)
 	return s, nil
 }
@@ -317,7 +323,7 @@ func cloneService(s *ServicePort) *ServicePort {
 // load reads the maps back, so the first Apply after a restart reuses ids and
 // writes nothing for unchanged services.
 func (s *Syncer) load() error {
-	for _, m := range []interface{ LoadDataplaneState() error }{s.fe, s.be, s.src, s.hostIPs} {
+	for _, m := range []interface{ LoadDataplaneState() error }{s.fe, s.be, s.src, s.hostIPs, s.names} {
 		if err := m.LoadDataplaneState(); err != nil {
 			return fmt.Errorf("nat syncer: read maps: %w", err)
 		}
@@ -410,11 +416,21 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 		}
 		if _, ok := newBE[id]; !ok {
 			s.ids.release(id)
+			s.names.DeleteDesired(gen.SluiceSvcnameKey{SvcId: id})
 		}
 	}
 	for id, list := range newBE {
 		for i, v := range list {
 			s.be.SetDesired(gen.SluiceBeKey{SvcId: id, Ordinal: uint32(i)}, v)
+		}
+	}
+	if p != nil {
+		for node, id := range p.ids {
+			label := name.String()
+			if node.IsValid() {
+				label += " @" + node.String()
+			}
+			s.names.SetDesired(gen.SluiceSvcnameKey{SvcId: id}, svcName(label))
 		}
 	}
 
@@ -445,6 +461,14 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 		s.services[name] = p
 	}
 	return errs
+}
+
+func svcName(s string) gen.SluiceSvcnameValue {
+	var v gen.SluiceSvcnameValue
+	for i := 0; i < len(s) && i < len(v.Name)-1; i++ {
+		v.Name[i] = int8(s[i])
+	}
+	return v
 }
 
 // Service IPs are marked with an ICMP frontend so the datapath answers echo
@@ -498,9 +522,11 @@ func (s *Syncer) write(stats *Stats) error {
 		{"frontend deletions", s.fe.ApplyDeletionsOnly},
 		{"source range updates", s.src.ApplyUpdatesOnly},
 		{"backend updates", s.be.ApplyUpdatesOnly},
+		{"service name updates", s.names.ApplyUpdatesOnly},
 		{"frontend updates", s.fe.ApplyUpdatesOnly},
 		{"backend deletions", s.be.ApplyDeletionsOnly},
 		{"source range deletions", s.src.ApplyDeletionsOnly},
+		{"service name deletions", s.names.ApplyDeletionsOnly},
 		{"host IPs", s.hostIPs.ApplyAll},
 	}
 	for _, step := range steps {

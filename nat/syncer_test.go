@@ -178,6 +178,16 @@ func TestSyncerProgramsServicesExactly(t *testing.T) {
 		t.Fatalf("web backends %v", got)
 	}
 
+	// Read back for people: names, addresses, backends.
+	read, err := nat.ReadFrontends(f.set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(read) != 4 || read[0].Service != "default/dns:p" || read[1].Service != "default/web:p" ||
+		read[1].Address.String() != "10.0.0.1:30080" || len(read[1].Backends) != 2 || read[3].Address.String() != "255.255.255.255:30080" {
+		t.Fatalf("read back %+v", read)
+	}
+
 	// Nothing changed: nothing written.
 	st = f.apply([]*nat.ServicePort{web, dns}, e)
 	wantEqual(t, "writes with no change", st.Writes+st.Deletes, 0)
@@ -200,7 +210,7 @@ func TestSyncerProgramsServicesExactly(t *testing.T) {
 	if !slices.Contains(st.StaleUDP, nat.StaleBackend{ServiceID: dnsID, Backend: netip.MustParseAddrPort("10.2.0.9:53")}) {
 		t.Fatalf("stale UDP %v", st.StaleUDP)
 	}
-	wantEqual(t, "deletes for a removed service", st.Deletes, 3) // frontend, marker, backend
+	wantEqual(t, "deletes for a removed service", st.Deletes, 4) // frontend, marker, backend, name
 }
 
 func TestSyncerSourceRangesAndLoadBalancer(t *testing.T) {
@@ -385,7 +395,7 @@ func TestSyncerOneChangeAmong10000ServicesIsOConstant(t *testing.T) {
 	f := newFixture(t, nat.Options{})
 	svcs, e := scale(10_000, 10)
 	st := f.apply(svcs, e)
-	wantEqual(t, "initial writes", st.Writes, 10_000*(1+1+10)+1) // frontend, echo marker, 10 backends; the host IP
+	wantEqual(t, "initial writes", st.Writes, 10_000*(1+1+10+1)+1) // frontend, echo marker, 10 backends, name; the host IP
 	e[svcs[1234].Name] = slices.Clone(e[svcs[1234].Name])
 	e[svcs[1234].Name][3].Addr = netip.MustParseAddrPort("10.250.0.1:8080")
 	st = f.apply(svcs, e)
@@ -417,7 +427,7 @@ func TestSyncerChangeSet(t *testing.T) {
 	st := nat.State{Node: f.node, Services: map[nat.ServicePortName]*nat.ServicePort{a.Name: a, b.Name: b}, Endpoints: e,
 		Changed: map[nat.ServicePortName]bool{b.Name: true}}
 	stats, err := f.s.Apply(st)
-	if err != nil || stats.Writes != 3 { // b's frontend, marker, backend
+	if err != nil || stats.Writes != 4 { // b's frontend, marker, backend, name
 		t.Fatalf("adding b through the change set: %+v %v", stats, err)
 	}
 	delete(st.Services, a.Name)

@@ -102,6 +102,30 @@ struct aff_value {
 };
 ASSERT_SIZE(struct aff_value, 24);
 
+/* Service names for people (sl_svcname_v1): written by the NAT syncer next to
+ * the backends of each service id, so inspection tools can name services from
+ * the pins alone. Never read by the datapath. */
+#define SVCNAME_LEN 120
+
+struct svcname_key {
+	__u32 svc_id;		/* host order */
+};
+ASSERT_SIZE(struct svcname_key, 4);
+
+struct svcname_value {
+	char name[SVCNAME_LEN];	/* "namespace/name:port", NUL-padded; a remote-node
+				 * NodePort set adds " @<node IP>" */
+};
+ASSERT_SIZE(struct svcname_value, 120);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_FE_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct svcname_key);
+	__type(value, struct svcname_value);
+} sl_svcname_v1 SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_FE_MAX);

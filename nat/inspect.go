@@ -1,0 +1,107 @@
+package nat
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/maps"
+)
+
+// Frontend is one programmed frontend read back from the maps.
+type Frontend struct {
+	Service   string         `json:"service"` // "namespace/name:port", or "" if unnamed
+	ServiceID uint32         `json:"serviceID"`
+	Address   netip.AddrPort `json:"address"` // 255.255.255.255 is the NodePort wildcard
+	Protocol  string         `json:"protocol"`
+	Flags     []string       `json:"flags,omitempty"`
+	Count     uint32         `json:"count"`
+	Local     uint32         `json:"local"`
+	Affinity  uint32         `json:"affinitySeconds,omitempty"`
+	Backends  []Backend      `json:"backends"`
+}
+
+// Backend is one backend of a programmed frontend.
+type Backend struct {
+	Address netip.AddrPort `json:"address"`
+	Local   bool           `json:"local,omitempty"`
+}
+
+// ReadFrontends reads what the maps hold (pinned maps work as well while the
+// agent runs as after it stopped), sorted by service name and address. Echo
+// markers are left out.
+func ReadFrontends(set *maps.Set) ([]Frontend, error) {
+	fe, err := maps.Frontends.In(set)
+	if err != nil {
+		return nil, err
+	}
+	be, err := maps.Backends.In(set)
+	if err != nil {
+		return nil, err
+	}
+	names, err := maps.SvcNames.In(set)
+	if err != nil {
+		return nil, err
+	}
+	backends := map[uint32][]gen.SluiceBeValue{}
+	err = be.Iterate(func(k gen.SluiceBeKey, v gen.SluiceBeValue) bool {
+		list := backends[k.SvcId]
+		for len(list) <= int(k.Ordinal) {
+			list = append(list, gen.SluiceBeValue{})
+		}
+		list[k.Ordinal] = v
+		backends[k.SvcId] = list
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []Frontend
+	err = fe.Iterate(func(k gen.SluiceFeKey, v gen.SluiceFeValue) bool {
+		if k.Proto == 1 {
+			return true // echo marker
+		}
+		f := Frontend{ServiceID: v.SvcId, Protocol: Protocol(k.Proto).String(),
+			Address: netip.AddrPortFrom(gen.AddrFromNet(k.Addr), gen.PortFromNet(k.Port)),
+			Count:   v.Count, Local: v.LocalCount, Affinity: v.AffinityTimeout, Flags: flagNames(v.Flags)}
+		if n, err := names.Get(gen.SluiceSvcnameKey{SvcId: v.SvcId}); err == nil {
+			f.Service = cString(n.Name[:])
+		}
+		for _, b := range backends[v.SvcId] {
+			f.Backends = append(f.Backends, Backend{Address: netip.AddrPortFrom(gen.AddrFromNet(b.Addr), gen.PortFromNet(b.Port)),
+				Local: b.Flags&gen.SluiceBeFlagsBE_LOCAL != 0})
+		}
+		out = append(out, f)
+		return true
+	})
+	slices.SortFunc(out, func(a, b Frontend) int {
+		return cmp.Or(cmp.Compare(a.Service, b.Service), a.Address.Compare(b.Address))
+	})
+	return out, err
+}
+
+func flagNames(f gen.SluiceFeFlags) []string {
+	var out []string
+	for _, x := range []struct {
+		bit  gen.SluiceFeFlags
+		name string
+	}{{gen.SluiceFeFlagsFE_INT_LOCAL, "internal-local"}, {gen.SluiceFeFlagsFE_EXT_LOCAL, "external-local"},
+		{gen.SluiceFeFlagsFE_SRC_RANGES, "source-ranges"}, {gen.SluiceFeFlagsFE_EXTERNAL, "external"}} {
+		if f&x.bit != 0 {
+			out = append(out, x.name)
+		}
+	}
+	return out
+}
+
+func cString(b []int8) string {
+	var s []byte
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s = append(s, byte(c))
+	}
+	return string(s)
+}
