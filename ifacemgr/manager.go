@@ -553,6 +553,19 @@ func (m *Manager) Cleanup() error {
 	for _, p := range pins {
 		errs = append(errs, unpinLink(p.path))
 	}
+	if m.opts.IfState != nil {
+		// Entries a previous run wrote, whatever this manager knows.
+		var keys []gen.SluiceIfstateKey
+		errs = append(errs, m.opts.IfState.Iterate(func(k gen.SluiceIfstateKey, _ gen.SluiceIfstateValue) bool {
+			keys = append(keys, k)
+			return true
+		}))
+		for _, k := range keys {
+			if err := m.opts.IfState.Delete(k); err != nil && !errors.Is(err, slmaps.ErrKeyNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -15,6 +15,10 @@ type nsExec struct {
 	path string // "" is the current namespace
 }
 
+// InNetns runs fn on an OS thread inside the network namespace at path ("" is
+// the current one); the thread is discarded afterwards.
+func InNetns(path string, fn func() error) error { return nsExec{path: path}.do(fn) }
+
 func (n nsExec) do(fn func() error) error {
 	if n.path == "" {
 		return fn()

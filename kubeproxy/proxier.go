@@ -30,6 +30,9 @@ type Config struct {
 	MinSyncPeriod, SyncPeriod time.Duration
 	// HealthCheckBindIP is where health-check NodePorts listen ("" = all).
 	HealthCheckBindIP string
+	// OnNodeIPs, if set, is called with the node's addresses whenever they
+	// change (the agent writes the SNAT address from them).
+	OnNodeIPs func([]netip.Addr)
 }
 
 // Flusher removes conntrack flows of backends that left their service
@@ -167,6 +170,9 @@ func (p *Proxier) SetNodeIPs(ips []netip.Addr) {
 	np = slices.Compact(np)
 	p.node.NodePortIPs = np
 	p.mu.Unlock()
+	if p.cfg.OnNodeIPs != nil {
+		p.cfg.OnNodeIPs(ips)
+	}
 	p.changed()
 }
 

@@ -139,6 +139,9 @@ type OpenOptions struct {
 	PinDir string
 	// Capacity overrides the default capacity of maps by name.
 	Capacity map[string]uint32
+	// NoCreate opens only maps already pinned (inspection tools): a missing
+	// pin is an error rather than a new, empty map.
+	NoCreate bool
 }
 
 // Set is the catalogue's maps, open and pinned.
@@ -164,7 +167,13 @@ func Open(opts OpenOptions) (*Set, error) {
 		if c, ok := opts.Capacity[spec.Name]; ok {
 			spec.MaxEntries = c
 		}
-		m, err := OpenPinned(dir, spec)
+		var m *ebpf.Map
+		var err error
+		if opts.NoCreate {
+			m, err = openExisting(dir, spec)
+		} else {
+			m, err = OpenPinned(dir, spec)
+		}
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -247,6 +256,22 @@ func OpenPinned(dir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
 		// Another process pinned it first: go round and reuse theirs.
 	}
 	return nil, fmt.Errorf("map %s: pin at %s keeps changing", spec.Name, path)
+}
+
+func openExisting(dir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
+	path := filepath.Join(dir, spec.Name)
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("map %s is not pinned in %s (is the agent running, or was it run with another --bpf-pin-dir?)", spec.Name, dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("map %s: open pin %s: %w", spec.Name, path, err)
+	}
+	if err := checkPinned(m, spec, path); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
 }
 
 // LayoutError reports a pinned map that does not match the layout this build

@@ -447,3 +447,20 @@ func TestStalePinsListsOlderLayouts(t *testing.T) {
 		t.Fatalf("stale pins: %v %v", stale, err)
 	}
 }
+
+func TestNoCreateOpensOnlyExistingPins(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	if _, err := maps.Open(maps.OpenOptions{PinDir: dir, NoCreate: true}); err == nil || !strings.Contains(err.Error(), "is not pinned") {
+		t.Fatalf("NoCreate on an empty directory: %v", err)
+	}
+	set, err := maps.Open(maps.OpenOptions{PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set.Close()
+	set, err = maps.Open(maps.OpenOptions{PinDir: dir, NoCreate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set.Close()
+}

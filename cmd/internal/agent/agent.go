@@ -1,0 +1,364 @@
+// Package agent wires Sluice's modules into the node agent: maps, programs,
+// interface manager, NAT syncer, conntrack scanner, kube-proxy shim, health
+// and metrics. It holds no logic of its own beyond the order of things.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sluice-net/sluice/conntrack"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/ifacemgr"
+	"github.com/sluice-net/sluice/kubeproxy"
+	"github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/nat"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Config is the agent's configuration; flags and the config file fill it.
+type Config struct {
+	Kubeconfig          string
+	Master              string
+	Manifests           string // a folder of manifests instead of an API server
+	NodeName            string
+	NodePortAddresses   []netip.Prefix
+	HealthzBindAddress  string
+	MetricsBindAddress  string
+	MinSyncPeriod       time.Duration
+	SyncPeriod          time.Duration
+	PinDir              string
+	WorkloadPrefixes    []string
+	DataIfaces          string // regex; "" = interfaces holding a default route
+	Cgroup              string // cgroup v2 for socket LB; "" disables it
+	FailsafePorts       []uint16
+	NodeIPs             []netip.Addr // when no Node object says them
+	Netns               string       // the node's network namespace ("" = the agent's own)
+	ConntrackScanPeriod time.Duration
+}
+
+// DefaultFailsafePorts are never dropped by the XDP prefilter (SSH, API
+// server, kube-proxy health).
+var DefaultFailsafePorts = []uint16{22, 6443, 10256}
+
+// Agent is a running agent.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	set     *maps.Set
+	objs    *gen.SluiceObjects
+	ifaces  *ifacemgr.Manager
+	Proxier *kubeproxy.Proxier
+}
+
+// CheckPrivileges tells, in words a person can act on, why the agent cannot use
+// BPF here.
+func CheckPrivileges() error {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		return fmt.Errorf("no BPF privilege (%v): run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN", err)
+	}
+	m.Close()
+	return nil
+}
+
+// Run starts everything and blocks until ctx ends. On return the datapath stays
+// in place, running from its pins: traffic keeps flowing while the agent is
+// down, and the next start adopts it without disturbing live connections.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	a, err := Start(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	a.Close()
+	return nil
+}
+
+// Start brings the agent up and returns once its loops run (they stop with ctx).
+func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
+	if cfg.Manifests == "" && cfg.Kubeconfig == "" && cfg.Master == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, errors.New("no source of services: give --kubeconfig or --master, run inside a cluster, or use --manifests DIR")
+	}
+	if err := CheckPrivileges(); err != nil {
+		return nil, err
+	}
+	if cfg.Cgroup != "" {
+		if _, err := os.Stat(filepath.Join(cfg.Cgroup, "cgroup.controllers")); err != nil {
+			return nil, fmt.Errorf("--cgroup %s is not a cgroup v2 directory (%v): mount cgroup2, or pass --cgroup= to disable socket load balancing", cfg.Cgroup, err)
+		}
+	}
+	if stale, err := maps.StalePins(cfg.PinDir); err != nil {
+		return nil, err
+	} else if len(stale) > 0 {
+		return nil, fmt.Errorf("pin directory %s holds maps of an older layout %v: run `sluice cleanup --bpf-pin-dir %s` (this drops live connections), then start again", cfg.PinDir, stale, cfg.PinDir)
+	}
+	set, err := maps.Open(maps.OpenOptions{PinDir: cfg.PinDir})
+	if err != nil {
+		var le *maps.LayoutError
+		if errors.As(err, &le) {
+			return nil, fmt.Errorf("%w (or run `sluice cleanup`)", err)
+		}
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, log: log, set: set}
+	if err := a.start(ctx); err != nil {
+		a.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *Agent) start(ctx context.Context) error {
+	cfg, log := a.cfg, a.log
+	var err error
+	if a.objs, err = gen.Load(gen.LoadOptions{Maps: a.set.All()}); err != nil {
+		return err
+	}
+	if err := a.writeNodeConfig(); err != nil {
+		return err
+	}
+
+	ifstate, err := maps.IfState.In(a.set)
+	if err != nil {
+		return err
+	}
+	classifier := ifacemgr.Classifier{WorkloadPrefixes: cfg.WorkloadPrefixes, L3Prefixes: ifacemgr.DefaultL3Prefixes}
+	if cfg.DataIfaces != "" {
+		if classifier.DataIfaces, err = regexp.Compile(cfg.DataIfaces); err != nil {
+			return fmt.Errorf("--data-ifaces %q: %w", cfg.DataIfaces, err)
+		}
+	}
+	o := a.objs
+	a.ifaces, err = ifacemgr.New(ifacemgr.Options{
+		Netns: cfg.Netns, PinDir: filepath.Join(cfg.PinDir, "links"), Classifier: classifier, IfState: ifstate, Sysctls: true,
+		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost, XDP: o.SlXdpPrefilter},
+		Logger:   log,
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := a.ifaces.CleanupStale(); err != nil {
+		log.Warn("clean-up of stale attachments", "err", err)
+	}
+	a.ifaces.Apply()
+	go a.ifaces.Run(ctx)
+
+	if cfg.Cgroup != "" {
+		s, err := ifacemgr.AttachSocketLB(cfg.Cgroup, cfg.PinDir, ifacemgr.SocketLBPrograms{Connect4: o.SlConnect4,
+			Sendmsg4: o.SlSendmsg4, Recvmsg4: o.SlRecvmsg4, Getpeername4: o.SlGetpeername4, SockEgress: o.SlSockEgress})
+		if err != nil {
+			return err
+		}
+		s.Close() // pinned: the programs stay attached
+	}
+
+	syncer, err := nat.NewSyncer(nat.Options{Maps: a.set, Logger: log})
+	if err != nil {
+		return err
+	}
+	ct, err := maps.Conntrack.In(a.set)
+	if err != nil {
+		return err
+	}
+	fe, _ := maps.Frontends.In(a.set)
+	be, _ := maps.Backends.In(a.set)
+	hip, _ := maps.HostIPs.In(a.set)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := kubeproxy.NewMetrics(reg)
+	scanner, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Logger: log, Interval: cfg.ConntrackScanPeriod,
+		Scanners: []conntrack.EntryScanner{&conntrack.Liveness{Timeouts: conntrack.DefaultTimeouts()},
+			&conntrack.StaleNAT{Frontends: fe, Backends: be, HostIPs: hip}}})
+	if err != nil {
+		return err
+	}
+	go scanner.Run(ctx)
+
+	a.Proxier = kubeproxy.NewProxier(kubeproxy.Config{NodeName: cfg.NodeName, NodePortAddresses: cfg.NodePortAddresses,
+		MinSyncPeriod: cfg.MinSyncPeriod, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs}, syncer, scanner, metrics, log)
+	if len(cfg.NodeIPs) > 0 {
+		a.Proxier.SetNodeIPs(cfg.NodeIPs)
+	}
+	if cfg.Manifests != "" {
+		go (&kubeproxy.ManifestSource{Dir: cfg.Manifests, Log: log}).Run(ctx, a.Proxier)
+	} else {
+		client, err := a.client()
+		if err != nil {
+			return err
+		}
+		if err := kubeproxy.RunInformers(ctx, client, a.Proxier, 15*time.Minute); err != nil {
+			return err
+		}
+	}
+	go a.Proxier.Run(ctx)
+
+	if cfg.HealthzBindAddress != "" {
+		if err := serve(ctx, cfg.HealthzBindAddress, a.Proxier.Health.Handler(), log); err != nil {
+			return fmt.Errorf("--healthz-bind-address: %w", err)
+		}
+	}
+	if cfg.MetricsBindAddress != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		if err := serve(ctx, cfg.MetricsBindAddress, mux, log); err != nil {
+			return fmt.Errorf("--metrics-bind-address: %w", err)
+		}
+	}
+	log.Info("sluice agent running", "node", cfg.NodeName, "pins", cfg.PinDir)
+	return nil
+}
+
+// setNodeIPs makes the node's first address the SNAT source.
+func (a *Agent) setNodeIPs(ips []netip.Addr) {
+	if len(ips) == 0 {
+		return
+	}
+	cfgMap, err := maps.Config.In(a.set)
+	if err == nil {
+		var nc gen.SluiceConfig
+		if nc, err = cfgMap.Get(0); err == nil {
+			nc.NodeIp = gen.NetAddr(ips[0])
+			err = cfgMap.Put(0, nc, ebpf.UpdateAny)
+		}
+	}
+	if err != nil {
+		a.log.Error("writing the node IP", "err", err)
+	}
+}
+
+// writeNodeConfig writes the node-wide settings and the prefilter's failsafe
+// ports.
+func (a *Agent) writeNodeConfig() error {
+	cfgMap, err := maps.Config.In(a.set)
+	if err != nil {
+		return err
+	}
+	if err := cfgMap.Put(0, gen.SluiceConfig{}, ebpf.UpdateAny); err != nil {
+		return err
+	}
+	a.setNodeIPs(a.cfg.NodeIPs)
+	failsafe, err := maps.Failsafe.In(a.set)
+	if err != nil {
+		return err
+	}
+	ports := a.cfg.FailsafePorts
+	if ports == nil {
+		ports = DefaultFailsafePorts
+	}
+	for _, p := range ports {
+		if err := failsafe.Put(gen.SluiceFailsafeKey{Proto: 6, Port: gen.NetPort(p)}, gen.SluiceFailsafeValue{}, ebpf.UpdateAny); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *Agent) client() (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if a.cfg.Kubeconfig == "" && a.cfg.Master == "" {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags(a.cfg.Master, a.cfg.Kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("API server configuration: %w", err)
+	}
+	return kubernetes.NewForConfig(rc)
+}
+
+func serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("HTTP server stopped", "addr", addr, "err", err)
+		}
+	}()
+	return nil
+}
+
+// Ready reports whether every managed interface has its programs and the
+// proxier has synced at least once.
+func (a *Agent) Ready() bool {
+	if a.Proxier == nil || a.Proxier.Runs() == 0 || !a.Proxier.Health.Healthy() {
+		return false
+	}
+	for _, s := range a.ifaces.Statuses() {
+		if !s.Ready {
+			return false
+		}
+	}
+	return true
+}
+
+// Interfaces lists the managed interfaces.
+func (a *Agent) Interfaces() []ifacemgr.Status { return a.ifaces.Statuses() }
+
+// Maps is the agent's open map set.
+func (a *Agent) Maps() *maps.Set { return a.set }
+
+// Close releases handles; pinned maps and attachments stay.
+func (a *Agent) Close() {
+	if a.ifaces != nil {
+		a.ifaces.Close()
+	}
+	if a.objs != nil {
+		a.objs.Close()
+	}
+	a.set.Close()
+}
+
+// Cleanup removes everything Sluice put on the node: attachments (its own
+// only), socket-LB links, interface state, pinned maps and the pin directory.
+func Cleanup(pinDir, netns string) error {
+	var errs []error
+	set, err := maps.Open(maps.OpenOptions{PinDir: pinDir, NoCreate: true})
+	var ifstate *maps.Map[gen.SluiceIfstateKey, gen.SluiceIfstateValue]
+	if err == nil {
+		ifstate, _ = maps.IfState.In(set)
+	}
+	m, merr := ifacemgr.New(ifacemgr.Options{Netns: netns, PinDir: filepath.Join(pinDir, "links"), IfState: ifstate,
+		Classifier: ifacemgr.Classifier{DataIfaces: regexp.MustCompile(`^$`)}})
+	if merr == nil {
+		errs = append(errs, m.Cleanup())
+		m.Close()
+	} else {
+		errs = append(errs, merr)
+	}
+	errs = append(errs, ifacemgr.RemoveSocketLB(pinDir))
+	if err == nil {
+		errs = append(errs, set.Unpin())
+		set.Close()
+	}
+	stale, _ := maps.StalePins(pinDir)
+	for _, name := range stale {
+		errs = append(errs, os.Remove(filepath.Join(pinDir, name)))
+	}
+	_ = os.Remove(filepath.Join(pinDir, "links"))
+	_ = os.Remove(pinDir)
+	return errors.Join(errs...)
+}

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/conntrack"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/ifacemgr"
+	"github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/nat"
+)
+
+// inspectFlags are the flags every inspection command takes.
+type inspectFlags struct {
+	fs     *flag.FlagSet
+	pinDir *string
+	asJSON *bool
+}
+
+func newInspectFlags(name string) *inspectFlags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	return &inspectFlags{fs: fs,
+		pinDir: fs.String("bpf-pin-dir", maps.DefaultPinDir, "bpffs directory of Sluice's pins"),
+		asJSON: fs.Bool("json", false, "print JSON for scripts instead of a table")}
+}
+
+// open opens the pinned maps without creating any.
+func (f *inspectFlags) open() (*maps.Set, error) {
+	return maps.Open(maps.OpenOptions{PinDir: *f.pinDir, NoCreate: true})
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func table(header string, rows [][]string) {
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, header)
+	for _, r := range rows {
+		fmt.Fprintln(w, strings.Join(r, "\t"))
+	}
+	w.Flush()
+}
+
+func runNAT(args []string) error {
+	if len(args) == 0 || args[0] != "list" {
+		return errors.New("usage: sluice nat list [--json] [--bpf-pin-dir DIR]")
+	}
+	f := newInspectFlags("sluice nat list")
+	if err := f.fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	set, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	fes, err := nat.ReadFrontends(set)
+	if err != nil {
+		return err
+	}
+	if *f.asJSON {
+		return printJSON(fes)
+	}
+	printFrontends(fes)
+	return nil
+}
+
+func printFrontends(fes []nat.Frontend) {
+	var rows [][]string
+	for _, fe := range fes {
+		var bes []string
+		for _, b := range fe.Backends {
+			s := b.Address.String()
+			if b.Local {
+				s += "*"
+			}
+			bes = append(bes, s)
+		}
+		backends := strings.Join(bes, " ")
+		if fe.Count == 0 && fe.Local == 0 {
+			backends = "(no endpoints: rejected)"
+		}
+		rows = append(rows, []string{fe.Service, fe.Address.String() + "/" + strings.ToLower(fe.Protocol),
+			strings.Join(fe.Flags, ","), fmt.Sprint(fe.Count), fmt.Sprint(fe.Local), backends})
+	}
+	table("SERVICE\tFRONTEND\tFLAGS\tCLUSTER\tLOCAL\tBACKENDS (* local)", rows)
+}
+
+func runCT(args []string) error {
+	if len(args) == 0 || (args[0] != "list" && args[0] != "flush") {
+		return errors.New("usage: sluice ct list|flush [--service NS/NAME] [--address IP] [--proto tcp|udp] [--json]")
+	}
+	f := newInspectFlags("sluice ct " + args[0])
+	service := f.fs.String("service", "", "only flows of this service (namespace/name, or namespace/name:port)")
+	address := f.fs.String("address", "", "only flows with this client, frontend or backend address")
+	proto := f.fs.String("proto", "", "only tcp or udp flows")
+	if err := f.fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	set, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	ct, err := maps.Conntrack.In(set)
+	if err != nil {
+		return err
+	}
+	flows, err := conntrack.ListFlows(ct, conntrack.Monotonic())
+	if err != nil {
+		return err
+	}
+	names := map[uint32]string{}
+	if m, err := maps.SvcNames.In(set); err == nil {
+		m.Iterate(func(k gen.SluiceSvcnameKey, v gen.SluiceSvcnameValue) bool {
+			var b strings.Builder
+			for _, c := range v.Name {
+				if c == 0 {
+					break
+				}
+				b.WriteByte(byte(c))
+			}
+			names[k.SvcId] = b.String()
+			return true
+		})
+	}
+	var addr netip.Addr
+	if *address != "" {
+		if addr, err = netip.ParseAddr(*address); err != nil {
+			return fmt.Errorf("--address: %w", err)
+		}
+	}
+	var picked []conntrack.Flow
+	for _, fl := range flows {
+		name := names[fl.ServiceID]
+		if *service != "" && name != *service && !strings.HasPrefix(name, *service+":") {
+			continue
+		}
+		if addr.IsValid() && fl.Client.Addr() != addr && fl.Frontend.Addr() != addr && fl.Backend.Addr() != addr {
+			continue
+		}
+		if *proto != "" && fl.Proto != *proto {
+			continue
+		}
+		picked = append(picked, fl)
+	}
+	if args[0] == "flush" {
+		return flushFlows(ct, picked)
+	}
+	if *f.asJSON {
+		return printJSON(picked)
+	}
+	for _, fl := range picked {
+		fmt.Println(fl)
+	}
+	return nil
+}
+
+// flushFlows deletes both entries of each flow.
+func flushFlows(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], flows []conntrack.Flow) error {
+	n := 0
+	var errs []error
+	err := ct.Iterate(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool {
+		if v.Type != gen.SluiceCtTypeCT_FORWARD {
+			return true
+		}
+		client := netip.AddrPortFrom(gen.AddrFromNet(k.Saddr), gen.PortFromNet(k.Sport))
+		frontend := netip.AddrPortFrom(gen.AddrFromNet(k.Daddr), gen.PortFromNet(k.Dport))
+		for _, fl := range flows {
+			if fl.Client == client && fl.Frontend == frontend && fl.Proto == conntrack.ProtoName(k.Proto) {
+				for _, key := range []gen.SluiceCtKey{k, v.Peer} {
+					if err := ct.Delete(key); err != nil && !errors.Is(err, maps.ErrKeyNotExist) {
+						errs = append(errs, err)
+					}
+				}
+				n++
+				break
+			}
+		}
+		return true
+	})
+	fmt.Printf("flushed %d flows\n", n)
+	return errors.Join(append(errs, err)...)
+}
+
+func runIface(args []string) error {
+	if len(args) == 0 || args[0] != "list" {
+		return errors.New("usage: sluice iface list [--json] [--bpf-pin-dir DIR]")
+	}
+	f := newInspectFlags("sluice iface list")
+	if err := f.fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	set, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	ifstate, err := maps.IfState.In(set)
+	if err != nil {
+		return err
+	}
+	ifaces, err := ifacemgr.ReadInterfaces(filepath.Join(*f.pinDir, "links"), ifstate)
+	if err != nil {
+		return err
+	}
+	if *f.asJSON {
+		return printJSON(ifaces)
+	}
+	var rows [][]string
+	for _, i := range ifaces {
+		var hooks []string
+		for _, h := range i.Hooks {
+			hooks = append(hooks, string(h))
+		}
+		rows = append(rows, []string{fmt.Sprint(i.Index), i.Name, i.Class, fmt.Sprint(i.Ready), strings.Join(hooks, ",")})
+	}
+	table("IFINDEX\tNAME\tCLASS\tREADY\tPROGRAMS", rows)
+	return nil
+}
+
+func runMaps(args []string) error {
+	f := newInspectFlags("sluice maps")
+	if err := f.fs.Parse(args); err != nil {
+		return err
+	}
+	set, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	usages, err := maps.Usages(set)
+	if err != nil {
+		return err
+	}
+	if *f.asJSON {
+		return printJSON(usages)
+	}
+	var rows [][]string
+	for _, u := range usages {
+		rows = append(rows, []string{u.Name, u.Type, fmt.Sprint(u.Entries), fmt.Sprint(u.Capacity),
+			fmt.Sprintf("%.1f%%", 100*float64(u.Entries)/float64(max(u.Capacity, 1))), u.Doc})
+	}
+	table("MAP\tTYPE\tENTRIES\tCAPACITY\tFILL\tHOLDS", rows)
+	return nil
+}
+
+func runCleanup(args []string) error {
+	fs := flag.NewFlagSet("sluice cleanup", flag.ContinueOnError)
+	pinDir := fs.String("bpf-pin-dir", maps.DefaultPinDir, "bpffs directory of Sluice's pins")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := agent.Cleanup(*pinDir, ""); err != nil {
+		return err
+	}
+	fmt.Println("removed Sluice's programs, pins and maps from", *pinDir)
+	return nil
+}

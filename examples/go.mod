@@ -1,0 +1,3 @@
+module github.com/sluice-net/sluice/examples
+
+go 1.26
