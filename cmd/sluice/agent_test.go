@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/examples"
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/ifacemgr"
+	"github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/nat"
+)
+
+func TestConfigFileAndFlags(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(path, []byte("min-sync-period: 5s\nnodeport-addresses: [10.0.0.0/8, 192.168.0.0/16]\nbpf-pin-dir: /x\n"), 0o600)
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	var cfg agent.Config
+	agentFlags(fs, &cfg)
+	if err := fs.Parse([]string{"--bpf-pin-dir=/from-flag"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyConfigFile(fs, path); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MinSyncPeriod != 5*time.Second || len(cfg.NodePortAddresses) != 2 || cfg.PinDir != "/from-flag" {
+		t.Fatalf("config %+v: file values apply, flags win", cfg)
+	}
+	os.WriteFile(path, []byte("no-such-flag: 1\n"), 0o600)
+	if err := applyConfigFile(fs, path); err == nil || !strings.Contains(err.Error(), `unknown key "no-such-flag"`) {
+		t.Fatalf("unknown key: %v", err)
+	}
+}
+
+func TestStartupErrorsSayWhatToDo(t *testing.T) {
+	bpftest.Require(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	_, err := agent.Start(context.Background(), agent.Config{PinDir: t.TempDir()}, log)
+	if err == nil || !strings.Contains(err.Error(), "--manifests DIR") {
+		t.Fatalf("no source: %v", err)
+	}
+	_, err = agent.Start(context.Background(), agent.Config{Manifests: t.TempDir(), Cgroup: t.TempDir(), PinDir: t.TempDir()}, log)
+	if err == nil || !strings.Contains(err.Error(), "not a cgroup v2 directory") {
+		t.Fatalf("bad cgroup: %v", err)
+	}
+	dir := bpftest.PinDir(t)
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.Pin(filepath.Join(dir, "sl_fe_v0")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = agent.Start(context.Background(), agent.Config{Manifests: t.TempDir(), PinDir: dir}, log)
+	if err == nil || !strings.Contains(err.Error(), "older layout") || !strings.Contains(err.Error(), "sluice cleanup") {
+		t.Fatalf("old pins: %v", err)
+	}
+}
+
+// keepAlive is an HTTP/1.1 connection made inside a namespace.
+type keepAlive struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dialKeepAlive(t *testing.T, ns, addr string) *keepAlive {
+	var c net.Conn
+	if err := ifacemgr.InNetns(ns, func() (err error) { c, err = net.DialTimeout("tcp4", addr, 2*time.Second); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &keepAlive{c: c, r: bufio.NewReader(c)}
+}
+
+func (k *keepAlive) get() (string, error) {
+	k.c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintf(k.c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		return "", err
+	}
+	resp, err := http.ReadResponse(k.r, nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return backendOf(string(b)), err
+}
+
+func progIDs(t *testing.T, ns, iface string) []ebpf.ProgramID {
+	var ids []ebpf.ProgramID
+	err := ifacemgr.InNetns(ns, func() error {
+		ifc, err := net.InterfaceByName(iface)
+		if err != nil {
+			return err
+		}
+		res, err := link.QueryPrograms(link.QueryOptions{Target: ifc.Index, Attach: ebpf.AttachTCXIngress})
+		for _, p := range res.Programs {
+			ids = append(ids, p.ID)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// The agent stops, and traffic keeps flowing from the pins: an open connection
+// and new ones. It starts again and adopts what is there: the same programs
+// stay attached and the open connection never notices. Cleanup removes it all.
+func TestAgentRestartKeepsTrafficFlowing(t *testing.T) {
+	bpftest.Require(t)
+	topo := &demoTopology{prefix: bpftest.UniqueName("slag")}
+	t.Cleanup(topo.destroy)
+	if err := topo.build(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := topo.serveBackends(ctx); err != nil {
+		t.Fatal(err)
+	}
+	manifests := t.TempDir()
+	if err := os.CopyFS(manifests, examples.Manifests); err != nil {
+		t.Fatal(err)
+	}
+	pinDir := filepath.Join(bpftest.PinDir(t), "sluice")
+	node := topo.ns(topo.node)
+	cfg := agent.Config{Manifests: manifests, NodeName: "sluice-demo", PinDir: pinDir, Netns: node,
+		WorkloadPrefixes: []string{"slw"}, DataIfaces: "^sldata", MinSyncPeriod: 50 * time.Millisecond, SyncPeriod: 30 * time.Second}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	start := func() (*agent.Agent, context.CancelFunc) {
+		actx, stop := context.WithCancel(ctx)
+		a, err := agent.Start(actx, cfg, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); !a.Ready(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("agent not ready")
+			}
+		}
+		return a, stop
+	}
+
+	a, stop := start()
+	conn := dialKeepAlive(t, topo.ns(topo.pods["client"]), "10.96.0.10:80")
+	first, err := conn.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := progIDs(t, node, "slwclient")
+
+	stop()
+	a.Close() // the agent is gone; its pins are not
+	if got, err := conn.get(); err != nil || got != first {
+		t.Fatalf("open connection with the agent stopped: %q %v (was %q)", got, err, first)
+	}
+	if _, err := get(topo.ns(topo.pods["client"]), "10.96.0.10:80", "", 2*time.Second); err != nil {
+		t.Fatalf("new connection with the agent stopped: %v", err)
+	}
+	set, err := maps.Open(maps.OpenOptions{PinDir: pinDir, NoCreate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fes, err := nat.ReadFrontends(set)
+	set.Close()
+	if err != nil || !slices.ContainsFunc(fes, func(f nat.Frontend) bool { return f.Service == "demo/web:http" }) {
+		t.Fatalf("inspection with the agent stopped: %v %v", fes, err)
+	}
+
+	a, stop = start()
+	if got, err := conn.get(); err != nil || got != first {
+		t.Fatalf("open connection after the restart: %q %v", got, err)
+	}
+	if after := progIDs(t, node, "slwclient"); !slices.Equal(after, before) {
+		t.Fatalf("restart replaced the attached programs: %v -> %v", before, after)
+	}
+	stop()
+	a.Close()
+
+	if err := agent.Cleanup(pinDir, node); err != nil {
+		t.Fatal(err)
+	}
+	if ids := progIDs(t, node, "slwclient"); len(ids) != 0 {
+		t.Fatalf("programs left after cleanup: %v", ids)
+	}
+	if _, err := os.Stat(pinDir); !os.IsNotExist(err) {
+		entries, _ := os.ReadDir(pinDir)
+		t.Fatalf("pin directory left after cleanup (%v): %v", err, entries)
+	}
+}
