@@ -15,15 +15,16 @@ import (
 //     route leads back to; strict reverse-path filtering would drop it. (The
 //     effective value is the larger of this and net.ipv4.conf.all.rp_filter,
 //     which must therefore not be 1.)
-//   - accept_local=1: replies of NodePort flows leave a pod's veth with the
-//     node's own address as source, which the kernel otherwise drops as a
-//     martian.
+//   - accept_local=1: packets the datapath rewrote at ingress can carry the
+//     node's own address as source — replies of NodePort flows leaving a pod's
+//     veth, and external traffic SNATed at a data interface towards a backend on
+//     another node — which the kernel otherwise drops as martians.
 //
 // route_localnet is left alone: NodePorts on 127.0.0.1 are not supported.
 var interfaceSysctls = map[Class][][2]string{
 	Workload: {{"forwarding", "1"}, {"rp_filter", "0"}, {"accept_local", "1"}},
-	Data:     {{"forwarding", "1"}, {"rp_filter", "0"}},
-	L3:       {{"forwarding", "1"}, {"rp_filter", "0"}},
+	Data:     {{"forwarding", "1"}, {"rp_filter", "0"}, {"accept_local", "1"}},
+	L3:       {{"forwarding", "1"}, {"rp_filter", "0"}, {"accept_local", "1"}},
 }
 
 // setSysctls writes the class's settings for ifname (call inside the

@@ -136,12 +136,17 @@ func (t *demoTopology) serveBackends(ctx context.Context) error {
 	return nil
 }
 
-// get fetches http://addr/ from a namespace over a new connection, optionally
+// get fetches http://addr/ (or addr "host:port/path") from a namespace over a
+// new connection, optionally
 // from a given source address. The socket is created on the thread that
 // entered the namespace (net/http's transport would dial from another
 // goroutine, and so from another namespace), then HTTP/1.0 is spoken over it.
 func get(ns, addr, source string, timeout time.Duration) (string, error) {
 	var body string
+	path := "/"
+	if i := strings.Index(addr, "/"); i >= 0 {
+		addr, path = addr[:i], addr[i:]
+	}
 	err := ifacemgr.InNetns(ns, func() error {
 		d := &net.Dialer{Timeout: timeout}
 		if source != "" {
@@ -153,7 +158,7 @@ func get(ns, addr, source string, timeout time.Duration) (string, error) {
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(timeout))
-		if _, err := fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", addr); err != nil {
+		if _, err := fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
 			return err
 		}
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)

@@ -87,7 +87,8 @@ func start(tb testing.TB, dir, name string, args ...string) {
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
+	// No Pdeathsig: it fires when the forking OS thread exits, and Go retires
+	// threads (namespace helpers lock and discard them). Cleanup stops it.
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("start %s: %v", name, err)
 	}

@@ -1,0 +1,459 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/ifacemgr"
+)
+
+// cluster: two nodes and an external host on one L2 segment (a bridge in its
+// own namespace), each node with pods behind veths and its own agent process.
+//
+//	node-a  data 10.210.0.1  pods 10.1.<i>.2 (gateway 10.1.<i>.1)
+//	node-b  data 10.210.0.2  pods 10.2.<i>.2
+//	external     10.210.0.100
+type cluster struct {
+	t        *testing.T
+	prefix   string
+	lan      string
+	nodes    map[string]*clusterNode
+	external string
+	dir      string
+}
+
+type clusterNode struct {
+	name, ns, ip, pinDir, manifests string
+	pods                            map[string]string // pod name -> namespace
+	agent                           *exec.Cmd
+	log                             *os.File
+}
+
+func nsRun(t *testing.T, args ...string) {
+	t.Helper()
+	if err := ipCmd(args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newCluster(t *testing.T) *cluster {
+	bpftest.Require(t)
+	c := &cluster{t: t, prefix: bpftest.UniqueName("slmn"), nodes: map[string]*clusterNode{}, dir: t.TempDir()}
+	addNS := func(name string) string {
+		nsRun(t, "netns", "add", name)
+		t.Cleanup(func() { _ = ipCmd("netns", "del", name) })
+		nsRun(t, "-n", name, "link", "set", "lo", "up")
+		return name
+	}
+	c.lan = addNS(c.prefix + "-lan")
+	nsRun(t, "-n", c.lan, "link", "add", "br0", "type", "bridge")
+	nsRun(t, "-n", c.lan, "link", "set", "br0", "up")
+	plug := func(ns, iface, ip string, port int) {
+		peer := fmt.Sprintf("port%d", port)
+		nsRun(t, "link", "add", iface, "netns", ns, "type", "veth", "peer", "name", peer, "netns", c.lan)
+		nsRun(t, "-n", c.lan, "link", "set", peer, "master", "br0", "up")
+		nsRun(t, "-n", ns, "addr", "add", ip+"/24", "dev", iface)
+		nsRun(t, "-n", ns, "link", "set", iface, "up")
+	}
+	for i, name := range []string{"node-a", "node-b"} {
+		n := &clusterNode{name: name, ns: addNS(c.prefix + "-" + name), ip: fmt.Sprintf("10.210.0.%d", i+1), pods: map[string]string{}}
+		plug(n.ns, "sldata0", n.ip, i)
+		if err := ipCmd("netns", "exec", n.ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"); err != nil {
+			t.Fatal(err)
+		}
+		other := fmt.Sprintf("10.%d.0.0/16", 2-i)
+		nsRun(t, "-n", n.ns, "route", "add", other, "via", fmt.Sprintf("10.210.0.%d", 2-i))
+		n.pinDir = filepath.Join(bpftest.PinDir(t), "sluice")
+		c.nodes[name] = n
+	}
+	c.external = addNS(c.prefix + "-ext")
+	plug(c.external, "eth0", "10.210.0.100", 9)
+	return c
+}
+
+// addPod puts a pod behind a veth on a node: 10.<node>.<idx>.2.
+func (c *cluster) addPod(node, name string, idx int) string {
+	n := c.nodes[node]
+	ns := c.prefix + "-" + name
+	nsRun(c.t, "netns", "add", ns)
+	c.t.Cleanup(func() { _ = ipCmd("netns", "del", ns) })
+	nodeNum := map[string]int{"node-a": 1, "node-b": 2}[node]
+	ip, gw := fmt.Sprintf("10.%d.%d.2", nodeNum, idx), fmt.Sprintf("10.%d.%d.1", nodeNum, idx)
+	iface := fmt.Sprintf("slw%d", idx)
+	for _, s := range [][]string{
+		{"link", "add", iface, "netns", n.ns, "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{"-n", n.ns, "addr", "add", gw + "/24", "dev", iface}, {"-n", n.ns, "link", "set", iface, "up"},
+		{"-n", ns, "link", "set", "lo", "up"}, {"-n", ns, "addr", "add", ip + "/24", "dev", "eth0"},
+		{"-n", ns, "link", "set", "eth0", "up"}, {"-n", ns, "route", "add", "default", "via", gw},
+	} {
+		nsRun(c.t, s...)
+	}
+	n.pods[name] = ns
+	return ip
+}
+
+// serveHTTP answers "<name> <client address>" on :8080 in a pod, and streams
+// the requested number of bytes on :9000 ("N\n" in, N bytes out).
+func (c *cluster) serveHTTP(ns, name string) {
+	var ln, stream net.Listener
+	err := ifacemgr.InNetns("/run/netns/"+ns, func() (err error) {
+		if ln, err = net.Listen("tcp4", ":8080"); err != nil {
+			return err
+		}
+		stream, err = net.Listen("tcp4", ":9000")
+		return err
+	})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { ln.Close(); stream.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				buf := make([]byte, 4096)
+				for {
+					if _, err := conn.Read(buf); err != nil {
+						return
+					}
+					body := fmt.Sprintf("%s %s\n", name, conn.RemoteAddr().(*net.TCPAddr).IP)
+					fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				}
+			}()
+		}
+	}()
+	go func() {
+		for {
+			conn, err := stream.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				var n int64
+				fmt.Fscanf(conn, "%d\n", &n)
+				chunk := make([]byte, 64<<10)
+				for sent := int64(0); sent < n; {
+					w := min(int64(len(chunk)), n-sent)
+					if _, err := conn.Write(chunk[:w]); err != nil {
+						return
+					}
+					sent += w
+					time.Sleep(2 * time.Millisecond) // a transfer that lasts
+				}
+			}()
+		}
+	}()
+}
+
+// writeManifests gives each node the shared services and its own Node object.
+func (c *cluster) writeManifests(services string) {
+	for _, n := range c.nodes {
+		n.manifests = filepath.Join(c.dir, n.name)
+		os.MkdirAll(n.manifests, 0o755)
+		node := fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\nstatus:\n  addresses:\n  - type: InternalIP\n    address: %s\n", n.name, n.ip)
+		os.WriteFile(filepath.Join(n.manifests, "node.yaml"), []byte(node), 0o644)
+		os.WriteFile(filepath.Join(n.manifests, "services.yaml"), []byte(services), 0o644)
+	}
+}
+
+// startAgent runs `sluice agent` as its own process inside the node.
+func (c *cluster) startAgent(node string) {
+	n := c.nodes[node]
+	self, _ := os.Executable()
+	var err error
+	if n.log == nil {
+		if n.log, err = os.Create(filepath.Join(c.dir, node+".log")); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("ip", "netns", "exec", n.ns, self, "agent", "--manifests", n.manifests, "--hostname-override", n.name,
+		"--bpf-pin-dir", n.pinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", "^sldata", "--cgroup=",
+		"--healthz-bind-address", n.ip+":10256", "--metrics-bind-address=", "--min-sync-period", "50ms")
+	cmd.Env = append(os.Environ(), "SLUICE_AS_BINARY=1")
+	cmd.Stdout, cmd.Stderr = n.log, n.log
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	n.agent = cmd
+	c.t.Cleanup(func() { c.stopAgent(node) })
+	// Ready when its health endpoint answers 200 after a sync.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if _, err = get("/run/netns/"+n.ns, n.ip+":10256/healthz", "", time.Second); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			logs, _ := os.ReadFile(n.log.Name())
+			c.t.Fatalf("agent on %s not healthy: %v\n%s", node, err, logs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // interfaces attached, first sync applied
+}
+
+func (c *cluster) stopAgent(node string) {
+	n := c.nodes[node]
+	if n.agent == nil {
+		return
+	}
+	_ = n.agent.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = n.agent.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = n.agent.Process.Kill()
+		<-done
+	}
+	n.agent = nil
+}
+
+const multiNodeServices = `apiVersion: v1
+kind: Service
+metadata: {name: only-b}
+spec:
+  type: NodePort
+  clusterIP: 10.96.1.1
+  ports: [{name: http, port: 80, nodePort: 30102}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: only-b, labels: {kubernetes.io/service-name: only-b}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.2.1.2], nodeName: node-b}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: local}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.1.2
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32101
+  ports: [{name: http, port: 80, nodePort: 30101}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: local, labels: {kubernetes.io/service-name: local}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.2.1.2], nodeName: node-b}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: both}
+spec:
+  clusterIP: 10.96.1.3
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: both, labels: {kubernetes.io/service-name: both}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.1.1.2], nodeName: node-a}, {addresses: [10.2.1.2], nodeName: node-b}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sticky}
+spec:
+  clusterIP: 10.96.1.4
+  sessionAffinity: ClientIP
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sticky, labels: {kubernetes.io/service-name: sticky}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.1.1.2], nodeName: node-a}, {addresses: [10.2.1.2], nodeName: node-b}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: stream}
+spec:
+  type: NodePort
+  clusterIP: 10.96.1.5
+  ports: [{name: s, port: 9000, nodePort: 30103}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: stream, labels: {kubernetes.io/service-name: stream}}
+addressType: IPv4
+ports: [{name: s, port: 9000}]
+endpoints: [{addresses: [10.2.1.2], nodeName: node-b}]
+`
+
+func TestMultiNode(t *testing.T) {
+	c := newCluster(t)
+	c.addPod("node-a", "a1", 1) // 10.1.1.2
+	c.addPod("node-b", "b1", 1) // 10.2.1.2
+	c.addPod("node-a", "client-a", 9)
+	c.serveHTTP(c.nodes["node-a"].pods["a1"], "a1")
+	c.serveHTTP(c.nodes["node-b"].pods["b1"], "b1")
+	c.writeManifests(multiNodeServices)
+	c.startAgent("node-a")
+	c.startAgent("node-b")
+	ext := "/run/netns/" + c.external
+	clientA := "/run/netns/" + c.nodes["node-a"].pods["client-a"]
+
+	t.Run("NodePort to a backend on another node is SNATed and answers", func(t *testing.T) {
+		body, err := get(ext, "10.210.0.1:30102", "", 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(body); len(f) != 2 || f[0] != "b1" || f[1] != "10.210.0.1" {
+			t.Fatalf("answer %q: want b1, seeing node-a's address (SNAT)", body)
+		}
+	})
+
+	t.Run("externalTrafficPolicy Local: source kept where local, dropped elsewhere, health checks", func(t *testing.T) {
+		body, err := get(ext, "10.210.0.2:30101", "", 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(body); len(f) != 2 || f[1] != "10.210.0.100" {
+			t.Fatalf("answer %q: want the external client's own address", body)
+		}
+		if _, err := get(ext, "10.210.0.1:30101", "", 700*time.Millisecond); err == nil {
+			t.Fatal("node without a local endpoint served an externalTrafficPolicy Local service")
+		}
+		code := func(node string) int {
+			var status int
+			err := ifacemgr.InNetns(ext, func() error {
+				conn, err := net.DialTimeout("tcp4", node+":32101", time.Second)
+				if err != nil {
+					return err
+				}
+				defer conn.Close()
+				fmt.Fprintf(conn, "GET / HTTP/1.0\r\n\r\n")
+				conn.SetReadDeadline(time.Now().Add(time.Second))
+				_, err = fmt.Fscanf(conn, "HTTP/1.0 %d", &status)
+				return err
+			})
+			if err != nil {
+				t.Fatalf("health check on %s: %v", node, err)
+			}
+			return status
+		}
+		if a, b := code("10.210.0.1"), code("10.210.0.2"); a != 503 || b != 200 {
+			t.Fatalf("health-check NodePort: node-a %d (want 503), node-b %d (want 200)", a, b)
+		}
+	})
+
+	t.Run("internalTrafficPolicy Local keeps a pod on its node", func(t *testing.T) {
+		for range 10 {
+			body, err := get(clientA, "10.96.1.3:80", "", 2*time.Second)
+			if err != nil || !strings.HasPrefix(body, "a1 ") {
+				t.Fatalf("answer %q %v: want the local a1 only", body, err)
+			}
+		}
+	})
+
+	t.Run("session affinity across nodes", func(t *testing.T) {
+		first := ""
+		for i := range 10 {
+			body, err := get(clientA, "10.96.1.4:80", "", 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				first = backendOf(body)
+			} else if backendOf(body) != first {
+				t.Fatalf("request %d went to %s, affinity said %s", i, backendOf(body), first)
+			}
+		}
+	})
+
+	t.Run("agent restarted mid-transfer loses no connection", func(t *testing.T) {
+		const size = 8 << 20
+		got := make(chan int64, 1)
+		errc := make(chan error, 1)
+		err := ifacemgr.InNetns(ext, func() error {
+			conn, err := net.DialTimeout("tcp4", "10.210.0.1:30103", 2*time.Second)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(conn, "%d\n", size)
+			go func() {
+				defer conn.Close()
+				conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+				n, err := io.Copy(io.Discard, conn)
+				got <- n
+				errc <- err
+			}()
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		c.stopAgent("node-a") // the node that SNATs this flow
+		time.Sleep(200 * time.Millisecond)
+		c.startAgent("node-a")
+		if n := <-got; n != size {
+			t.Fatalf("transfer across the agent restart: %d bytes, want %d (%v)", n, size, <-errc)
+		}
+	})
+
+	t.Run("a backend leaving keeps its open connection", func(t *testing.T) {
+		var conn net.Conn
+		if err := ifacemgr.InNetns(clientA, func() (err error) { conn, err = net.DialTimeout("tcp4", "10.96.1.4:80", 2*time.Second); return err }); err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ask := func() (string, error) {
+			conn.SetDeadline(time.Now().Add(2 * time.Second))
+			fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			buf := make([]byte, 512)
+			n, err := conn.Read(buf)
+			parts := strings.SplitN(string(buf[:n]), "\r\n\r\n", 2)
+			return backendOf(parts[len(parts)-1]), err
+		}
+		before, err := ask()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The sticky service loses that backend (both nodes' manifests).
+		keep := map[string]string{"a1": "10.2.1.2", "b1": "10.1.1.2"}[before]
+		node := map[string]string{"10.2.1.2": "node-b", "10.1.1.2": "node-a"}[keep]
+		edited := strings.Replace(multiNodeServices,
+			"metadata: {name: sticky, labels: {kubernetes.io/service-name: sticky}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints: [{addresses: [10.1.1.2], nodeName: node-a}, {addresses: [10.2.1.2], nodeName: node-b}]",
+			fmt.Sprintf("metadata: {name: sticky, labels: {kubernetes.io/service-name: sticky}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints: [{addresses: [%s], nodeName: %s}]", keep, node), 1)
+		if edited == multiNodeServices {
+			t.Fatal("test bug: the edit matched nothing")
+		}
+		c.writeManifests(edited)
+		time.Sleep(1500 * time.Millisecond) // the folder is read every second
+		for range 3 {
+			if after, err := ask(); err != nil || after != before {
+				t.Fatalf("open connection after its backend left: %q %v (was %q)", after, err, before)
+			}
+		}
+		if body, err := get(clientA, "10.96.1.4:80", "", 2*time.Second); err != nil || backendOf(body) == before {
+			t.Fatalf("a new connection went to %q (%v), the backend that left", body, err)
+		}
+	})
+	if t.Failed() {
+		for _, n := range c.nodes {
+			logs, _ := os.ReadFile(n.log.Name())
+			t.Logf("agent %s log:\n%s", n.name, logs)
+		}
+	}
+}
