@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-net/sluice/conntrack"
@@ -68,7 +69,7 @@ type Proxier struct {
 	noLocal     map[types.NamespacedName][2]bool // internal, external policy Local without local endpoints
 	pending     map[nat.ServicePortName]bool     // changes of a failed sync, retried
 	reportedBad map[string]bool
-	nodeApplied bool
+	applied     atomic.Int64 // syncs that programmed the dataplane
 }
 
 // NewProxier wires a proxier; flusher and metrics may be nil.
@@ -111,8 +112,13 @@ func NewProxier(cfg Config, syncer *nat.Syncer, flusher Flusher, metrics *Metric
 // Tracker is where sources send Service and EndpointSlice events.
 func (p *Proxier) Tracker() *Tracker { return p.tracker }
 
-// Runs counts the syncs run.
+// Runs counts the syncs run (including those before both lists arrived,
+// which do nothing).
 func (p *Proxier) Runs() int { return p.runner.Runs() }
+
+// Applied counts the syncs that programmed the dataplane: after the first,
+// every Service and EndpointSlice listed at start is in the maps.
+func (p *Proxier) Applied() int64 { return p.applied.Load() }
 
 func (p *Proxier) changed() {
 	p.Health.QueuedUpdate()
@@ -214,6 +220,7 @@ func (p *Proxier) Sync() error {
 		return fmt.Errorf("sync: %w", err) // p.pending keeps the changes for the retry
 	}
 	clear(p.pending)
+	p.applied.Add(1)
 	p.flushStaleUDP(stats.StaleUDP)
 	if err := p.svcHealth.Sync(slices.Collect(maps.Values(p.checks))); err != nil {
 		p.log.Warn("health check ports", "err", err)

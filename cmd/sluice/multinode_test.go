@@ -14,6 +14,8 @@ import (
 
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/ifacemgr"
+	"github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/nat"
 )
 
 // cluster: two nodes and an external host on one L2 segment (a bridge in its
@@ -202,7 +204,37 @@ func (c *cluster) startAgent(node string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	time.Sleep(300 * time.Millisecond) // interfaces attached, first sync applied
+	// Programmed: the pins show every interface ready and the services in place.
+	for !c.programmed(n) {
+		if time.Now().After(deadline) {
+			logs, _ := os.ReadFile(n.log.Name())
+			c.t.Fatalf("agent on %s did not program its node\n%s", node, logs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (c *cluster) programmed(n *clusterNode) bool {
+	set, err := maps.Open(maps.OpenOptions{PinDir: n.pinDir, NoCreate: true})
+	if err != nil {
+		return false
+	}
+	defer set.Close()
+	ifstate, err := maps.IfState.In(set)
+	if err != nil {
+		return false
+	}
+	ifaces, err := ifacemgr.ReadInterfaces(filepath.Join(n.pinDir, "links"), ifstate)
+	if err != nil || len(ifaces) != len(n.pods)+1 {
+		return false
+	}
+	for _, i := range ifaces {
+		if !i.Ready {
+			return false
+		}
+	}
+	fes, err := nat.ReadFrontends(set)
+	return err == nil && len(fes) >= 5
 }
 
 func (c *cluster) stopAgent(node string) {

@@ -304,7 +304,7 @@ func serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) e
 // Ready reports whether every managed interface has its programs and the
 // proxier has synced at least once.
 func (a *Agent) Ready() bool {
-	if a.Proxier == nil || a.Proxier.Runs() == 0 || !a.Proxier.Health.Healthy() {
+	if a.Proxier == nil || a.Proxier.Applied() == 0 || !a.Proxier.Health.Healthy() {
 		return false
 	}
 	for _, s := range a.ifaces.Statuses() {
