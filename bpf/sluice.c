@@ -46,28 +46,28 @@ int sl_count(struct __sk_buff *skb)
 SEC("tc")
 int sl_from_wl(struct __sk_buff *skb)
 {
-	return pipeline(skb, HOOK_FROM_WL);
+	return policy_dispatch(skb, pipeline(skb, HOOK_FROM_WL));
 }
 
 /* Egress of a workload's host-side veth: traffic entering the pod. */
 SEC("tc")
 int sl_to_wl(struct __sk_buff *skb)
 {
-	return pipeline(skb, HOOK_TO_WL);
+	return policy_dispatch(skb, pipeline(skb, HOOK_TO_WL));
 }
 
 /* Ingress of a data interface: traffic from outside the node. */
 SEC("tc")
 int sl_from_host(struct __sk_buff *skb)
 {
-	return pipeline(skb, HOOK_FROM_HOST);
+	return policy_dispatch(skb, pipeline(skb, HOOK_FROM_HOST));
 }
 
 /* Egress of a data interface: traffic leaving the node. */
 SEC("tc")
 int sl_to_host(struct __sk_buff *skb)
 {
-	return pipeline(skb, HOOK_TO_HOST);
+	return policy_dispatch(skb, pipeline(skb, HOOK_TO_HOST));
 }
 
 /* cgroup/connect4: balance a connect() to a service. */
@@ -110,4 +110,11 @@ SEC("xdp")
 int sl_xdp_prefilter(struct xdp_md *ctx)
 {
 	return prefilter(ctx);
+}
+
+/* Slot 0 of sl_polprog_v1: records a policy program's verdict (policy.h). */
+SEC("tc")
+int sl_policy_verdict(struct __sk_buff *skb)
+{
+	return policy_verdict(skb);
 }

@@ -85,7 +85,9 @@ const (
 	SluiceCounterCNT_SOCK_STALE_BACKEND       SluiceCounter = 13
 	SluiceCounterCNT_XDP_DROP_DENIED          SluiceCounter = 14
 	SluiceCounterCNT_XDP_PASS_FAILSAFE        SluiceCounter = 15
-	SluiceCounterCNT_MAX                      SluiceCounter = 16
+	SluiceCounterCNT_DROP_POLICY              SluiceCounter = 16
+	SluiceCounterCNT_DROP_POLICY_MISSING      SluiceCounter = 17
+	SluiceCounterCNT_MAX                      SluiceCounter = 18
 )
 
 type SluiceCtFlags uint8
@@ -114,19 +116,20 @@ const (
 )
 
 type SluiceCtValue struct {
-	_        structs.HostLayout
-	Created  uint64
-	LastSeen uint64
-	Peer     SluiceCtKey
-	NatAddr  uint32
-	SnatAddr uint32
-	NatPort  uint16
-	SnatPort uint16
-	SvcId    uint32
-	TcpSeen  uint32
-	Type     SluiceCtType
-	Flags    SluiceCtFlags
-	Pad      [2]uint8
+	_          structs.HostLayout
+	Created    uint64
+	LastSeen   uint64
+	Peer       SluiceCtKey
+	NatAddr    uint32
+	SnatAddr   uint32
+	NatPort    uint16
+	SnatPort   uint16
+	SvcId      uint32
+	TcpSeen    uint32
+	Type       SluiceCtType
+	Flags      SluiceCtFlags
+	PolEgress  SluicePolVerdict
+	PolIngress SluicePolVerdict
 }
 
 type SluiceFailsafeKey struct {
@@ -216,6 +219,26 @@ type SluiceIfstateValue struct {
 	Name          [16]int8
 }
 
+type SluiceIpsetKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SetId     uint32
+	Addr      uint32
+}
+
+type SluiceIpsetValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
+type SluicePolVerdict uint8
+
+const (
+	SluicePolVerdictPOL_UNJUDGED SluicePolVerdict = 0
+	SluicePolVerdictPOL_ALLOWED  SluicePolVerdict = 1
+	SluicePolVerdictPOL_DENIED   SluicePolVerdict = 2
+)
+
 type SluicePrefilterKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -225,6 +248,11 @@ type SluicePrefilterKey struct {
 type SluicePrefilterValue struct {
 	_     structs.HostLayout
 	Flags uint32
+}
+
+type SluiceRulectrKey struct {
+	_      structs.HostLayout
+	RuleId uint64
 }
 
 type SluiceSockKey struct {
@@ -271,31 +299,35 @@ type SluiceSvcnameValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	SluiceMapSlAffV1         = "sl_aff_v1"
-	SluiceMapSlBeV1          = "sl_be_v1"
-	SluiceMapSlConfigV1      = "sl_config_v1"
-	SluiceMapSlCountersV1    = "sl_counters_v1"
-	SluiceMapSlCtV1          = "sl_ct_v1"
-	SluiceMapSlFailsafeV1    = "sl_failsafe_v1"
-	SluiceMapSlFeV1          = "sl_fe_v1"
-	SluiceMapSlHostipV1      = "sl_hostip_v1"
-	SluiceMapSlIfstateV1     = "sl_ifstate_v1"
-	SluiceMapSlIfstatsV1     = "sl_ifstats_v1"
-	SluiceMapSlPrefilterV1   = "sl_prefilter_v1"
-	SluiceMapSlSockV1        = "sl_sock_v1"
-	SluiceMapSlSrcrangeV1    = "sl_srcrange_v1"
-	SluiceMapSlSvcnameV1     = "sl_svcname_v1"
-	SluiceProgSlConnect4     = "sl_connect4"
-	SluiceProgSlCount        = "sl_count"
-	SluiceProgSlFromHost     = "sl_from_host"
-	SluiceProgSlFromWl       = "sl_from_wl"
-	SluiceProgSlGetpeername4 = "sl_getpeername4"
-	SluiceProgSlRecvmsg4     = "sl_recvmsg4"
-	SluiceProgSlSendmsg4     = "sl_sendmsg4"
-	SluiceProgSlSockEgress   = "sl_sock_egress"
-	SluiceProgSlToHost       = "sl_to_host"
-	SluiceProgSlToWl         = "sl_to_wl"
-	SluiceProgSlXdpPrefilter = "sl_xdp_prefilter"
+	SluiceMapSlAffV1          = "sl_aff_v1"
+	SluiceMapSlBeV1           = "sl_be_v1"
+	SluiceMapSlConfigV1       = "sl_config_v1"
+	SluiceMapSlCountersV1     = "sl_counters_v1"
+	SluiceMapSlCtV1           = "sl_ct_v1"
+	SluiceMapSlFailsafeV1     = "sl_failsafe_v1"
+	SluiceMapSlFeV1           = "sl_fe_v1"
+	SluiceMapSlHostipV1       = "sl_hostip_v1"
+	SluiceMapSlIfstateV1      = "sl_ifstate_v1"
+	SluiceMapSlIfstatsV1      = "sl_ifstats_v1"
+	SluiceMapSlIpsetV1        = "sl_ipset_v1"
+	SluiceMapSlPolprogV1      = "sl_polprog_v1"
+	SluiceMapSlPrefilterV1    = "sl_prefilter_v1"
+	SluiceMapSlRulectrV1      = "sl_rulectr_v1"
+	SluiceMapSlSockV1         = "sl_sock_v1"
+	SluiceMapSlSrcrangeV1     = "sl_srcrange_v1"
+	SluiceMapSlSvcnameV1      = "sl_svcname_v1"
+	SluiceProgSlConnect4      = "sl_connect4"
+	SluiceProgSlCount         = "sl_count"
+	SluiceProgSlFromHost      = "sl_from_host"
+	SluiceProgSlFromWl        = "sl_from_wl"
+	SluiceProgSlGetpeername4  = "sl_getpeername4"
+	SluiceProgSlPolicyVerdict = "sl_policy_verdict"
+	SluiceProgSlRecvmsg4      = "sl_recvmsg4"
+	SluiceProgSlSendmsg4      = "sl_sendmsg4"
+	SluiceProgSlSockEgress    = "sl_sock_egress"
+	SluiceProgSlToHost        = "sl_to_host"
+	SluiceProgSlToWl          = "sl_to_wl"
+	SluiceProgSlXdpPrefilter  = "sl_xdp_prefilter"
 )
 
 // LoadSluice returns the embedded CollectionSpec for Sluice.
@@ -340,17 +372,18 @@ type SluiceSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceProgramSpecs struct {
-	SlConnect4     *ebpf.ProgramSpec `ebpf:"sl_connect4"`
-	SlCount        *ebpf.ProgramSpec `ebpf:"sl_count"`
-	SlFromHost     *ebpf.ProgramSpec `ebpf:"sl_from_host"`
-	SlFromWl       *ebpf.ProgramSpec `ebpf:"sl_from_wl"`
-	SlGetpeername4 *ebpf.ProgramSpec `ebpf:"sl_getpeername4"`
-	SlRecvmsg4     *ebpf.ProgramSpec `ebpf:"sl_recvmsg4"`
-	SlSendmsg4     *ebpf.ProgramSpec `ebpf:"sl_sendmsg4"`
-	SlSockEgress   *ebpf.ProgramSpec `ebpf:"sl_sock_egress"`
-	SlToHost       *ebpf.ProgramSpec `ebpf:"sl_to_host"`
-	SlToWl         *ebpf.ProgramSpec `ebpf:"sl_to_wl"`
-	SlXdpPrefilter *ebpf.ProgramSpec `ebpf:"sl_xdp_prefilter"`
+	SlConnect4      *ebpf.ProgramSpec `ebpf:"sl_connect4"`
+	SlCount         *ebpf.ProgramSpec `ebpf:"sl_count"`
+	SlFromHost      *ebpf.ProgramSpec `ebpf:"sl_from_host"`
+	SlFromWl        *ebpf.ProgramSpec `ebpf:"sl_from_wl"`
+	SlGetpeername4  *ebpf.ProgramSpec `ebpf:"sl_getpeername4"`
+	SlPolicyVerdict *ebpf.ProgramSpec `ebpf:"sl_policy_verdict"`
+	SlRecvmsg4      *ebpf.ProgramSpec `ebpf:"sl_recvmsg4"`
+	SlSendmsg4      *ebpf.ProgramSpec `ebpf:"sl_sendmsg4"`
+	SlSockEgress    *ebpf.ProgramSpec `ebpf:"sl_sock_egress"`
+	SlToHost        *ebpf.ProgramSpec `ebpf:"sl_to_host"`
+	SlToWl          *ebpf.ProgramSpec `ebpf:"sl_to_wl"`
+	SlXdpPrefilter  *ebpf.ProgramSpec `ebpf:"sl_xdp_prefilter"`
 }
 
 // SluiceMapSpecs contains maps before they are loaded into the kernel.
@@ -367,7 +400,10 @@ type SluiceMapSpecs struct {
 	SlHostipV1    *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
 	SlIfstateV1   *ebpf.MapSpec `ebpf:"sl_ifstate_v1"`
 	SlIfstatsV1   *ebpf.MapSpec `ebpf:"sl_ifstats_v1"`
+	SlIpsetV1     *ebpf.MapSpec `ebpf:"sl_ipset_v1"`
+	SlPolprogV1   *ebpf.MapSpec `ebpf:"sl_polprog_v1"`
 	SlPrefilterV1 *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
+	SlRulectrV1   *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
 	SlSockV1      *ebpf.MapSpec `ebpf:"sl_sock_v1"`
 	SlSrcrangeV1  *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1   *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
@@ -409,7 +445,10 @@ type SluiceMaps struct {
 	SlHostipV1    *ebpf.Map `ebpf:"sl_hostip_v1"`
 	SlIfstateV1   *ebpf.Map `ebpf:"sl_ifstate_v1"`
 	SlIfstatsV1   *ebpf.Map `ebpf:"sl_ifstats_v1"`
+	SlIpsetV1     *ebpf.Map `ebpf:"sl_ipset_v1"`
+	SlPolprogV1   *ebpf.Map `ebpf:"sl_polprog_v1"`
 	SlPrefilterV1 *ebpf.Map `ebpf:"sl_prefilter_v1"`
+	SlRulectrV1   *ebpf.Map `ebpf:"sl_rulectr_v1"`
 	SlSockV1      *ebpf.Map `ebpf:"sl_sock_v1"`
 	SlSrcrangeV1  *ebpf.Map `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1   *ebpf.Map `ebpf:"sl_svcname_v1"`
@@ -427,7 +466,10 @@ func (m *SluiceMaps) Close() error {
 		m.SlHostipV1,
 		m.SlIfstateV1,
 		m.SlIfstatsV1,
+		m.SlIpsetV1,
+		m.SlPolprogV1,
 		m.SlPrefilterV1,
+		m.SlRulectrV1,
 		m.SlSockV1,
 		m.SlSrcrangeV1,
 		m.SlSvcnameV1,
@@ -444,17 +486,18 @@ type SluiceVariables struct {
 //
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluicePrograms struct {
-	SlConnect4     *ebpf.Program `ebpf:"sl_connect4"`
-	SlCount        *ebpf.Program `ebpf:"sl_count"`
-	SlFromHost     *ebpf.Program `ebpf:"sl_from_host"`
-	SlFromWl       *ebpf.Program `ebpf:"sl_from_wl"`
-	SlGetpeername4 *ebpf.Program `ebpf:"sl_getpeername4"`
-	SlRecvmsg4     *ebpf.Program `ebpf:"sl_recvmsg4"`
-	SlSendmsg4     *ebpf.Program `ebpf:"sl_sendmsg4"`
-	SlSockEgress   *ebpf.Program `ebpf:"sl_sock_egress"`
-	SlToHost       *ebpf.Program `ebpf:"sl_to_host"`
-	SlToWl         *ebpf.Program `ebpf:"sl_to_wl"`
-	SlXdpPrefilter *ebpf.Program `ebpf:"sl_xdp_prefilter"`
+	SlConnect4      *ebpf.Program `ebpf:"sl_connect4"`
+	SlCount         *ebpf.Program `ebpf:"sl_count"`
+	SlFromHost      *ebpf.Program `ebpf:"sl_from_host"`
+	SlFromWl        *ebpf.Program `ebpf:"sl_from_wl"`
+	SlGetpeername4  *ebpf.Program `ebpf:"sl_getpeername4"`
+	SlPolicyVerdict *ebpf.Program `ebpf:"sl_policy_verdict"`
+	SlRecvmsg4      *ebpf.Program `ebpf:"sl_recvmsg4"`
+	SlSendmsg4      *ebpf.Program `ebpf:"sl_sendmsg4"`
+	SlSockEgress    *ebpf.Program `ebpf:"sl_sock_egress"`
+	SlToHost        *ebpf.Program `ebpf:"sl_to_host"`
+	SlToWl          *ebpf.Program `ebpf:"sl_to_wl"`
+	SlXdpPrefilter  *ebpf.Program `ebpf:"sl_xdp_prefilter"`
 }
 
 func (p *SluicePrograms) Close() error {
@@ -464,6 +507,7 @@ func (p *SluicePrograms) Close() error {
 		p.SlFromHost,
 		p.SlFromWl,
 		p.SlGetpeername4,
+		p.SlPolicyVerdict,
 		p.SlRecvmsg4,
 		p.SlSendmsg4,
 		p.SlSockEgress,

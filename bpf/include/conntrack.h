@@ -31,6 +31,15 @@ enum ct_type : __u8 {
 	CT_REVERSE = 2,
 };
 
+/* Policy verdicts recorded on both entries of a flow, one per direction of
+ * policy: the source workload's egress and the destination workload's
+ * ingress. */
+enum pol_verdict : __u8 {
+	POL_UNJUDGED = 0,	/* no policy program has seen the flow yet */
+	POL_ALLOWED = 1,
+	POL_DENIED = 2,
+};
+
 enum ct_flags : __u8 {
 	CT_SNAT = 1 << 0,	/* the flow's source is translated too */
 	CT_FROM_HOST = 1 << 1,	/* the flow entered on a host (data) interface */
@@ -53,7 +62,8 @@ struct ct_value {
 				 * matched this entry */
 	enum ct_type type;
 	enum ct_flags flags;
-	__u8 pad[2];		/* 0 */
+	enum pol_verdict pol_egress;	/* the source workload's egress policy */
+	enum pol_verdict pol_ingress;	/* the destination workload's ingress policy */
 };
 ASSERT_SIZE(struct ct_value, 56);
 

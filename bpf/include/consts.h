@@ -15,6 +15,9 @@
 #define SL_PREFILTER_MAX	65536		/* XDP deny-list CIDRs */
 #define SL_FAILSAFE_MAX		64		/* XDP failsafe inbound ports */
 #define SL_IFSTATE_MAX		16384		/* managed interfaces */
+#define SL_POLPROG_MAX		16384		/* policy program slots (0: the verdict program) */
+#define SL_RULECTR_MAX		65536		/* per-rule counters */
+#define SL_IPSET_MAX		262144		/* IP set members */
 
 /* An unconnected UDP socket's translation is used for replies (recvmsg) up to
  * this long after its last send; later "replies" keep the backend's address. */

@@ -22,6 +22,8 @@ enum counter : __u32 {
 	CNT_SOCK_STALE_BACKEND,		/* a UDP send failed: its backend left the service */
 	CNT_XDP_DROP_DENIED,		/* prefilter: source in the deny list */
 	CNT_XDP_PASS_FAILSAFE,		/* prefilter: denied source, failsafe port */
+	CNT_DROP_POLICY,		/* a policy denied the flow */
+	CNT_DROP_POLICY_MISSING,	/* the interface's policy program is not loaded */
 	CNT_MAX,
 };
 

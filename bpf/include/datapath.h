@@ -7,7 +7,12 @@
  *   HOOK_FROM_HOST  ingress of a data interface (from outside the node)
  *   HOOK_TO_HOST    egress of a data interface (leaving the node)
  * New flows are balanced only where they enter (FROM_*); every hook applies
- * conntrack, so both directions of a flow are handled from conntrack alone. */
+ * conntrack, so both directions of a flow are handled from conntrack alone.
+ *
+ * Policy (policy.h): a workload's egress policy judges a new flow at
+ * FROM_WL once its backend is chosen and NAT applied; its ingress policy at
+ * TO_WL. The verdict is recorded on the flow's conntrack entries, so
+ * established flows and replies are never judged again. */
 #pragma once
 
 #include "common.h"
@@ -15,8 +20,10 @@
 #include "conntrack.h"
 #include "counters.h"
 #include "icmp_error.h"
+#include "ifstate.h"
 #include "nat.h"
 #include "parse.h"
+#include "policy.h"
 #include "reject.h"
 #include "rewrite.h"
 
@@ -69,12 +76,58 @@ static __always_inline __be16 random_snat_port(const struct config *cfg)
 	return bpf_htons(lo + bpf_get_prandom_u32() % (hi - lo + 1));
 }
 
+/* policy_slot returns the interface's policy slot for a direction, or
+ * IFSTATE_NO_POLICY. */
+static __always_inline __u32 policy_slot(struct __sk_buff *skb, __u32 dir)
+{
+	struct ifstate_key k = { .ifindex = skb->ifindex };
+	struct ifstate_value *v = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
+
+	if (!v)
+		return IFSTATE_NO_POLICY;
+	return dir == POLICY_DIR_EGRESS ? v->egress_policy : v->ingress_policy;
+}
+
+/* enforce applies the verdict recorded on a flow's entry for one direction;
+ * an unjudged flow goes to the interface's policy program, or is recorded as
+ * allowed when the interface has none. */
+__subprog int enforce(struct __sk_buff *skb, const struct packet *p, struct ct_value *v, __u32 dir)
+{
+	enum pol_verdict pv = dir == POLICY_DIR_EGRESS ? v->pol_egress : v->pol_ingress;
+
+	if (pv == POL_ALLOWED)
+		return TC_ACT_OK;
+	if (pv == POL_DENIED)
+		return drop(CNT_DROP_POLICY);
+	__u32 slot = policy_slot(skb, dir);
+	if (slot == IFSTATE_NO_POLICY) {
+		if (dir == POLICY_DIR_EGRESS)
+			v->pol_egress = POL_ALLOWED;
+		else
+			v->pol_ingress = POL_ALLOWED;
+		return TC_ACT_OK;
+	}
+	return policy_handoff(skb, p, dir, slot);
+}
+
+/* judge_stateless hands a packet without conntrack to the policy program, if
+ * the interface has one. */
+static __always_inline int judge_stateless(struct __sk_buff *skb, const struct packet *p, __u32 dir)
+{
+	__u32 slot = policy_slot(skb, dir);
+
+	if (slot == IFSTATE_NO_POLICY)
+		return TC_ACT_OK;
+	return policy_handoff(skb, p, dir, slot);
+}
+
 /* ct_create writes the reverse entry, then the forward one, and sets *sport to
  * the source port the flow leaves with (a new one when SNAT found the client's
  * port taken). It returns -1 when no entry could be written. */
-static __always_inline int ct_create(const struct packet *p, const struct fe_value *fe,
+static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 				     const struct be_value *be, __be32 snat_addr,
-				     const struct config *cfg, __u8 flags, __be16 *sport)
+				     const struct config *cfg, __u8 flags, enum pol_verdict egress,
+				     __be16 *sport)
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key fwd_key, rev_key = {
@@ -85,7 +138,7 @@ static __always_inline int ct_create(const struct packet *p, const struct fe_val
 		.created = now, .last_seen = now,
 		.nat_addr = p->daddr, .nat_port = p->dport,
 		.snat_addr = p->saddr, .snat_port = p->sport,
-		.svc_id = fe->svc_id, .type = CT_REVERSE, .flags = flags,
+		.svc_id = svc_id, .type = CT_REVERSE, .flags = flags, .pol_egress = egress,
 	};
 
 	ct_key_of(p, &fwd_key);
@@ -109,8 +162,8 @@ static __always_inline int ct_create(const struct packet *p, const struct fe_val
 		.created = now, .last_seen = now, .peer = rev_key,
 		.nat_addr = be->addr, .nat_port = be->port,
 		.snat_addr = snat_addr, .snat_port = rev_key.dport,
-		.svc_id = fe->svc_id, .tcp_seen = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK),
-		.type = CT_FORWARD, .flags = flags,
+		.svc_id = svc_id, .tcp_seen = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK),
+		.type = CT_FORWARD, .flags = flags, .pol_egress = egress,
 	};
 	if (bpf_map_update_elem(&sl_ct_v1, &fwd_key, &fwd, BPF_ANY)) {
 		bpf_map_delete_elem(&sl_ct_v1, &rev_key);
@@ -118,6 +171,38 @@ static __always_inline int ct_create(const struct packet *p, const struct fe_val
 	}
 	*sport = rev_key.dport;
 	return 0;
+}
+
+/* identity_flow tracks a flow that is not NATed, so that a policy's verdict
+ * on its first packet holds for the rest of it. */
+static __always_inline int identity_flow(struct __sk_buff *skb, struct packet *p, __u32 dir)
+{
+	__u32 slot = policy_slot(skb, dir);
+	struct be_value self = { .addr = p->daddr, .port = p->dport };
+	__be16 sport;
+
+	if (slot == IFSTATE_NO_POLICY)
+		return TC_ACT_OK;
+	if (ct_create(p, 0, &self, 0, NULL, 0, dir == POLICY_DIR_EGRESS ? POL_UNJUDGED : POL_ALLOWED, &sport))
+		return drop(CNT_DROP_CT_CREATE);
+	return policy_handoff(skb, p, dir, slot);
+}
+
+/* to_workload_new: a packet entering a workload that matched no conntrack
+ * entry by its own tuple. By the reversed tuple it may be the forward
+ * direction of a flow NATed on this node (its reverse entry), or a reply to a
+ * flow the workload started after reverse NAT (a forward entry). Otherwise it
+ * starts a flow the ingress policy judges. */
+__subprog int to_workload_new(struct __sk_buff *skb, struct packet *p)
+{
+	struct ct_key rk = {
+		.saddr = p->daddr, .daddr = p->saddr, .sport = p->dport, .dport = p->sport, .proto = p->proto,
+	};
+	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v1, &rk);
+
+	if (r)
+		return r->type == CT_FORWARD ? TC_ACT_OK : enforce(skb, p, r, POLICY_DIR_INGRESS);
+	return identity_flow(skb, p, POLICY_DIR_INGRESS);
 }
 
 __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
@@ -128,7 +213,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
 	__u32 ordinal;
 
 	if (!fe)
-		return TC_ACT_OK;
+		return hook == HOOK_FROM_WL ? identity_flow(skb, p, POLICY_DIR_EGRESS) : TC_ACT_OK;
 	if (!src_allowed(fe, p->saddr))
 		return drop(CNT_DROP_SRC_RANGE);
 
@@ -156,13 +241,21 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
 		flags |= CT_SNAT;
 	}
 
+	/* Traffic from a workload waits for its egress policy; other traffic has
+	 * no source workload to judge it. */
+	__u32 slot = from_host ? IFSTATE_NO_POLICY : policy_slot(skb, POLICY_DIR_EGRESS);
 	__be16 sport;
-	if (ct_create(p, fe, &be, snat_addr, cfg, flags, &sport))
+	if (ct_create(p, fe->svc_id, &be, snat_addr, cfg, flags,
+		      slot == IFSTATE_NO_POLICY ? POL_ALLOWED : POL_UNJUDGED, &sport))
 		return drop(snat_addr ? CNT_DROP_SNAT_PORTS : CNT_DROP_CT_CREATE);
 	if (rewrite_dst(skb, p, be.addr, be.port))
 		return drop(CNT_DROP_MALFORMED);
 	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
 		return drop(CNT_DROP_MALFORMED);
+	if (slot != IFSTATE_NO_POLICY) {
+		/* Judged on the tuple the destination will see: after NAT. */
+		return policy_handoff(skb, p, POLICY_DIR_EGRESS, slot);
+	}
 	return TC_ACT_OK;
 }
 
@@ -170,6 +263,13 @@ __subprog int handle_icmp(struct __sk_buff *skb, struct packet *p, enum hook hoo
 {
 	switch (p->icmp_type) {
 	case ICMP_ECHO: {
+		/* Echo requests are judged packet by packet (ICMP has no conntrack);
+		 * replies pass. */
+		if (hook == HOOK_FROM_WL || hook == HOOK_TO_WL) {
+			int verdict = judge_stateless(skb, p, hook == HOOK_FROM_WL ? POLICY_DIR_EGRESS : POLICY_DIR_INGRESS);
+			if (verdict != TC_ACT_OK)
+				return verdict;
+		}
 		struct fe_key key = { .addr = p->daddr, .proto = IPPROTO_ICMP };
 		if ((hook != HOOK_FROM_WL && hook != HOOK_FROM_HOST) ||
 		    !bpf_map_lookup_elem(&sl_fe_v1, &key))
@@ -214,14 +314,21 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook)
 		ct_touch(v, &p);
 		if (ct_apply(skb, &p, v))
 			return drop(CNT_DROP_MALFORMED);
-		return TC_ACT_OK;
+		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)
+			return enforce(skb, &p, v, POLICY_DIR_EGRESS);
+		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)
+			return enforce(skb, &p, v, POLICY_DIR_INGRESS);
+		return TC_ACT_OK; /* a reply, or a hook without policy */
 	}
 
-	if (hook == HOOK_TO_WL || hook == HOOK_TO_HOST)
+	if (hook == HOOK_TO_HOST)
 		return TC_ACT_OK;
+	if (hook == HOOK_TO_WL)
+		return to_workload_new(skb, &p);
 	/* Only a connection's first segment is balanced: a segment of a flow
-	 * conntrack does not know would reach a backend that never saw its SYN. */
+	 * conntrack does not know would reach a backend that never saw its SYN.
+	 * A workload's egress policy still judges it, packet by packet. */
 	if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
-		return TC_ACT_OK;
+		return hook == HOOK_FROM_WL ? judge_stateless(skb, &p, POLICY_DIR_EGRESS) : TC_ACT_OK;
 	return new_flow(skb, &p, hook);
 }
