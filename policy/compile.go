@@ -1,0 +1,440 @@
+package policy
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+)
+
+// Maps the compiled programs use (the pinned maps from package maps).
+type Maps struct {
+	Programs     *ebpf.Map // sl_polprog_v1: slot 0 holds sl_policy_verdict
+	IPSets       *ebpf.Map // sl_ipset_v1
+	RuleCounters *ebpf.Map // sl_rulectr_v1
+}
+
+// DefaultRulesPerProgram bounds one program; larger tiers are split across
+// programs chained by tail calls. The kernel allows 33 tail calls per packet,
+// one for the datapath's hand-off and one for the verdict, so a policy may
+// span 31 programs: 15,500 rules per endpoint and direction at the default.
+const DefaultRulesPerProgram = 500
+
+// MaxPrograms is how many programs one endpoint direction may compile to.
+const MaxPrograms = 31
+
+// Compiler turns an EndpointPolicy into programs.
+type Compiler struct {
+	Maps            Maps
+	RulesPerProgram int
+}
+
+// The policy hand-off in skb->cb (bpf/include/policy.h).
+const (
+	cbOffset     = 48 // offsetof(struct __sk_buff, cb)
+	cbSaddr      = cbOffset
+	cbDaddr      = cbOffset + 4
+	cbPorts      = cbOffset + 8
+	cbMeta       = cbOffset + 12
+	cbRule       = cbOffset + 16
+	verdictAllow = 1 << 28
+	verdictDeny  = 1 << 29
+	tcActOK      = 0
+	tcActShot    = 2
+)
+
+// Registers: r6 the context, r7 the source and r8 the destination address
+// (host order), r9 the destination port (host order); r1-r5 are scratch.
+const (
+	rCtx   = asm.R6
+	rSrc   = asm.R7
+	rDst   = asm.R8
+	rDport = asm.R9
+)
+
+// chunk is one program: a run of one tier's rules.
+type chunk struct {
+	tier            int
+	rules           []Rule
+	tierEnd         bool
+	nextTierProgram int // index of the program starting the next tier, -1 if none
+}
+
+func (c *Compiler) chunks(p *EndpointPolicy) []chunk {
+	per := c.RulesPerProgram
+	if per <= 0 {
+		per = DefaultRulesPerProgram
+	}
+	var out []chunk
+	var tierStarts []int
+	for ti, t := range p.Tiers {
+		tierStarts = append(tierStarts, len(out))
+		var rules []Rule
+		for _, pol := range t.Policies {
+			rules = append(rules, pol.Rules...)
+		}
+		for len(rules) > per {
+			out = append(out, chunk{tier: ti, rules: rules[:per]})
+			rules = rules[per:]
+		}
+		out = append(out, chunk{tier: ti, rules: rules, tierEnd: true})
+	}
+	for i := range out {
+		out[i].nextTierProgram = -1
+		if t := out[i].tier + 1; t < len(tierStarts) {
+			out[i].nextTierProgram = tierStarts[t]
+		}
+	}
+	return out
+}
+
+// Compile returns the programs of p, to be placed in consecutive slots of
+// Maps.Programs starting at firstSlot; the first is the entry.
+func (c *Compiler) Compile(name string, p *EndpointPolicy, firstSlot uint32) ([]*ebpf.ProgramSpec, error) {
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("policy %s: %w", name, err)
+	}
+	if len(p.Tiers) == 0 {
+		return nil, fmt.Errorf("policy %s: no tiers (an endpoint without policy needs no program)", name)
+	}
+	chunks := c.chunks(p)
+	if len(chunks) > MaxPrograms {
+		return nil, fmt.Errorf("policy %s: needs %d programs, more than the %d tail calls allow (at most %d rules per endpoint and direction)",
+			name, len(chunks), MaxPrograms, MaxPrograms*max(c.RulesPerProgram, DefaultRulesPerProgram))
+	}
+	var specs []*ebpf.ProgramSpec
+	for i, ch := range chunks {
+		e := &emitter{c: c, maps: c.Maps, carriers: map[string]bool{}}
+		e.prologue()
+		decided := false
+		for _, r := range ch.rules {
+			if decided = e.rule(r, ch, firstSlot); decided {
+				break // later rules could never be reached, and the verifier refuses dead code
+			}
+		}
+		// Nothing decided in this program.
+		switch {
+		case decided:
+		case !ch.tierEnd:
+			e.tailCall(firstSlot+uint32(i)+1, tcActShot)
+		case p.Tiers[ch.tier].DefaultAction == Deny:
+			e.verdict(false, ImplicitRuleBase+uint32(ch.tier))
+		case ch.nextTierProgram >= 0:
+			e.tailCall(firstSlot+uint32(ch.nextTierProgram), tcActShot)
+		default:
+			e.verdict(false, EndOfPolicyRule)
+		}
+		if err := e.err; err != nil {
+			return nil, fmt.Errorf("policy %s: %w", name, err)
+		}
+		specs = append(specs, &ebpf.ProgramSpec{
+			Name: fmt.Sprintf("slpol_%d", i), Type: ebpf.SchedCLS, License: "Dual BSD/GPL",
+			Instructions: e.finish(),
+		})
+	}
+	return specs, nil
+}
+
+type emitter struct {
+	c        *Compiler
+	maps     Maps
+	insns    asm.Instructions
+	labels   int
+	carriers map[string]bool // labels placed on a no-op of their own
+	err      error
+}
+
+// finish drops label carriers no jump refers to.
+func (e *emitter) finish() asm.Instructions {
+	refs := map[string]bool{}
+	for _, ins := range e.insns {
+		if r := ins.Reference(); r != "" {
+			refs[r] = true
+		}
+	}
+	out := e.insns[:0]
+	for _, ins := range e.insns {
+		if s := ins.Symbol(); s != "" && e.carriers[s] && !refs[s] {
+			continue
+		}
+		out = append(out, ins)
+	}
+	return out
+}
+
+func (e *emitter) emit(ins ...asm.Instruction) { e.insns = append(e.insns, ins...) }
+
+func (e *emitter) label() string {
+	e.labels++
+	return fmt.Sprintf("l%d", e.labels)
+}
+
+// mark places a label on the next instruction (r1 = 0: r1 is scratch and
+// dead at every label).
+func (e *emitter) mark(label string) {
+	e.carriers[label] = true
+	e.emit(asm.Mov.Imm(asm.R1, 0).WithSymbol(label))
+}
+
+func (e *emitter) mapPtr(reg asm.Register, m *ebpf.Map) asm.Instruction {
+	ins := asm.LoadMapPtr(reg, 0)
+	if m == nil {
+		e.err = errors.New("a map the policy needs is missing")
+		return ins
+	}
+	if err := ins.AssociateMap(m); err != nil {
+		e.err = err
+	}
+	return ins
+}
+
+func (e *emitter) prologue() {
+	e.emit(
+		asm.Mov.Reg(rCtx, asm.R1),
+		asm.LoadMem(rSrc, rCtx, cbSaddr, asm.Word),
+		asm.HostTo(asm.BE, rSrc, asm.Word),
+		asm.LoadMem(rDst, rCtx, cbDaddr, asm.Word),
+		asm.HostTo(asm.BE, rDst, asm.Word),
+		asm.LoadMem(rDport, rCtx, cbPorts, asm.Word),
+		asm.RSh.Imm32(rDport, 16),
+		asm.HostTo(asm.BE, rDport, asm.Half),
+	)
+}
+
+// meta loads cb[3] masked and shifted into r1.
+func (e *emitter) meta(shift int32) {
+	e.emit(asm.LoadMem(asm.R1, rCtx, cbMeta, asm.Word))
+	if shift > 0 {
+		e.emit(asm.RSh.Imm32(asm.R1, shift))
+	}
+	e.emit(asm.And.Imm32(asm.R1, 0xff))
+}
+
+func hostOrder(a netip.Addr) int32 {
+	b := a.As4()
+	return int32(binary.BigEndian.Uint32(b[:]))
+}
+
+func maskOf(p netip.Prefix) int32 {
+	if p.Bits() == 0 {
+		return 0
+	}
+	return int32(^uint32(0) << (32 - p.Bits()))
+}
+
+// rule emits one rule: every condition that fails jumps to the next rule. It
+// reports whether the rule decides every packet (no condition, a deciding
+// action), after which nothing more is reachable.
+func (e *emitter) rule(r Rule, ch chunk, firstSlot uint32) bool {
+	fail := e.label()
+	start := len(e.insns)
+	if r.Protocol != 0 {
+		e.meta(0)
+		if r.NotProtocol {
+			e.emit(asm.JEq.Imm32(asm.R1, int32(r.Protocol), fail))
+		} else {
+			e.emit(asm.JNE.Imm32(asm.R1, int32(r.Protocol), fail))
+		}
+	}
+	e.nets(rSrc, r.SrcNets, r.NotSrcNets, fail)
+	e.nets(rDst, r.DstNets, r.NotDstNets, fail)
+	e.sets(cbSaddr, r.SrcIPSets, r.NotSrcIPSets, fail)
+	e.sets(cbDaddr, r.DstIPSets, r.NotDstIPSets, fail)
+	if len(r.DstPorts) > 0 {
+		e.ports(r.DstPorts, r.NotDstPorts, fail)
+	}
+	if r.ICMPType != nil || r.ICMPCode != nil {
+		e.icmp(r, fail)
+	}
+	switch r.Action {
+	case Allow, Deny:
+		e.verdict(r.Action == Allow, r.ID)
+	case Pass:
+		if ch.nextTierProgram >= 0 {
+			e.tailCall(firstSlot+uint32(ch.nextTierProgram), tcActShot)
+		} else {
+			e.verdict(false, EndOfPolicyRule)
+		}
+	case Log:
+		e.count(r.ID)
+	}
+	conditional := false
+	for _, ins := range e.insns[start:] {
+		if ins.Reference() == fail {
+			conditional = true
+		}
+	}
+	if !conditional && r.Action != Log {
+		return true
+	}
+	e.mark(fail)
+	return false
+}
+
+// nets: the address in reg is in one of the CIDRs (or, negated, in none).
+func (e *emitter) nets(reg asm.Register, nets []netip.Prefix, negate bool, fail string) {
+	if len(nets) == 0 {
+		return
+	}
+	ok := e.label()
+	for _, n := range nets {
+		e.emit(asm.Mov.Reg32(asm.R1, reg), asm.And.Imm32(asm.R1, maskOf(n)))
+		target := ok
+		if negate {
+			target = fail
+		}
+		e.emit(asm.JEq.Imm32(asm.R1, hostOrder(n.Masked().Addr())&maskOf(n), target))
+	}
+	if !negate {
+		e.emit(asm.Ja.Label(fail))
+	}
+	e.mark(ok)
+}
+
+// sets: the address at ctx offset off is in one of the IP sets (LPM lookup of
+// {64, set id, address}); negated, in none.
+func (e *emitter) sets(off int16, ids []uint32, negate bool, fail string) {
+	if len(ids) == 0 {
+		return
+	}
+	ok := e.label()
+	for _, id := range ids {
+		var be [4]byte
+		binary.BigEndian.PutUint32(be[:], id)
+		e.emit(
+			asm.StoreImm(asm.RFP, -16, 64, asm.Word),
+			asm.StoreImm(asm.RFP, -12, int64(int32(binary.LittleEndian.Uint32(be[:]))), asm.Word),
+			asm.LoadMem(asm.R1, rCtx, off, asm.Word),
+			asm.StoreMem(asm.RFP, -8, asm.R1, asm.Word),
+			e.mapPtr(asm.R1, e.maps.IPSets),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, -16),
+			asm.FnMapLookupElem.Call(),
+		)
+		if negate {
+			e.emit(asm.JNE.Imm(asm.R0, 0, fail))
+		} else {
+			e.emit(asm.JNE.Imm(asm.R0, 0, ok))
+		}
+	}
+	if !negate {
+		e.emit(asm.Ja.Label(fail))
+	}
+	e.mark(ok)
+}
+
+// ports: TCP or UDP with the destination port in a range; negated, anything
+// else.
+func (e *emitter) ports(ranges []PortRange, negate bool, fail string) {
+	in, out := e.label(), e.label()
+	check := e.label()
+	e.meta(0)
+	e.emit(asm.JEq.Imm32(asm.R1, 6, check), asm.JEq.Imm32(asm.R1, 17, check), asm.Ja.Label(out))
+	e.mark(check)
+	for _, pr := range ranges {
+		if pr.First == pr.Last {
+			e.emit(asm.JEq.Imm32(rDport, int32(pr.First), in))
+			continue
+		}
+		next := e.label()
+		e.emit(asm.JLT.Imm32(rDport, int32(pr.First), next), asm.JLE.Imm32(rDport, int32(pr.Last), in))
+		e.mark(next)
+	}
+	e.emit(asm.Ja.Label(out))
+	if negate {
+		e.mark(in)
+		e.emit(asm.Ja.Label(fail))
+		e.mark(out)
+	} else {
+		e.mark(out)
+		e.emit(asm.Ja.Label(fail))
+		e.mark(in)
+	}
+}
+
+// icmp: an ICMP packet with the type (and code); negated, anything else.
+func (e *emitter) icmp(r Rule, fail string) {
+	in, out := e.label(), e.label()
+	e.meta(0)
+	e.emit(asm.JNE.Imm32(asm.R1, 1, out))
+	if r.ICMPType != nil {
+		e.meta(8)
+		e.emit(asm.JNE.Imm32(asm.R1, int32(*r.ICMPType), out))
+	}
+	if r.ICMPCode != nil {
+		e.meta(16)
+		e.emit(asm.JNE.Imm32(asm.R1, int32(*r.ICMPCode), out))
+	}
+	e.emit(asm.Ja.Label(in))
+	if r.NotICMP {
+		e.mark(in)
+		e.emit(asm.Ja.Label(fail))
+		e.mark(out)
+	} else {
+		e.mark(out)
+		e.emit(asm.Ja.Label(fail))
+		e.mark(in)
+	}
+}
+
+// verdict records the decision in cb and hands over to the verdict program;
+// if slot 0 is empty the program returns the verdict itself.
+func (e *emitter) verdict(allow bool, ruleID uint32) {
+	bit, ret := int32(verdictDeny), int32(tcActShot)
+	if allow {
+		bit, ret = verdictAllow, tcActOK
+	}
+	e.emit(
+		asm.StoreImm(rCtx, cbRule, int64(int32(ruleID)), asm.Word),
+		asm.LoadMem(asm.R1, rCtx, cbMeta, asm.Word),
+		asm.Or.Imm32(asm.R1, bit),
+		asm.StoreMem(rCtx, cbMeta, asm.R1, asm.Word),
+	)
+	e.tailCall(0, ret)
+}
+
+// tailCall jumps to the program in slot; if it is empty, returns fallback.
+func (e *emitter) tailCall(slot uint32, fallback int32) {
+	e.emit(
+		asm.Mov.Reg(asm.R1, rCtx),
+		e.mapPtr(asm.R2, e.maps.Programs),
+		asm.Mov.Imm(asm.R3, int32(slot)),
+		asm.FnTailCall.Call(),
+		asm.Mov.Imm(asm.R0, fallback),
+		asm.Return(),
+	)
+}
+
+// count adds one to the rule's per-CPU counter (the Log action).
+func (e *emitter) count(ruleID uint32) {
+	create, done := e.label(), e.label()
+	e.emit(
+		asm.LoadImm(asm.R1, int64(ruleID), asm.DWord),
+		asm.StoreMem(asm.RFP, -24, asm.R1, asm.DWord),
+		e.mapPtr(asm.R1, e.maps.RuleCounters),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -24),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, create),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.Add.Imm(asm.R1, 1),
+		asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
+		asm.Ja.Label(done),
+	)
+	e.mark(create)
+	e.emit(
+		asm.Mov.Imm(asm.R1, 1), // (StoreImm of a double word encodes an invalid opcode)
+		asm.StoreMem(asm.RFP, -32, asm.R1, asm.DWord),
+		e.mapPtr(asm.R1, e.maps.RuleCounters),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -24),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, -32),
+		asm.Mov.Imm(asm.R4, 1), // BPF_NOEXIST
+		asm.FnMapUpdateElem.Call(),
+	)
+	e.mark(done)
+}

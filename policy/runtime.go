@@ -1,0 +1,103 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/cilium/ebpf"
+)
+
+// Runtime loads compiled policies into the program array and hands out their
+// slots; the interface manager writes an endpoint's slots into
+// sl_ifstate_v1, where the datapath finds them.
+type Runtime struct {
+	compiler Compiler
+	mu       sync.Mutex
+	used     map[uint32]uint32 // first slot -> number of slots
+	capacity uint32
+}
+
+// NewRuntime puts the verdict program (gen: SlPolicyVerdict) in slot 0.
+func NewRuntime(m Maps, verdict *ebpf.Program, rulesPerProgram int) (*Runtime, error) {
+	if m.Programs == nil {
+		return nil, errors.New("policy runtime: no program array")
+	}
+	if err := m.Programs.Put(uint32(0), verdict); err != nil {
+		return nil, fmt.Errorf("policy runtime: install the verdict program: %w", err)
+	}
+	return &Runtime{compiler: Compiler{Maps: m, RulesPerProgram: rulesPerProgram},
+		used: map[uint32]uint32{}, capacity: m.Programs.MaxEntries()}, nil
+}
+
+// alloc finds n consecutive free slots (slot 0 is the verdict program's).
+func (r *Runtime) alloc(n uint32) (uint32, error) {
+	starts := make([]uint32, 0, len(r.used))
+	for s := range r.used {
+		starts = append(starts, s)
+	}
+	slices.Sort(starts)
+	next := uint32(1)
+	for _, s := range starts {
+		if s-next >= n {
+			break
+		}
+		next = s + r.used[s]
+	}
+	if next+n > r.capacity {
+		return 0, fmt.Errorf("policy program array is full (%d slots)", r.capacity)
+	}
+	r.used[next] = n
+	return next, nil
+}
+
+// Install compiles and loads p and returns its entry slot. The programs are
+// placed last to first, so the entry slot only becomes reachable complete.
+func (r *Runtime) Install(name string, p *EndpointPolicy) (uint32, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := uint32(len(r.compiler.chunks(p)))
+	first, err := r.alloc(n)
+	if err != nil {
+		return 0, err
+	}
+	specs, err := r.compiler.Compile(name, p, first)
+	if err != nil {
+		delete(r.used, first)
+		return 0, err
+	}
+	for i := len(specs) - 1; i >= 0; i-- {
+		prog, err := ebpf.NewProgram(specs[i])
+		if err != nil {
+			r.remove(first)
+			var ve *ebpf.VerifierError
+			if errors.As(err, &ve) {
+				return 0, fmt.Errorf("policy %s program %d: %v", name, i, ve)
+			}
+			return 0, fmt.Errorf("policy %s program %d: %w", name, i, err)
+		}
+		err = r.compiler.Maps.Programs.Put(first+uint32(i), prog)
+		prog.Close() // the array holds it
+		if err != nil {
+			r.remove(first)
+			return 0, fmt.Errorf("policy %s: install in slot %d: %w", name, first+uint32(i), err)
+		}
+	}
+	return first, nil
+}
+
+// Remove frees the slots of the policy installed at first.
+func (r *Runtime) Remove(first uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.remove(first)
+}
+
+func (r *Runtime) remove(first uint32) {
+	n := r.used[first]
+	for i := range n {
+		_ = r.compiler.Maps.Programs.Delete(first + i)
+	}
+	delete(r.used, first)
+}
