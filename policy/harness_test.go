@@ -15,9 +15,9 @@ import (
 // set cb (and a few other fields); the kernel writes the whole struct back.
 type skbContext struct {
 	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto uint32
-	Priority, IngressIfindex, Ifindex, TcIndex                                 uint32
-	Cb                                                                         [5]uint32
-	Rest                                                                       [(192 - 68) / 4]uint32
+	Priority, IngressIfindex, Ifindex, TcIndex                                  uint32
+	Cb                                                                          [5]uint32
+	Rest                                                                        [(192 - 68) / 4]uint32
 }
 
 type env struct {

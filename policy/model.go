@@ -50,7 +50,7 @@ type Rule struct {
 	SrcNets, DstNets       []netip.Prefix
 	NotSrcNets, NotDstNets bool
 
-	SrcIPSets, DstIPSets         []uint32 // IP set ids (IPSets)
+	SrcIPSets, DstIPSets       []uint32 // IP set ids (IPSets)
 	NotSrcIPSets, NotDstIPSets bool
 
 	DstPorts    []PortRange
