@@ -239,16 +239,18 @@ func (e *emitter) rule(r Rule, ch chunk, firstSlot uint32) bool {
 			e.emit(asm.JNE.Imm32(asm.R1, int32(r.Protocol), fail))
 		}
 	}
-	e.nets(rSrc, r.SrcNets, r.NotSrcNets, fail)
-	e.nets(rDst, r.DstNets, r.NotDstNets, fail)
-	e.sets(cbSaddr, r.SrcIPSets, r.NotSrcIPSets, fail)
-	e.sets(cbDaddr, r.DstIPSets, r.NotDstIPSets, fail)
+	// Conditions are ANDed: cheapest first, map lookups (IP sets) last.
 	if len(r.DstPorts) > 0 {
-		e.ports(r.DstPorts, r.NotDstPorts, fail)
+		l4 := (r.Protocol == 6 || r.Protocol == 17) && !r.NotProtocol
+		e.ports(r.DstPorts, r.NotDstPorts, l4, fail)
 	}
 	if r.ICMPType != nil || r.ICMPCode != nil {
 		e.icmp(r, fail)
 	}
+	e.nets(rSrc, r.SrcNets, r.NotSrcNets, fail)
+	e.nets(rDst, r.DstNets, r.NotDstNets, fail)
+	e.sets(cbSaddr, r.SrcIPSets, r.NotSrcIPSets, fail)
+	e.sets(cbDaddr, r.DstIPSets, r.NotDstIPSets, fail)
 	switch r.Action {
 	case Allow, Deny:
 		e.verdict(r.Action == Allow, r.ID)
@@ -327,13 +329,15 @@ func (e *emitter) sets(off int16, ids []uint32, negate bool, fail string) {
 }
 
 // ports: TCP or UDP with the destination port in a range; negated, anything
-// else.
-func (e *emitter) ports(ranges []PortRange, negate bool, fail string) {
+// else. knownL4: the rule already required TCP or UDP.
+func (e *emitter) ports(ranges []PortRange, negate, knownL4 bool, fail string) {
 	in, out := e.label(), e.label()
-	check := e.label()
-	e.meta(0)
-	e.emit(asm.JEq.Imm32(asm.R1, 6, check), asm.JEq.Imm32(asm.R1, 17, check), asm.Ja.Label(out))
-	e.mark(check)
+	if !knownL4 {
+		check := e.label()
+		e.meta(0)
+		e.emit(asm.JEq.Imm32(asm.R1, 6, check), asm.JEq.Imm32(asm.R1, 17, check), asm.Ja.Label(out))
+		e.mark(check)
+	}
 	for _, pr := range ranges {
 		if pr.First == pr.Last {
 			e.emit(asm.JEq.Imm32(rDport, int32(pr.First), in))
