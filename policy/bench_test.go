@@ -81,4 +81,3 @@ func BenchmarkNewFlowPolicy(b *testing.B) {
 		b.Run(fmt.Sprintf("rules=%d/ipsets", n), func(b *testing.B) { run(b, n, true) })
 	}
 }
-
