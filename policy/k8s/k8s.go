@@ -1,0 +1,324 @@
+// Package k8s translates Kubernetes NetworkPolicies into Sluice's policy
+// model. It imports only k8s.io/api types (and apimachinery's label
+// matching), never client-go: the agent feeds it from informers.
+//
+// Semantics (the NetworkPolicy API): a pod selected by at least one policy
+// of a type (Ingress, Egress) is isolated for that direction — default deny —
+// and allowed what any of those policies' rules allow; a pod no policy
+// selects for a direction is not isolated for it. A rule allows traffic from
+// (to) any of its peers on any of its ports; no peers means everyone, no
+// ports every port. ipBlock except ranges are carved out of their CIDR.
+//
+// Named ports of ingress rules are the selected pod's own; those of egress
+// rules are resolved to the numbers the peer pods give that name (the union,
+// when pods disagree).
+package k8s
+
+import (
+	"cmp"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/sluice-net/sluice/policy"
+	v1 "k8s.io/api/core/v1"
+	netv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Cluster is what the translation reads.
+type Cluster struct {
+	Pods       []*v1.Pod
+	Namespaces []*v1.Namespace
+	Policies   []*netv1.NetworkPolicy
+}
+
+// Endpoint is one pod's compiled-ready policy.
+type Endpoint struct {
+	Namespace, Name string
+	IP              netip.Addr
+	Ingress, Egress policy.EndpointPolicy // no tiers: not isolated in that direction
+}
+
+// Result is a translation: endpoints by "namespace/name", and the IP sets the
+// rules refer to.
+type Result struct {
+	Endpoints map[string]Endpoint
+	IPSets    policy.IPSets
+	// Rules describes each rule id for people (counters).
+	Rules map[uint32]string
+	// Errors lists policies or peers that could not be translated (each
+	// names the object); the rest is translated.
+	Errors []error
+}
+
+func podIP(p *v1.Pod) (netip.Addr, bool) {
+	for _, s := range append([]v1.PodIP{{IP: p.Status.PodIP}}, p.Status.PodIPs...) {
+		if a, err := netip.ParseAddr(s.IP); err == nil && a.Is4() {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+type translator struct {
+	c       Cluster
+	nsLabel map[string]labels.Set
+	res     *Result
+	setIDs  map[string]uint32
+}
+
+// Translate computes the policies of the pods on node (every pod if node is
+// "") with an IPv4 address.
+func Translate(c Cluster, node string) *Result {
+	t := &translator{c: c, nsLabel: map[string]labels.Set{}, setIDs: map[string]uint32{},
+		res: &Result{Endpoints: map[string]Endpoint{}, IPSets: policy.IPSets{}, Rules: map[uint32]string{}}}
+	for _, ns := range c.Namespaces {
+		t.nsLabel[ns.Name] = labels.Set(ns.Labels)
+	}
+	pols := slices.Clone(c.Policies)
+	slices.SortFunc(pols, func(a, b *netv1.NetworkPolicy) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	for _, pod := range c.Pods {
+		ip, ok := podIP(pod)
+		if !ok || (node != "" && pod.Spec.NodeName != node) || pod.Spec.HostNetwork {
+			continue
+		}
+		ep := Endpoint{Namespace: pod.Namespace, Name: pod.Name, IP: ip}
+		ep.Ingress = t.direction(pod, pols, netv1.PolicyTypeIngress)
+		ep.Egress = t.direction(pod, pols, netv1.PolicyTypeEgress)
+		t.res.Endpoints[pod.Namespace+"/"+pod.Name] = ep
+	}
+	return t.res
+}
+
+func hasType(p *netv1.NetworkPolicy, typ netv1.PolicyType) bool {
+	if len(p.Spec.PolicyTypes) == 0 {
+		return typ == netv1.PolicyTypeIngress || len(p.Spec.Egress) > 0
+	}
+	return slices.Contains(p.Spec.PolicyTypes, typ)
+}
+
+func (t *translator) direction(pod *v1.Pod, pols []*netv1.NetworkPolicy, typ netv1.PolicyType) policy.EndpointPolicy {
+	tier := policy.Tier{Name: "kubernetes", DefaultAction: policy.Deny}
+	for _, np := range pols {
+		if np.Namespace != pod.Namespace || !hasType(np, typ) {
+			continue
+		}
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil {
+			t.res.Errors = append(t.res.Errors, fmt.Errorf("networkpolicy %s/%s: podSelector: %w", np.Namespace, np.Name, err))
+			continue
+		}
+		if !sel.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		tier.Policies = append(tier.Policies, t.rules(pod, np, typ))
+	}
+	if len(tier.Policies) == 0 {
+		return policy.EndpointPolicy{}
+	}
+	return policy.EndpointPolicy{Tiers: []policy.Tier{tier}}
+}
+
+// ruleID is stable for a rule's position, so counters survive recompiles.
+func ruleID(parts ...any) uint32 {
+	h := fnv.New32a()
+	fmt.Fprint(h, parts...)
+	id := h.Sum32() % (policy.ImplicitRuleBase - 1)
+	return id + 1
+}
+
+func (t *translator) rules(pod *v1.Pod, np *netv1.NetworkPolicy, typ netv1.PolicyType) policy.Policy {
+	out := policy.Policy{Name: np.Namespace + "/" + np.Name}
+	type rule struct {
+		peers []netv1.NetworkPolicyPeer
+		ports []netv1.NetworkPolicyPort
+	}
+	var rules []rule
+	if typ == netv1.PolicyTypeIngress {
+		for _, r := range np.Spec.Ingress {
+			rules = append(rules, rule{r.From, r.Ports})
+		}
+	} else {
+		for _, r := range np.Spec.Egress {
+			rules = append(rules, rule{r.To, r.Ports})
+		}
+	}
+	for ri, r := range rules {
+		peers := r.peers
+		if len(peers) == 0 {
+			peers = []netv1.NetworkPolicyPeer{{}} // everyone
+		}
+		for pi, peer := range peers {
+			base, ok := t.peerMatch(np, peer, typ)
+			if !ok {
+				continue
+			}
+			ports := r.ports
+			if len(ports) == 0 {
+				ports = []netv1.NetworkPolicyPort{{}}
+			}
+			for qi, port := range ports {
+				rl := base
+				rl.Action = policy.Allow
+				rl.ID = ruleID(np.Namespace, np.Name, typ, ri, pi, qi, pod.Namespace, pod.Name)
+				if !t.applyPort(&rl, pod, peer, np, port, typ) {
+					continue
+				}
+				t.res.Rules[rl.ID] = fmt.Sprintf("%s/%s %s rule %d peer %d port %d", np.Namespace, np.Name, strings.ToLower(string(typ)), ri, pi, qi)
+				out.Rules = append(out.Rules, rl)
+			}
+		}
+	}
+	return out
+}
+
+// peerMatch turns a peer into the address conditions of a rule.
+func (t *translator) peerMatch(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer, typ netv1.PolicyType) (policy.Rule, bool) {
+	var r policy.Rule
+	setNets := func(nets []netip.Prefix) {
+		if typ == netv1.PolicyTypeIngress {
+			r.SrcNets = nets
+		} else {
+			r.DstNets = nets
+		}
+	}
+	setSets := func(ids []uint32, negate bool) {
+		if typ == netv1.PolicyTypeIngress {
+			r.SrcIPSets, r.NotSrcIPSets = ids, negate
+		} else {
+			r.DstIPSets, r.NotDstIPSets = ids, negate
+		}
+	}
+	switch {
+	case peer.IPBlock != nil:
+		cidr, err := netip.ParsePrefix(peer.IPBlock.CIDR)
+		if err != nil || !cidr.Addr().Is4() {
+			if err == nil {
+				return r, false // another IP family
+			}
+			t.res.Errors = append(t.res.Errors, fmt.Errorf("networkpolicy %s/%s: ipBlock %q: %w", np.Namespace, np.Name, peer.IPBlock.CIDR, err))
+			return r, false
+		}
+		setNets([]netip.Prefix{cidr.Masked()})
+		if len(peer.IPBlock.Except) > 0 {
+			var except []netip.Prefix
+			for _, e := range peer.IPBlock.Except {
+				p, err := netip.ParsePrefix(e)
+				if err != nil {
+					t.res.Errors = append(t.res.Errors, fmt.Errorf("networkpolicy %s/%s: ipBlock except %q: %w", np.Namespace, np.Name, e, err))
+					return r, false
+				}
+				if p.Addr().Is4() {
+					except = append(except, p.Masked())
+				}
+			}
+			if len(except) > 0 {
+				setSets([]uint32{t.ipSet(except)}, true)
+			}
+		}
+		return r, true
+	case peer.PodSelector == nil && peer.NamespaceSelector == nil:
+		return r, true // everyone
+	}
+	var members []netip.Prefix
+	for _, pod := range t.selectPods(np, peer) {
+		if ip, ok := podIP(pod); ok {
+			members = append(members, netip.PrefixFrom(ip, 32))
+		}
+	}
+	setSets([]uint32{t.ipSet(members)}, false)
+	return r, true
+}
+
+// selectPods returns the pods a pod/namespace selector peer names.
+func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer) []*v1.Pod {
+	podSel, nsSel := labels.Everything(), labels.Nothing()
+	if peer.PodSelector != nil {
+		if s, err := metav1.LabelSelectorAsSelector(peer.PodSelector); err == nil {
+			podSel = s
+		}
+	}
+	if peer.NamespaceSelector != nil {
+		if s, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector); err == nil {
+			nsSel = s
+		}
+	}
+	var out []*v1.Pod
+	for _, p := range t.c.Pods {
+		inNS := p.Namespace == np.Namespace
+		if peer.NamespaceSelector != nil {
+			inNS = nsSel.Matches(t.nsLabel[p.Namespace])
+		}
+		if inNS && podSel.Matches(labels.Set(p.Labels)) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ipSet returns the id of the set with these members, creating it once.
+// An empty set is a valid set that matches nothing.
+func (t *translator) ipSet(members []netip.Prefix) uint32 {
+	slices.SortFunc(members, func(a, b netip.Prefix) int { return cmp.Or(a.Addr().Compare(b.Addr()), a.Bits()-b.Bits()) })
+	members = slices.Compact(members)
+	key := fmt.Sprint(members)
+	if id, ok := t.setIDs[key]; ok {
+		return id
+	}
+	id := uint32(len(t.setIDs) + 1)
+	t.setIDs[key] = id
+	t.res.IPSets[id] = members
+	return id
+}
+
+// applyPort adds a port condition; false when it can match nothing (a named
+// port nobody has).
+func (t *translator) applyPort(r *policy.Rule, pod *v1.Pod, peer netv1.NetworkPolicyPeer, np *netv1.NetworkPolicy, port netv1.NetworkPolicyPort, typ netv1.PolicyType) bool {
+	if port.Port == nil && port.Protocol == nil {
+		return true
+	}
+	proto := v1.ProtocolTCP
+	if port.Protocol != nil {
+		proto = *port.Protocol
+	}
+	switch proto {
+	case v1.ProtocolTCP:
+		r.Protocol = 6
+	case v1.ProtocolUDP:
+		r.Protocol = 17
+	default:
+		return false // SCTP: not in the datapath
+	}
+	if port.Port == nil {
+		return true
+	}
+	if port.Port.StrVal == "" || port.Port.IntVal != 0 {
+		last := port.Port.IntVal
+		if port.EndPort != nil {
+			last = *port.EndPort
+		}
+		r.DstPorts = []policy.PortRange{{First: uint16(port.Port.IntVal), Last: uint16(last)}}
+		return true
+	}
+	// A named port: the selected pod's own for ingress, the peers' for egress.
+	pods := []*v1.Pod{pod}
+	if typ == netv1.PolicyTypeEgress {
+		pods = t.selectPods(np, peer)
+	}
+	for _, p := range pods {
+		for _, c := range p.Spec.Containers {
+			for _, cp := range c.Ports {
+				if cp.Name == port.Port.StrVal && cp.Protocol == proto {
+					r.DstPorts = append(r.DstPorts, policy.PortRange{First: uint16(cp.ContainerPort), Last: uint16(cp.ContainerPort)})
+				}
+			}
+		}
+	}
+	return len(r.DstPorts) > 0
+}
