@@ -51,6 +51,7 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/sluice-net/sluice/policy v0.0.0
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
@@ -82,3 +83,5 @@ replace (
 	github.com/sluice-net/sluice/maps => ../maps
 	github.com/sluice-net/sluice/nat => ../nat
 )
+
+replace github.com/sluice-net/sluice/policy => ../policy

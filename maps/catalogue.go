@@ -68,6 +68,11 @@ var (
 	Failsafe  = Def[gen.SluiceFailsafeKey, gen.SluiceFailsafeValue]{Name: gen.SluiceMapSlFailsafeV1}
 	IfState   = Def[gen.SluiceIfstateKey, gen.SluiceIfstateValue]{Name: gen.SluiceMapSlIfstateV1}
 	SvcNames  = Def[gen.SluiceSvcnameKey, gen.SluiceSvcnameValue]{Name: gen.SluiceMapSlSvcnameV1}
+	IPSets    = Def[gen.SluiceIpsetKey, gen.SluiceIpsetValue]{Name: gen.SluiceMapSlIpsetV1}
+	RuleCtrs  = PerCPUDef[gen.SluiceRulectrKey, uint64]{Name: gen.SluiceMapSlRulectrV1}
+	// PolicyPrograms is a program array: use Set.Map(PolicyPrograms) with
+	// the policy runtime.
+	PolicyPrograms = gen.SluiceMapSlPolprogV1
 )
 
 // docs says what each map is for; every map of the object must have a line
@@ -87,6 +92,9 @@ var docs = map[string]string{
 	gen.SluiceMapSlFailsafeV1:  "XDP prefilter: {protocol, port} inbound ports never dropped",
 	gen.SluiceMapSlIfstateV1:   "managed interfaces: ifindex -> flags, name, policy slots",
 	gen.SluiceMapSlSvcnameV1:   "service id -> namespace/name:port, for inspection tools",
+	gen.SluiceMapSlIpsetV1:     "policy IP sets: LPM {set id, address}",
+	gen.SluiceMapSlRulectrV1:   "per-CPU hit counters of policy rules, by rule id",
+	gen.SluiceMapSlPolprogV1:   "policy programs by slot (0: the verdict program)",
 }
 
 // Info describes one map of the catalogue.

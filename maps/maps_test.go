@@ -83,6 +83,46 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.Failsafe.Name:  roundTrip(maps.Failsafe),
 	maps.IfState.Name:   roundTrip(maps.IfState),
 	maps.SvcNames.Name:  roundTrip(maps.SvcNames),
+	maps.IPSets.Name:    roundTripIPSets,
+	maps.RuleCtrs.Name:  roundTripRuleCounters,
+	maps.PolicyPrograms: checkProgramArray,
+}
+
+func roundTripIPSets(t *testing.T, s *maps.Set) {
+	m, err := maps.IPSets.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := gen.SluiceIpsetKey{Prefixlen: 32 + 24, SetId: gen.NetUint32(3), Addr: gen.NetAddr(netip.MustParseAddr("10.1.2.0"))}
+	if err := m.Put(k, gen.SluiceIpsetValue{Flags: 9}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Get(k); err != nil || got.Flags != 9 {
+		t.Fatalf("got %+v %v", got, err)
+	}
+}
+
+func roundTripRuleCounters(t *testing.T, s *maps.Set) {
+	m, err := maps.RuleCtrs.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := make([]uint64, ebpf.MustPossibleCPU())
+	vs[0] = 41
+	if err := m.Put(gen.SluiceRulectrKey{RuleId: 7}, vs, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := maps.Sum(m, gen.SluiceRulectrKey{RuleId: 7}); err != nil || n != 41 {
+		t.Fatalf("sum %d %v", n, err)
+	}
+}
+
+// A program array holds programs, not data: check its shape.
+func checkProgramArray(t *testing.T, s *maps.Set) {
+	m := s.Map(maps.PolicyPrograms)
+	if m == nil || m.Type() != ebpf.ProgramArray || m.KeySize() != 4 || m.ValueSize() != 4 {
+		t.Fatalf("policy program array: %v", m)
+	}
 }
 
 func roundTripPrefilter(t *testing.T, s *maps.Set) {

@@ -206,3 +206,83 @@ func TestAgentRestartKeepsTrafficFlowing(t *testing.T) {
 		t.Fatalf("pin directory left after cleanup (%v): %v", err, entries)
 	}
 }
+
+const policyManifests = `apiVersion: v1
+kind: Namespace
+metadata: {name: demo}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: demo, labels: {role: client}}
+spec: {nodeName: sluice-demo, containers: [{name: c, image: x}]}
+status: {podIP: 10.200.0.2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: backend-3, namespace: demo, labels: {app: b3}}
+spec: {nodeName: sluice-demo, containers: [{name: c, image: x}]}
+status: {podIP: 10.203.0.2}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b3-friends-only, namespace: demo}
+spec:
+  podSelector: {matchLabels: {app: b3}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {role: friend}}}]
+`
+
+// NetworkPolicies from the manifest folder reach the datapath through the
+// agent: backend-3 admits only "friend" pods, so the client is refused there
+// and still reaches the others; relabelling the client lets it in.
+func TestAgentEnforcesNetworkPolicy(t *testing.T) {
+	bpftest.Require(t)
+	topo := &demoTopology{prefix: bpftest.UniqueName("slnp")}
+	t.Cleanup(topo.destroy)
+	if err := topo.build(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := topo.serveBackends(ctx); err != nil {
+		t.Fatal(err)
+	}
+	manifests := t.TempDir()
+	if err := os.CopyFS(manifests, examples.Manifests); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(manifests, "policy.yaml"), []byte(policyManifests), 0o644)
+	cfg := agent.Config{Manifests: manifests, NodeName: "sluice-demo", PinDir: filepath.Join(bpftest.PinDir(t), "sluice"),
+		Netns: topo.ns(topo.node), WorkloadPrefixes: []string{"slw"}, DataIfaces: "^sldata", MinSyncPeriod: 50 * time.Millisecond, SyncPeriod: 30 * time.Second}
+	a, err := agent.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	client := topo.ns(topo.pods["client"])
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := get(client, "10.203.0.2:8080", "", 300*time.Millisecond)
+		if err != nil {
+			break // the policy is in place
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the NetworkPolicy never took effect")
+		}
+	}
+	if _, err := get(client, "10.201.0.2:8080", "", time.Second); err != nil {
+		t.Fatalf("a backend without policy refused the client: %v", err)
+	}
+	// The CLI sees the policy and its counters from the pins.
+	if err := run(ctx, []string{"policy", "list", "--bpf-pin-dir", cfg.PinDir}); err != nil {
+		t.Fatalf("sluice policy list: %v", err)
+	}
+	os.WriteFile(filepath.Join(manifests, "policy.yaml"), []byte(strings.Replace(policyManifests, "role: client", "role: friend", 1)), 0o644)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := get(client, "10.203.0.2:8080", "", 300*time.Millisecond); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("relabelled client still refused")
+		}
+	}
+}

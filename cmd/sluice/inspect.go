@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -8,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -267,5 +269,89 @@ func runCleanup(args []string) error {
 		return err
 	}
 	fmt.Println("removed Sluice's programs, pins and maps from", *pinDir)
+	return nil
+}
+
+// policyReport is what `sluice policy list` shows.
+type policyReport struct {
+	Interfaces []ifacemgr.Interface `json:"interfaces"`
+	Rules      []ruleHits           `json:"rules"`
+}
+
+type ruleHits struct {
+	ID   uint32 `json:"id"`
+	Hits uint64 `json:"hits"`
+}
+
+func runPolicy(args []string) error {
+	if len(args) == 0 || args[0] != "list" {
+		return errors.New("usage: sluice policy list [--json] [--bpf-pin-dir DIR]")
+	}
+	f := newInspectFlags("sluice policy list")
+	if err := f.fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	set, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	ifstate, err := maps.IfState.In(set)
+	if err != nil {
+		return err
+	}
+	ifaces, err := ifacemgr.ReadInterfaces(filepath.Join(*f.pinDir, "links"), ifstate)
+	if err != nil {
+		return err
+	}
+	var rep policyReport
+	for _, i := range ifaces {
+		if i.IngressPolicy != ifacemgr.NoPolicy || i.EgressPolicy != ifacemgr.NoPolicy {
+			rep.Interfaces = append(rep.Interfaces, i)
+		}
+	}
+	ctrs, err := maps.RuleCtrs.In(set)
+	if err != nil {
+		return err
+	}
+	err = ctrs.Iterate(func(k gen.SluiceRulectrKey, vs []uint64) bool {
+		var n uint64
+		for _, v := range vs {
+			n += v
+		}
+		rep.Rules = append(rep.Rules, ruleHits{ID: uint32(k.RuleId), Hits: n})
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(rep.Rules, func(a, b ruleHits) int { return cmp.Compare(a.ID, b.ID) })
+	if *f.asJSON {
+		return printJSON(rep)
+	}
+	slot := func(s uint32) string {
+		if s == ifacemgr.NoPolicy {
+			return "-"
+		}
+		return fmt.Sprint(s)
+	}
+	var rows [][]string
+	for _, i := range rep.Interfaces {
+		rows = append(rows, []string{fmt.Sprint(i.Index), i.Name, slot(i.IngressPolicy), slot(i.EgressPolicy)})
+	}
+	table("IFINDEX\tNAME\tINGRESS SLOT\tEGRESS SLOT", rows)
+	fmt.Println()
+	rows = nil
+	for _, r := range rep.Rules {
+		name := fmt.Sprintf("%#x", r.ID)
+		switch {
+		case r.ID == 0xffffffff:
+			name += " (end of policy: deny)"
+		case r.ID >= 0xffff0000:
+			name += fmt.Sprintf(" (tier %d default)", r.ID-0xffff0000)
+		}
+		rows = append(rows, []string{name, fmt.Sprint(r.Hits)})
+	}
+	table("RULE\tNEW FLOWS", rows)
 	return nil
 }

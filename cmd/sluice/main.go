@@ -5,6 +5,7 @@
 //	sluice nat list           frontends and their backends, per service
 //	sluice ct list|flush      conntrack flows
 //	sluice iface list         managed interfaces and their programs
+//	sluice policy list        policy programs per interface, per-rule counters
 //	sluice maps               every map's fill level and capacity
 //	sluice cleanup            remove everything Sluice put on the node
 //	sluice version
@@ -31,6 +32,7 @@ Usage:
   sluice ct list [--json] [--service NS/NAME] [--address IP] [--proto tcp|udp]
   sluice ct flush [--service NS/NAME] [--address IP] [--proto tcp|udp]
   sluice iface list [--json]  managed interfaces, attached programs, readiness
+  sluice policy list [--json] policy slots per interface and per-rule hit counters
   sluice maps [--json]        each map's fill level and capacity
   sluice cleanup              remove everything Sluice put on this node
   sluice version
@@ -67,6 +69,8 @@ func run(ctx context.Context, args []string) error {
 		return runIface(rest)
 	case "maps":
 		return runMaps(rest)
+	case "policy":
+		return runPolicy(rest)
 	case "cleanup":
 		return runCleanup(rest)
 	case "version":

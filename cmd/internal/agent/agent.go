@@ -145,14 +145,19 @@ func (a *Agent) start(ctx context.Context) error {
 		}
 	}
 	o := a.objs
+	feed, err := newPolicyFeed(a.set, o, cfg.Netns, cfg.NodeName, log)
+	if err != nil {
+		return err
+	}
 	a.ifaces, err = ifacemgr.New(ifacemgr.Options{
 		Netns: cfg.Netns, PinDir: filepath.Join(cfg.PinDir, "links"), Classifier: classifier, IfState: ifstate, Sysctls: true,
 		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost, XDP: o.SlXdpPrefilter},
-		Logger:   log,
+		Policies: feed, Logger: log,
 	})
 	if err != nil {
 		return err
 	}
+	feed.ifaces = a.ifaces
 	if _, err := a.ifaces.CleanupStale(); err != nil {
 		log.Warn("clean-up of stale attachments", "err", err)
 	}
@@ -196,13 +201,18 @@ func (a *Agent) start(ctx context.Context) error {
 		a.Proxier.SetNodeIPs(cfg.NodeIPs)
 	}
 	if cfg.Manifests != "" {
-		go (&kubeproxy.ManifestSource{Dir: cfg.Manifests, Log: log}).Run(ctx, a.Proxier)
+		go (&kubeproxy.ManifestSource{Dir: cfg.Manifests, Log: log, OnObjects: func(objs []kubeproxy.Object) {
+			feed.Update(clusterOf(objs))
+		}}).Run(ctx, a.Proxier)
 	} else {
 		client, err := a.client()
 		if err != nil {
 			return err
 		}
 		if err := kubeproxy.RunInformers(ctx, client, a.Proxier, 15*time.Minute); err != nil {
+			return err
+		}
+		if err := runPolicyInformers(ctx, client, feed, log); err != nil {
 			return err
 		}
 	}
