@@ -24,9 +24,9 @@ type policyFeed struct {
 	ifaces  *ifacemgr.Manager
 	ipsets  *maps.CachingMap[gen.SluiceIpsetKey, gen.SluiceIpsetValue]
 	result  *k8s.Result
-	bound   map[string]bool            // endpoint ids bound to interfaces
-	slots   map[int][2]uint32          // ifindex -> ingress, egress slot in use
-	cache   map[string]uint32          // endpoint/direction/content -> slot
+	bound   map[string]bool   // endpoint ids bound to interfaces
+	slots   map[int][2]uint32 // ifindex -> ingress, egress slot in use
+	cache   map[string]uint32 // endpoint/direction/content -> slot
 	retired []uint32          // slots to free at the next update
 }
 
