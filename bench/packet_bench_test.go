@@ -107,7 +107,7 @@ func BenchmarkPacket(b *testing.B) {
 		floorNs = 0
 		floorNs = measure(b, objs.FloorParseLookup, bpftest.ActOK, fixed(frame))
 	})
-	for _, services := range []int{10, 100_000} {
+	for _, services := range []int{10, 1_000, 100_000} {
 		b.Run(fmt.Sprintf("services=%d", services), func(b *testing.B) {
 			d := bpftest.NewDatapath(b, nodeIP)
 			programServices(b, d, services)
@@ -124,6 +124,23 @@ func BenchmarkPacket(b *testing.B) {
 			})
 			b.Run("new-flow", func(b *testing.B) {
 				measure(b, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(vip))
+			})
+			b.Run("new-flow-affinity", func(b *testing.B) {
+				// Same client address, new ports: the affinity entry decides.
+				sticky := netip.MustParseAddrPort("10.127.0.1:80")
+				d.AddService(bpftest.Service{ID: 900_001, Front: sticky, Proto: bpftest.ProtoTCP, Affinity: 600,
+					Backends: []bpftest.Backend{{AP: backendAddr(1)}, {AP: backendAddr(2)}}})
+				measure(b, d.Objs.SlFromWl, bpftest.ActOK, func(i int) []byte {
+					return bpftest.TCPPacket(netip.AddrPortFrom(clientAP.Addr(), uint16(1024+i%60000)), sticky, bpftest.SYN)
+				})
+			})
+			b.Run("nodeport-new-flow", func(b *testing.B) {
+				d.AddService(bpftest.Service{ID: 900_002, Front: netip.MustParseAddrPort("255.255.255.255:30080"), Proto: bpftest.ProtoTCP,
+					Backends: []bpftest.Backend{{AP: be, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+				measure(b, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return NodePortSYN(nodeIP, 30080, i) })
+			})
+			b.Run("malformed", func(b *testing.B) {
+				measure(b, d.Objs.SlFromWl, bpftest.ActShot, fixed(Malformed(vip)))
 			})
 		})
 	}

@@ -1,6 +1,7 @@
 package nat_test
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -37,9 +38,15 @@ func report(b *testing.B, writes int) {
 	b.ReportMetric(float64(writes)/float64(b.N), "writes/op")
 }
 
-// BenchmarkApplyFull: 10,000 services × 10 endpoints programmed from empty maps.
+// BenchmarkApplyFull: services × 10 endpoints programmed from empty maps.
 func BenchmarkApplyFull(b *testing.B) {
-	st := benchState(10_000)
+	for _, n := range []int{100, 1_000, 10_000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) { benchFull(b, n) })
+	}
+}
+
+func benchFull(b *testing.B, n int) {
+	st := benchState(n)
 	writes := 0
 	for b.Loop() {
 		b.StopTimer()
@@ -58,17 +65,19 @@ func BenchmarkApplyFull(b *testing.B) {
 // 10,000 services × 10 endpoints, with the change named in State.Changed (as
 // the kube-proxy shim's change tracker does) and without (full compare).
 func BenchmarkApplyOneEndpointChanged(b *testing.B) {
-	b.Run("change-set", func(b *testing.B) { benchOneChange(b, true) })
-	b.Run("full-compare", func(b *testing.B) { benchOneChange(b, false) })
+	for _, n := range []int{100, 1_000, 10_000} {
+		b.Run(fmt.Sprintf("services=%d/change-set", n), func(b *testing.B) { benchOneChange(b, n, true) })
+		b.Run(fmt.Sprintf("services=%d/full-compare", n), func(b *testing.B) { benchOneChange(b, n, false) })
+	}
 }
 
-func benchOneChange(b *testing.B, changeSet bool) {
-	st := benchState(10_000)
+func benchOneChange(b *testing.B, n int, changeSet bool) {
+	st := benchState(n)
 	s := benchSyncer(b)
 	if _, err := s.Apply(st); err != nil {
 		b.Fatal(err)
 	}
-	name := nat.ServicePortName{Namespace: "default", Name: "s1234", Port: "p"}
+	name := nat.ServicePortName{Namespace: "default", Name: fmt.Sprintf("s%d", n/2), Port: "p"}
 	orig := st.Endpoints[name]
 	alt := slices.Clone(orig)
 	alt[3].Addr = netip.MustParseAddrPort("10.250.0.1:8080")

@@ -1,0 +1,43 @@
+package bench
+
+import (
+	"net/netip"
+
+	"github.com/sluice-net/sluice/gen/bpftest"
+)
+
+// Frames for every datapath path, reusable by any module's tests and
+// benchmarks. Each builder returns a fresh frame.
+var (
+	// Client is the workload that starts flows.
+	Client = netip.MustParseAddrPort("10.1.0.5:41234")
+	// External is a client outside the cluster.
+	External = netip.MustParseAddrPort("198.51.100.9:50000")
+)
+
+// NewFlow is the first packet (SYN) of the i-th distinct flow from Client's
+// address to dst: source port and address change with i.
+func NewFlow(dst netip.AddrPort, i int) []byte {
+	b := Client.Addr().As4()
+	b[1], b[2], b[3] = byte(i>>16), byte(i>>8), byte(i)
+	return bpftest.TCPPacket(netip.AddrPortFrom(netip.AddrFrom4(b), uint16(1024+i%60000)), dst, bpftest.SYN)
+}
+
+// Established is a later packet of the flow Client -> dst.
+func Established(dst netip.AddrPort) []byte { return bpftest.TCPPacket(Client, dst, bpftest.ACK) }
+
+// Reply is the backend's answer to Client.
+func Reply(backend netip.AddrPort) []byte {
+	return bpftest.TCPPacket(backend, Client, bpftest.ACK)
+}
+
+// NodePortSYN is an external client's first packet to a NodePort.
+func NodePortSYN(node netip.Addr, port uint16, i int) []byte {
+	return bpftest.TCPPacket(netip.AddrPortFrom(External.Addr(), uint16(1024+i%60000)), netip.AddrPortFrom(node, port), bpftest.SYN)
+}
+
+// Malformed is a TCP SYN cut inside its TCP header.
+func Malformed(dst netip.AddrPort) []byte {
+	f := bpftest.TCPPacket(Client, dst, bpftest.SYN)
+	return f[:14+20+10]
+}
