@@ -26,8 +26,9 @@ type Config struct {
 	NodePortAddresses []netip.Prefix
 	// NodePortMin and NodePortMax bound valid NodePorts (default 30000-32767).
 	NodePortMin, NodePortMax uint16
-	// MinSyncPeriod (default 1 s) and SyncPeriod (default 30 s) bound the
-	// sync rate; health turns bad after 2 × SyncPeriod with an update pending.
+	// MinSyncPeriod (default 1 s when zero; negative: none, every change
+	// syncs at once) and SyncPeriod (default 30 s) bound the sync rate;
+	// health turns bad after 2 × SyncPeriod with an update pending.
 	MinSyncPeriod, SyncPeriod time.Duration
 	// HealthCheckBindIP is where health-check NodePorts listen ("" = all).
 	HealthCheckBindIP string

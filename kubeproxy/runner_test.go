@@ -43,3 +43,22 @@ func TestRunnerRunsAtLeastOncePerMaxInterval(t *testing.T) {
 		t.Fatalf("%d runs in 200 ms with a 30 ms max interval", n)
 	}
 }
+
+// A negative minimum interval: every trigger runs at once.
+func TestRunnerWithoutMinimumInterval(t *testing.T) {
+	var calls atomic.Int32
+	r := NewRunner(func() error { calls.Add(1); return nil }, -1, time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx)
+	start := time.Now()
+	for i := range 5 {
+		r.Trigger()
+		for calls.Load() <= int32(i) {
+			if time.Since(start) > time.Second {
+				t.Fatalf("%d runs for %d triggers after 1 s", calls.Load(), i+1)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}

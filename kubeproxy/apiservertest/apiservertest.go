@@ -40,6 +40,18 @@ type Server struct {
 	// Kubeconfig is a kubeconfig file for the server (a system:masters token).
 	Kubeconfig string
 	token      string
+	ns         *bpftest.NetNS
+}
+
+// Dial connects from the server's namespace: the socket is made on a thread
+// inside it (client-go's transport dials from goroutines of its own).
+func (s *Server) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if s.ns == nil {
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	var c net.Conn
+	err := s.ns.Do(func() (err error) { c, err = (&net.Dialer{}).DialContext(ctx, network, addr); return err })
+	return c, err
 }
 
 // Binaries returns the kube-apiserver and etcd paths, or why they are missing.
@@ -80,10 +92,13 @@ func freePort(tb testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func start(tb testing.TB, dir, name string, args ...string) {
+func start(tb testing.TB, ns *bpftest.NetNS, dir, name string, args ...string) {
 	log, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
 		tb.Fatal(err)
+	}
+	if ns != nil {
+		args = append([]string{"ip", "netns", "exec", ns.Name}, args...)
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
@@ -107,14 +122,18 @@ func start(tb testing.TB, dir, name string, args ...string) {
 }
 
 // Start runs etcd and kube-apiserver on loopback until the test ends.
-func Start(tb testing.TB) *Server {
+func Start(tb testing.TB) *Server { return StartIn(tb, nil) }
+
+// StartIn runs them on the loopback of a test's network namespace (nil: the
+// current one). The client dials through sockets made inside it.
+func StartIn(tb testing.TB, ns *bpftest.NetNS) *Server {
 	tb.Helper()
 	apiserver, etcd := Require(tb)
 	dir := tb.TempDir()
 	clientPort, peerPort, apiPort := freePort(tb), freePort(tb), freePort(tb)
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(clientPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
-	start(tb, dir, "etcd", etcd, "--data-dir", filepath.Join(dir, "etcd"), "--name", "sluice",
+	start(tb, ns, dir, "etcd", etcd, "--data-dir", filepath.Join(dir, "etcd"), "--name", "sluice",
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
 		"--initial-cluster", "sluice="+peerURL, "--log-level", "warn")
@@ -135,7 +154,7 @@ func Start(tb testing.TB) *Server {
 	if err := os.WriteFile(tokenFile, []byte(token+",sluice-test,sluice-test,system:masters\n"), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	start(tb, dir, "kube-apiserver", apiserver, "--token-auth-file", tokenFile,
+	start(tb, ns, dir, "kube-apiserver", apiserver, "--token-auth-file", tokenFile,
 		"--etcd-servers", etcdURL, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
 		"--secure-port", strconv.Itoa(apiPort), "--cert-dir", filepath.Join(dir, "certs"),
 		"--service-cluster-ip-range", "10.96.0.0/16", "--service-node-port-range", "30000-32767",
@@ -144,8 +163,9 @@ func Start(tb testing.TB) *Server {
 		"--service-account-signing-key-file", keyFile, "--enable-priority-and-fairness=false",
 		"--disable-admission-plugins", "ServiceAccount", "--endpoint-reconciler-type", "none")
 
-	s := &Server{URL: "https://127.0.0.1:" + strconv.Itoa(apiPort), Dir: dir, token: token}
-	s.Config = &rest.Config{Host: s.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}, QPS: 1000, Burst: 2000}
+	s := &Server{URL: "https://127.0.0.1:" + strconv.Itoa(apiPort), Dir: dir, token: token, ns: ns}
+	s.Config = &rest.Config{Host: s.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}, QPS: 1000, Burst: 2000,
+		Dial: s.Dial}
 	if s.Client, err = kubernetes.NewForConfig(s.Config); err != nil {
 		tb.Fatal(err)
 	}
@@ -171,7 +191,7 @@ current-context: test
 }
 
 func (s *Server) waitReady(timeout time.Duration) error {
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: s.Dial, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var last error

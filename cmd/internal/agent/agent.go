@@ -195,8 +195,12 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	go scanner.Run(ctx)
 
+	minSync := cfg.MinSyncPeriod
+	if minSync == 0 {
+		minSync = -1 // --min-sync-period=0: no minimum (kubeproxy's zero means its default)
+	}
 	a.Proxier = kubeproxy.NewProxier(kubeproxy.Config{NodeName: cfg.NodeName, NodePortAddresses: cfg.NodePortAddresses,
-		MinSyncPeriod: cfg.MinSyncPeriod, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs}, syncer, scanner, metrics, log)
+		MinSyncPeriod: minSync, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs}, syncer, scanner, metrics, log)
 	if len(cfg.NodeIPs) > 0 {
 		a.Proxier.SetNodeIPs(cfg.NodeIPs)
 	}

@@ -1,0 +1,312 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The baselines compare Sluice with the real kube-proxy (iptables and
+// nftables modes, built from k8s.io/kubernetes by test/kube-apiserver), each
+// driven by a real API server with the same Services and EndpointSlices, each
+// in a fresh node namespace of its own: API server, etcd, proxy, pods and
+// clients all live in namespaces the benchmark creates.
+//
+// Short mode (CI): 100 Services. SLUICE_BENCH_FULL=1: 100, 1,000 and 10,000.
+//
+// Every proxy runs with a minimum sync period of 0 (kube-proxy:
+// --iptables-min-sync-period=0s, which its nftables mode reads too; Sluice:
+// --min-sync-period=0s), so the figures are each proxy's own work rather than
+// a configured wait.
+
+type baselineResult struct {
+	programMs, changeMs         float64
+	rate, p50us, p99us, synRetr float64
+}
+
+var (
+	baselineMu    sync.Mutex
+	baselineCache = map[string]baselineResult{}
+)
+
+func proxyBinaries(tb testing.TB) (sluice, kubeProxy string) {
+	kubeProxy = os.Getenv("SLUICE_KUBE_PROXY")
+	if _, err := os.Stat(kubeProxy); kubeProxy == "" || err != nil {
+		tb.Skipf("SLUICE_KUBE_PROXY not set or missing (.ci/install builds it): %v", err)
+	}
+	sluice = filepath.Join(tb.TempDir(), "sluice")
+	if out, err := exec.Command("go", "build", "-o", sluice, "github.com/sluice-net/sluice/cmd/sluice").CombinedOutput(); err != nil {
+		tb.Fatalf("build sluice: %v\n%s", err, out)
+	}
+	return sluice, kubeProxy
+}
+
+// baselineEnv: a node namespace (API server, etcd, the proxy) with a client
+// pod and two backend pods behind veths.
+type baselineEnv struct {
+	node, client *bpftest.NetNS
+	backends     []*bpftest.NetNS
+	backendIPs   []string
+	api          *apiservertest.Server
+}
+
+func newBaselineEnv(b *testing.B) *baselineEnv {
+	e := &baselineEnv{node: bpftest.NewNetNS(b)}
+	e.node.Run("sysctl", "-qw", "net.ipv4.ip_forward=1")
+	for i := range 3 {
+		ns := bpftest.NewNetNS(b)
+		v := bpftest.NewVeth(b, e.node, ns)
+		gw, ip := fmt.Sprintf("10.20%d.0.1", i), fmt.Sprintf("10.20%d.0.2", i)
+		e.node.Run("ip", "addr", "add", gw+"/24", "dev", v.Name)
+		ns.Run("ip", "addr", "add", ip+"/24", "dev", v.PeerName)
+		ns.Run("ip", "route", "add", "default", "via", gw)
+		if i == 0 {
+			e.client = ns
+			continue
+		}
+		e.backends, e.backendIPs = append(e.backends, ns), append(e.backendIPs, ip)
+		bpftest.ServeTCP(b, ns, fmt.Sprintf("b%d", i), ":8080")
+	}
+	e.api = apiservertest.StartIn(b, e.node)
+	return e
+}
+
+func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string) {
+	var args []string
+	if name == "sluice" {
+		args = []string{sluice, "agent", "--kubeconfig", e.api.Kubeconfig, "--hostname-override", "node",
+			"--bpf-pin-dir", filepath.Join(bpftest.PinDir(b), "sluice"), "--workload-iface-prefixes", "slv",
+			"--data-ifaces", "^$", "--cgroup=", "--healthz-bind-address=", "--metrics-bind-address=", "--log-level", "warn",
+			"--min-sync-period=0s"}
+	} else {
+		args = []string{kubeProxy, "--kubeconfig", e.api.Kubeconfig, "--hostname-override", "node", "--proxy-mode", name,
+			"--conntrack-max-per-core=0", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249", "--v=0",
+			"--iptables-min-sync-period=0s"}
+	}
+	log, _ := os.Create(filepath.Join(b.TempDir(), name+".log"))
+	cmd := exec.Command("ip", append([]string{"netns", "exec", e.node.Name}, args...)...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		log.Close()
+	})
+}
+
+// createServices creates n Services with one endpoint each and returns their
+// ClusterIPs, in creation order.
+func (e *baselineEnv) createServices(b *testing.B, prefix string, n int, backend string) []string {
+	ctx := context.Background()
+	var ips []string
+	for i := range n {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		svc, err := e.api.Client.CoreV1().Services("default").Create(ctx, &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}, metav1.CreateOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice(name, backend), metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		ips = append(ips, svc.Spec.ClusterIP)
+	}
+	return ips
+}
+
+func slice(svc, backend string) *discovery.EndpointSlice {
+	port, proto, pname := int32(8080), v1.ProtocolTCP, "http"
+	return &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: svc + "-1", Labels: map[string]string{discovery.LabelServiceName: svc}},
+		AddressType: discovery.AddressTypeIPv4, Endpoints: []discovery.Endpoint{{Addresses: []string{backend}}},
+		Ports: []discovery.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}}}
+}
+
+// answer connects from the client pod and returns the first word of the
+// backend's answer ("b1", "b2"), or an error.
+func (e *baselineEnv) answer(addr string, timeout time.Duration) (string, error) {
+	var word string
+	err := e.client.Do(func() error {
+		c, err := net.DialTimeout("tcp4", addr, timeout)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(timeout))
+		fmt.Fprintln(c, "x")
+		line, err := bufio.NewReader(c).ReadString('\n')
+		word = strings.Fields(line + " ?")[0]
+		return err
+	})
+	return word, err
+}
+
+// waitFor polls until the answer from addr is want, returning the time taken.
+func (e *baselineEnv) waitFor(b *testing.B, addr, want string, limit time.Duration) time.Duration {
+	start := time.Now()
+	for time.Since(start) < limit {
+		if got, err := e.answer(addr, 200*time.Millisecond); err == nil && got == want {
+			return time.Since(start)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	b.Fatalf("%s never answered %s within %v", addr, want, limit)
+	return 0
+}
+
+// synRetrans reads TCPSynRetrans of the client's namespace.
+func (e *baselineEnv) synRetrans() float64 {
+	var v float64
+	_ = e.client.Do(func() error {
+		data, err := os.ReadFile("/proc/thread-self/net/netstat")
+		if err != nil {
+			return err
+		}
+		lines := strings.Split(string(data), "\n")
+		for i := 0; i+1 < len(lines); i += 2 {
+			keys, vals := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+			for j, k := range keys {
+				if k == "TCPSynRetrans" && j < len(vals) {
+					v, _ = strconv.ParseFloat(vals[j], 64)
+				}
+			}
+		}
+		return nil
+	})
+	return v
+}
+
+// connectionRate: 4 workers connect and close for d, spread over targets.
+func (e *baselineEnv) connectionRate(targets []string, d time.Duration) (rate, p50, p99 float64) {
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = e.client.Do(func() error { // one thread in the namespace per worker
+				var mine []time.Duration
+				for i := w; time.Now().Before(deadline); i += 4 {
+					start := time.Now()
+					c, err := net.DialTimeout("tcp4", targets[i%len(targets)], time.Second)
+					if err == nil {
+						mine = append(mine, time.Since(start))
+						c.Close()
+					}
+				}
+				mu.Lock()
+				lat = append(lat, mine...)
+				mu.Unlock()
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	if len(lat) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(lat)
+	return float64(len(lat)) / d.Seconds(), float64(lat[len(lat)/2].Microseconds()), float64(lat[len(lat)*99/100].Microseconds())
+}
+
+func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) baselineResult {
+	e := newBaselineEnv(b)
+	var r baselineResult
+	d := time.Second
+	if os.Getenv("SLUICE_BENCH_FULL") == "1" {
+		d = 5 * time.Second
+	}
+	if proxy == "no-proxy" {
+		before := e.synRetrans()
+		r.rate, r.p50us, r.p99us = e.connectionRate([]string{e.backendIPs[0] + ":8080"}, d)
+		r.synRetr = e.synRetrans() - before
+		return r
+	}
+	e.startProxy(b, proxy, sluice, kubeProxy)
+	probe := e.createServices(b, "probe", 1, e.backendIPs[0])
+	e.waitFor(b, probe[0]+":80", "b1", 60*time.Second) // the proxy is up and synced
+	ips := e.createServices(b, "s", n, e.backendIPs[0])
+	r.programMs = float64(e.waitFor(b, ips[len(ips)-1]+":80", "b1", 5*time.Minute).Microseconds()) / 1000
+	last := fmt.Sprintf("s%d", n-1)
+	if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), slice(last, e.backendIPs[1]), metav1.UpdateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	r.changeMs = float64(e.waitFor(b, ips[len(ips)-1]+":80", "b2", time.Minute).Microseconds()) / 1000
+	var targets []string
+	for _, ip := range ips[:min(16, len(ips))] {
+		targets = append(targets, ip+":80")
+	}
+	before := e.synRetrans()
+	r.rate, r.p50us, r.p99us = e.connectionRate(targets, d)
+	r.synRetr = e.synRetrans() - before
+	return r
+}
+
+// BenchmarkBaselines reports, per proxy and number of Services: programming
+// time after the last object is created (program-ms), time to follow one
+// EndpointSlice change (change-ms), new connections per second over 16
+// Services with p50/p99 connect latency, and SYN retransmits meanwhile.
+func BenchmarkBaselines(b *testing.B) {
+	bpftest.Require(b)
+	if _, _, err := apiservertest.Binaries(); err != nil {
+		b.Skip(err)
+	}
+	sluice, kubeProxy := proxyBinaries(b)
+	sizes := []int{100}
+	if os.Getenv("SLUICE_BENCH_FULL") == "1" {
+		sizes = []int{100, 1_000, 10_000}
+	}
+	for _, n := range sizes {
+		for _, proxy := range []string{"no-proxy", "sluice", "iptables", "nftables"} {
+			b.Run(fmt.Sprintf("services=%d/%s", n, proxy), func(b *testing.B) {
+				key := fmt.Sprintf("%d/%s", n, proxy)
+				baselineMu.Lock()
+				r, ok := baselineCache[key]
+				baselineMu.Unlock()
+				if !ok { // measured once; b.N's growth reuses the result
+					r = runBaseline(b, proxy, n, sluice, kubeProxy)
+					baselineMu.Lock()
+					baselineCache[key] = r
+					baselineMu.Unlock()
+				}
+				for b.Loop() {
+				}
+				if proxy != "no-proxy" {
+					b.ReportMetric(r.programMs, "program-ms")
+					b.ReportMetric(r.changeMs, "change-ms")
+				}
+				b.ReportMetric(r.rate, "conn/s")
+				b.ReportMetric(r.p50us, "p50-us")
+				b.ReportMetric(r.p99us, "p99-us")
+				b.ReportMetric(r.synRetr, "syn-retrans")
+			})
+		}
+	}
+}
