@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -100,24 +99,7 @@ func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string) {
 			"--conntrack-max-per-core=0", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249", "--v=0",
 			"--iptables-min-sync-period=0s"}
 	}
-	log, _ := os.Create(filepath.Join(b.TempDir(), name+".log"))
-	cmd := exec.Command("ip", append([]string{"netns", "exec", e.node.Name}, args...)...)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		log.Close()
-	})
+	apiservertest.StartProcess(b, e.node, filepath.Join(b.TempDir(), name+".log"), args...)
 }
 
 // createServices creates n Services with one endpoint each and returns their

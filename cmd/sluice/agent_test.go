@@ -73,6 +73,28 @@ func TestStartupErrorsSayWhatToDo(t *testing.T) {
 	}
 }
 
+// demoAgentSetup builds the demo topology with its backends serving, copies the
+// example manifests to a folder, and returns an agent configuration for it.
+func demoAgentSetup(ctx context.Context, t *testing.T) (*demoTopology, agent.Config, string) {
+	bpftest.Require(t)
+	topo := &demoTopology{prefix: bpftest.UniqueName("slag")}
+	t.Cleanup(topo.destroy)
+	if err := topo.build(); err != nil {
+		t.Fatal(err)
+	}
+	if err := topo.serveBackends(ctx); err != nil {
+		t.Fatal(err)
+	}
+	manifests := t.TempDir()
+	if err := os.CopyFS(manifests, examples.Manifests); err != nil {
+		t.Fatal(err)
+	}
+	cfg := agent.Config{Manifests: manifests, NodeName: "sluice-demo", PinDir: filepath.Join(bpftest.PinDir(t), "sluice"),
+		Netns: topo.ns(topo.node), WorkloadPrefixes: []string{"slw"}, DataIfaces: "^sldata",
+		MinSyncPeriod: 50 * time.Millisecond, SyncPeriod: 30 * time.Second}
+	return topo, cfg, manifests
+}
+
 // keepAlive is an HTTP/1.1 connection made inside a namespace.
 type keepAlive struct {
 	c net.Conn
@@ -125,25 +147,10 @@ func progIDs(t *testing.T, ns, iface string) []ebpf.ProgramID {
 // and new ones. It starts again and adopts what is there: the same programs
 // stay attached and the open connection never notices. Cleanup removes it all.
 func TestAgentRestartKeepsTrafficFlowing(t *testing.T) {
-	bpftest.Require(t)
-	topo := &demoTopology{prefix: bpftest.UniqueName("slag")}
-	t.Cleanup(topo.destroy)
-	if err := topo.build(); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := topo.serveBackends(ctx); err != nil {
-		t.Fatal(err)
-	}
-	manifests := t.TempDir()
-	if err := os.CopyFS(manifests, examples.Manifests); err != nil {
-		t.Fatal(err)
-	}
-	pinDir := filepath.Join(bpftest.PinDir(t), "sluice")
-	node := topo.ns(topo.node)
-	cfg := agent.Config{Manifests: manifests, NodeName: "sluice-demo", PinDir: pinDir, Netns: node,
-		WorkloadPrefixes: []string{"slw"}, DataIfaces: "^sldata", MinSyncPeriod: 50 * time.Millisecond, SyncPeriod: 30 * time.Second}
+	topo, cfg, _ := demoAgentSetup(ctx, t)
+	pinDir, node := cfg.PinDir, cfg.Netns
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := func() (*agent.Agent, context.CancelFunc) {
 		actx, stop := context.WithCancel(ctx)
@@ -236,24 +243,10 @@ spec:
 // agent: backend-3 admits only "friend" pods, so the client is refused there
 // and still reaches the others; relabelling the client lets it in.
 func TestAgentEnforcesNetworkPolicy(t *testing.T) {
-	bpftest.Require(t)
-	topo := &demoTopology{prefix: bpftest.UniqueName("slnp")}
-	t.Cleanup(topo.destroy)
-	if err := topo.build(); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := topo.serveBackends(ctx); err != nil {
-		t.Fatal(err)
-	}
-	manifests := t.TempDir()
-	if err := os.CopyFS(manifests, examples.Manifests); err != nil {
-		t.Fatal(err)
-	}
+	topo, cfg, manifests := demoAgentSetup(ctx, t)
 	os.WriteFile(filepath.Join(manifests, "policy.yaml"), []byte(policyManifests), 0o644)
-	cfg := agent.Config{Manifests: manifests, NodeName: "sluice-demo", PinDir: filepath.Join(bpftest.PinDir(t), "sluice"),
-		Netns: topo.ns(topo.node), WorkloadPrefixes: []string{"slw"}, DataIfaces: "^sldata", MinSyncPeriod: 50 * time.Millisecond, SyncPeriod: 30 * time.Second}
 	a, err := agent.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -40,6 +40,15 @@ func (f *inspectFlags) open() (*maps.Set, error) {
 	return maps.Open(maps.OpenOptions{PinDir: *f.pinDir, NoCreate: true})
 }
 
+// interfaces reads the managed interfaces from the pins.
+func (f *inspectFlags) interfaces(set *maps.Set) ([]ifacemgr.Interface, error) {
+	ifstate, err := maps.IfState.In(set)
+	if err != nil {
+		return nil, err
+	}
+	return ifacemgr.ReadInterfaces(filepath.Join(*f.pinDir, "links"), ifstate)
+}
+
 func printJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
@@ -210,11 +219,7 @@ func runIface(args []string) error {
 		return err
 	}
 	defer set.Close()
-	ifstate, err := maps.IfState.In(set)
-	if err != nil {
-		return err
-	}
-	ifaces, err := ifacemgr.ReadInterfaces(filepath.Join(*f.pinDir, "links"), ifstate)
+	ifaces, err := f.interfaces(set)
 	if err != nil {
 		return err
 	}
@@ -296,11 +301,7 @@ func runPolicy(args []string) error {
 		return err
 	}
 	defer set.Close()
-	ifstate, err := maps.IfState.In(set)
-	if err != nil {
-		return err
-	}
-	ifaces, err := ifacemgr.ReadInterfaces(filepath.Join(*f.pinDir, "links"), ifstate)
+	ifaces, err := f.interfaces(set)
 	if err != nil {
 		return err
 	}

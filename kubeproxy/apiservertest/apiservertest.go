@@ -93,7 +93,15 @@ func freePort(tb testing.TB) int {
 }
 
 func start(tb testing.TB, ns *bpftest.NetNS, dir, name string, args ...string) {
-	log, err := os.Create(filepath.Join(dir, name+".log"))
+	StartProcess(tb, ns, filepath.Join(dir, name+".log"), args...)
+}
+
+// StartProcess runs args (inside ns when not nil) with output to logPath until
+// the test ends: then SIGTERM, and SIGKILL after 10 s.
+func StartProcess(tb testing.TB, ns *bpftest.NetNS, logPath string, args ...string) {
+	tb.Helper()
+	name := filepath.Base(logPath)
+	log, err := os.Create(logPath)
 	if err != nil {
 		tb.Fatal(err)
 	}
