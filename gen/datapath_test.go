@@ -529,3 +529,28 @@ func TestClusterRangeAndLocalPrefixDiffer(t *testing.T) {
 		t.Fatalf("cluster traffic went to %v, want only the two cluster backends", fromPod)
 	}
 }
+
+func TestMasqueradeAllAndClusterCIDR(t *testing.T) {
+	d := newDP(t)
+	d.AddService(webService())
+	setCfg := func(c gen.SluiceConfig) {
+		c.NodeIp = gen.NetAddr(nodeIP)
+		d.Put(d.Objs.SlConfigV1, uint32(0), c)
+	}
+	// --cluster-cidr 10.0.0.0/8: ClusterIP traffic from outside it, arriving
+	// on a data interface, is SNATed; from inside it is not.
+	setCfg(gen.SluiceConfig{ClusterNet: gen.NetAddr(netip.MustParseAddr("10.0.0.0")), ClusterMask: gen.NetAddr(netip.MustParseAddr("255.0.0.0"))})
+	out := d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(extAP, vipAP, bpftest.SYN))
+	if out.Src.Addr() != nodeIP {
+		t.Fatalf("off-cluster client to a ClusterIP: source %v, want the node IP", out.Src)
+	}
+	inCluster := netip.MustParseAddrPort("10.9.0.1:1234")
+	if out := d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(inCluster, vipAP, bpftest.SYN)); out.Src != inCluster {
+		t.Fatalf("in-cluster client SNATed to %v", out.Src)
+	}
+	// --masquerade-all: even a pod's flow leaves with the node IP.
+	setCfg(gen.SluiceConfig{Flags: gen.SluiceConfigFlagsCFG_MASQUERADE_ALL})
+	if out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(netip.MustParseAddrPort("10.1.0.9:999"), vipAP, bpftest.SYN)); out.Src.Addr() != nodeIP {
+		t.Fatalf("masquerade-all: source %v", out.Src)
+	}
+}

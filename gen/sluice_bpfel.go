@@ -58,12 +58,15 @@ type SluiceConfig struct {
 	HostNetnsCookie uint64
 	Flags           SluiceConfigFlags
 	Pad             uint32
+	ClusterNet      uint32
+	ClusterMask     uint32
 }
 
 type SluiceConfigFlags uint32
 
 const (
 	SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY SluiceConfigFlags = 1
+	SluiceConfigFlagsCFG_MASQUERADE_ALL   SluiceConfigFlags = 2
 )
 
 type SluiceCounter uint32

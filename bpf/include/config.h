@@ -11,6 +11,8 @@ enum config_flags : __u32 {
 	/* Socket-level load balancing applies only to sockets of the network
 	 * namespace host_netns_cookie names; pods then use the TC path. */
 	CFG_SOCKLB_HOST_ONLY = 1 << 0,
+	/* --masquerade-all: every balanced flow leaves with the node IP. */
+	CFG_MASQUERADE_ALL = 1 << 1,
 };
 
 struct config {
@@ -23,8 +25,12 @@ struct config {
 	__u64 host_netns_cookie; /* host order: the host network namespace's cookie */
 	enum config_flags flags; /* host order */
 	__u32 pad;		/* 0 */
+	__be32 cluster_net;	/* network order: --cluster-cidr's address; with
+				 * cluster_mask 0 the CIDR is unset */
+	__be32 cluster_mask;	/* network order: --cluster-cidr's mask. ClusterIP
+				 * traffic from outside it is SNATed (kube-proxy) */
 };
-ASSERT_SIZE(struct config, 24);
+ASSERT_SIZE(struct config, 32);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -229,14 +229,20 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
 
 	/* SNAT only where the reply would otherwise not come back through this
 	 * node: external traffic forwarded to another node, and a pod reaching
-	 * itself through its Service (hairpin). Everything else keeps the
-	 * client's address. */
+	 * itself through its Service (hairpin); and where the operator asks:
+	 * --masquerade-all, or --cluster-cidr for ClusterIP traffic from outside
+	 * the cluster. Everything else keeps the client's address. */
 	struct config *cfg = config_get();
 	__be32 snat_addr = 0;
 	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0);
 	if (cfg && cfg->node_ip &&
 	    ((from_host && (fe->flags & FE_EXTERNAL) && !(be.flags & BE_LOCAL)) ||
-	     (!from_host && be.addr == p->saddr))) {
+	     (!from_host && be.addr == p->saddr) ||
+	     (cfg->flags & CFG_MASQUERADE_ALL) ||
+	     /* kube-proxy's --cluster-cidr rule: ClusterIP traffic from outside
+	      * the cluster is masqueraded. */
+	     (from_host && !(fe->flags & FE_EXTERNAL) && cfg->cluster_mask &&
+	      (p->saddr & cfg->cluster_mask) != cfg->cluster_net))) {
 		snat_addr = cfg->node_ip;
 		flags |= CT_SNAT;
 	}

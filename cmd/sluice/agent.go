@@ -41,6 +41,18 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.StringVar(&cfg.DataIfaces, "data-ifaces", "", "regex of node data interfaces (default: those holding a default route)")
 	fs.StringVar(&cfg.Cgroup, "cgroup", "/sys/fs/cgroup", "cgroup v2 for socket-level load balancing (empty disables it)")
 	fs.DurationVar(&cfg.ConntrackScanPeriod, "conntrack-scan-period", 10*time.Second, "first conntrack scan interval (it adapts)")
+	fs.BoolVar(&cfg.MasqueradeAll, "masquerade-all", false, "SNAT every Service flow to the node IP")
+	fs.Func("cluster-cidr", "the pods' IPv4 CIDR: ClusterIP traffic from outside it is SNATed to the node IP", func(s string) error {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		if !p.Addr().Is4() {
+			return fmt.Errorf("%s is not IPv4: the datapath is IPv4-only", s)
+		}
+		cfg.ClusterCIDR = p
+		return nil
+	})
 	logLevel = fs.String("log-level", "info", "debug, info, warn or error")
 	configFile = fs.String("config", "", "a YAML or JSON file with the same keys as the flags (flags win)")
 	return configFile, logLevel

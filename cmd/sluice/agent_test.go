@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -277,5 +278,50 @@ func TestAgentEnforcesNetworkPolicy(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("relabelled client still refused")
 		}
+	}
+}
+
+// kube-proxy's --cluster-cidr and --masquerade-all through the agent, seen from
+// the backends: with the cluster CIDR set, a pod keeps its address and a
+// client outside the CIDR reaching a ClusterIP arrives as the node IP; with
+// masquerade-all, everyone does.
+func TestAgentClusterCIDRAndMasqueradeAll(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	topo, cfg, _ := demoAgentSetup(ctx, t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	run := func(cfg agent.Config) {
+		actx, stop := context.WithCancel(ctx)
+		a, err := agent.Start(actx, cfg, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { stop(); a.Close() }()
+		for deadline := time.Now().Add(10 * time.Second); !a.Ready(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("agent not ready")
+			}
+		}
+		for _, c := range []struct{ from, want string }{
+			{"client", "saw client 10.200.0.2:"},
+			{"external", "saw client 10.210.0.2:"},
+		} {
+			if cfg.MasqueradeAll || (c.from == "external" && cfg.ClusterCIDR.IsValid()) {
+				c.want = "saw client 10.210.0.1:" // the node IP
+			}
+			body, err := get(topo.ns(topo.pods[c.from]), "10.96.0.10:80", "", 2*time.Second)
+			if err != nil || !strings.Contains(body, c.want) {
+				t.Fatalf("masquerade-all=%v cluster-cidr=%v: %s -> ClusterIP: %q %v, want %q",
+					cfg.MasqueradeAll, cfg.ClusterCIDR, c.from, body, err, c.want)
+			}
+		}
+	}
+	run(cfg)
+	cfg.ClusterCIDR = netip.MustParsePrefix("10.200.0.0/14")
+	run(cfg)
+	cfg.MasqueradeAll = true
+	run(cfg)
+	if err := agent.Cleanup(cfg.PinDir, cfg.Netns); err != nil {
+		t.Fatal(err)
 	}
 }

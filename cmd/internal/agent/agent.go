@@ -50,6 +50,12 @@ type Config struct {
 	NodeIPs             []netip.Addr // when no Node object says them
 	Netns               string       // the node's network namespace ("" = the agent's own)
 	ConntrackScanPeriod time.Duration
+	// MasqueradeAll SNATs every balanced flow to the node IP (kube-proxy's
+	// --masquerade-all).
+	MasqueradeAll bool
+	// ClusterCIDR, when set, SNATs ClusterIP traffic arriving from outside it
+	// (kube-proxy's --cluster-cidr). IPv4 only.
+	ClusterCIDR netip.Prefix
 }
 
 // DefaultFailsafePorts are never dropped by the XDP prefilter (SSH, API
@@ -256,6 +262,15 @@ func (a *Agent) setNodeIPs(ips []netip.Addr) {
 	}
 }
 
+// prefixMask is the IPv4 netmask of a prefix length.
+func prefixMask(bits int) netip.Addr {
+	var m [4]byte
+	for i := range bits {
+		m[i/8] |= 0x80 >> (i % 8)
+	}
+	return netip.AddrFrom4(m)
+}
+
 // writeNodeConfig writes the node-wide settings and the prefilter's failsafe
 // ports.
 func (a *Agent) writeNodeConfig() error {
@@ -263,7 +278,18 @@ func (a *Agent) writeNodeConfig() error {
 	if err != nil {
 		return err
 	}
-	if err := cfgMap.Put(0, gen.SluiceConfig{}, ebpf.UpdateAny); err != nil {
+	var nc gen.SluiceConfig
+	if a.cfg.MasqueradeAll {
+		nc.Flags |= gen.SluiceConfigFlagsCFG_MASQUERADE_ALL
+	}
+	if c := a.cfg.ClusterCIDR; c.IsValid() {
+		if !c.Addr().Is4() {
+			return fmt.Errorf("cluster CIDR %s: the datapath is IPv4-only", c)
+		}
+		nc.ClusterNet = gen.NetAddr(c.Masked().Addr())
+		nc.ClusterMask = gen.NetAddr(prefixMask(c.Bits()))
+	}
+	if err := cfgMap.Put(0, nc, ebpf.UpdateAny); err != nil {
 		return err
 	}
 	a.setNodeIPs(a.cfg.NodeIPs)
