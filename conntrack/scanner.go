@@ -168,15 +168,22 @@ func (s *Scanner) Scan() (ScanStats, error) {
 		if v.Type == gen.SluiceCtTypeCT_FORWARD {
 			st.Forward++
 			*p = Pair{FwdKey: k, Fwd: v, HasFwd: true, RevKey: v.Peer}
-			if s.needsReverse(p, now) {
-				p.HasRev, walkErr = s.lookupPeer(v.Peer, &p.Rev)
-				if walkErr != nil {
+			readRev := s.needsReverse(p, now)
+			if readRev {
+				if walkErr = s.lookupOwnReverse(p); walkErr != nil {
 					return false
 				}
 			}
 			if reason := s.judge(p, now); reason != "" {
 				s.delete(k, reason)
-				s.delete(v.Peer, "") // gone already is fine
+				if !readRev {
+					if walkErr = s.lookupOwnReverse(p); walkErr != nil {
+						return false
+					}
+				}
+				if p.HasRev {
+					s.delete(v.Peer, "")
+				}
 			}
 			return true
 		}
@@ -224,6 +231,20 @@ func (s *Scanner) lookupPeer(k gen.SluiceCtKey, out *gen.SluiceCtValue) (bool, e
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// lookupOwnReverse reads the forward entry's reverse entry into the pair,
+// if it is still the flow's own. A client reusing its port toward another
+// Service with the same backend makes the same reverse key, and the datapath
+// hands it to the new flow: it must neither keep the old flow alive nor be
+// deleted with it.
+func (s *Scanner) lookupOwnReverse(p *Pair) error {
+	ok, err := s.lookupPeer(p.RevKey, &p.Rev)
+	p.HasRev = ok && p.Rev.Peer == p.FwdKey
+	if !p.HasRev {
+		p.Rev = gen.SluiceCtValue{}
+	}
+	return err
 }
 
 // needsReverse tells whether judging a flow needs its reverse entry. The
@@ -352,16 +373,26 @@ func (s *Scanner) FlushBackends(backends []Backend) (int, error) {
 		gone[b] = true
 	}
 	s.toDelete, s.reasons = s.toDelete[:0], s.reasons[:0]
+	var walkErr error
 	err := s.opts.Conntrack.Iterate(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool {
 		if k.Proto != protoUDP || v.Type != gen.SluiceCtTypeCT_FORWARD {
 			return true
 		}
 		if gone[Backend{ServiceID: v.SvcId, Addr: addrPort(v.NatAddr, v.NatPort)}] {
 			s.delete(k, ReasonFlushed)
-			s.delete(v.Peer, "")
+			s.pair = Pair{FwdKey: k, Fwd: v, HasFwd: true, RevKey: v.Peer}
+			if walkErr = s.lookupOwnReverse(&s.pair); walkErr != nil {
+				return false
+			}
+			if s.pair.HasRev {
+				s.delete(v.Peer, "")
+			}
 		}
 		return true
 	})
+	if err == nil {
+		err = walkErr
+	}
 	if err != nil {
 		return 0, fmt.Errorf("conntrack flush: %w", err)
 	}

@@ -311,3 +311,43 @@ func TestAdaptiveInterval(t *testing.T) {
 		t.Fatalf("steady: %v", got)
 	}
 }
+
+// A client port reused toward a second Service with the same backend: the
+// new flow's reverse entry replaces the old flow's (same key). When the old
+// flow expires, the scanner deletes its forward entry only; the reverse entry
+// belongs to the live flow, whose replies would otherwise lose their reverse
+// NAT (the client sees a SYN-ACK from the backend's address and resets).
+func TestExpiredFlowLeavesAReusedReverseEntry(t *testing.T) {
+	e := newEnv(t, conntrack.DefaultTimeouts())
+	vip2 := netip.MustParseAddrPort("10.96.0.11:80")
+	e.dp.AddService(bpftest.Service{ID: 3, Front: vip2, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
+	e.tcp(clientAP, vipAP, bpftest.SYN)
+	e.tcp(be1AP, clientAP, bpftest.SYN|bpftest.ACK)
+	e.tcp(clientAP, vipAP, bpftest.FIN|bpftest.ACK)
+	e.tcp(be1AP, clientAP, bpftest.FIN|bpftest.ACK)
+	e.tcp(clientAP, vip2, bpftest.SYN) // the same client port, another Service
+
+	newKey := bpftest.CtKey(clientAP, vip2, bpftest.ProtoTCP)
+	revKey := bpftest.CtKey(be1AP, clientAP, bpftest.ProtoTCP)
+	if rev, ok := e.dp.CT(revKey); !ok || rev.Peer != newKey {
+		t.Fatalf("reverse entry %+v (present %v) should belong to the new flow", rev, ok)
+	}
+	// An hour later the old flow is long expired; the new one just saw packets.
+	e.advance(time.Hour)
+	now := uint64(conntrack.Monotonic() + time.Duration(e.offset.Load()))
+	for _, k := range []gen.SluiceCtKey{newKey, revKey} {
+		v, _ := e.dp.CT(k)
+		v.Created, v.LastSeen = now, now
+		if err := e.ct.Put(k, v, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := e.scan()
+	if e.has(clientAP, vipAP, bpftest.ProtoTCP) || st.Deleted[conntrack.ReasonExpired] != 1 {
+		t.Fatalf("old flow kept (deleted %v)", st.Deleted)
+	}
+	if rev, ok := e.dp.CT(revKey); !ok || rev.Peer != newKey {
+		t.Fatalf("the live flow lost its reverse entry: %+v present %v", rev, ok)
+	}
+	e.dp.RunOK(e.dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
+}
