@@ -35,6 +35,9 @@ import (
 // --min-sync-period=0s), so the figures are each proxy's own work rather than
 // a configured wait.
 
+// connTargets is how many addresses the connection-rate clients spread over.
+const connTargets = 16
+
 type baselineResult struct {
 	programMs, changeMs         float64
 	rate, p50us, p99us, synRetr float64
@@ -82,6 +85,12 @@ func newBaselineEnv(b *testing.B) *baselineEnv {
 		}
 		e.backends, e.backendIPs = append(e.backends, ns), append(e.backendIPs, ip)
 		bpftest.ServeTCP(b, ns, fmt.Sprintf("b%d", i), ":8080")
+	}
+	// The no-proxy run dials as many addresses as the proxied runs (16
+	// Services): one address alone makes the client's port search over its
+	// TIME_WAIT sockets the bottleneck, not the network.
+	for port := 8081; port < 8080+connTargets; port++ {
+		bpftest.ServeTCP(b, e.backends[0], "b1", fmt.Sprintf(":%d", port))
 	}
 	e.api = apiservertest.StartIn(b, e.node)
 	return e
@@ -227,7 +236,11 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) ba
 	}
 	if proxy == "no-proxy" {
 		before := e.synRetrans()
-		r.rate, r.p50us, r.p99us = e.connectionRate([]string{e.backendIPs[0] + ":8080"}, d)
+		var targets []string
+		for port := 8080; port < 8080+connTargets; port++ {
+			targets = append(targets, fmt.Sprintf("%s:%d", e.backendIPs[0], port))
+		}
+		r.rate, r.p50us, r.p99us = e.connectionRate(targets, d)
 		r.synRetr = e.synRetrans() - before
 		return r
 	}
@@ -242,7 +255,7 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) ba
 	}
 	r.changeMs = float64(e.waitFor(b, ips[len(ips)-1]+":80", "b2", time.Minute).Microseconds()) / 1000
 	var targets []string
-	for _, ip := range ips[:min(16, len(ips))] {
+	for _, ip := range ips[:min(connTargets, len(ips))] {
 		targets = append(targets, ip+":80")
 	}
 	before := e.synRetrans()
