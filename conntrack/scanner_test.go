@@ -312,11 +312,12 @@ func TestAdaptiveInterval(t *testing.T) {
 	}
 }
 
-// A client port reused toward a second Service with the same backend: the
-// new flow's reverse entry replaces the old flow's (same key). When the old
-// flow expires, the scanner deletes its forward entry only; the reverse entry
-// belongs to the live flow, whose replies would otherwise lose their reverse
-// NAT (the client sees a SYN-ACK from the backend's address and resets).
+// A reverse entry can come to belong to another flow than the forward entry
+// naming it: the datapath takes over a reverse key whose forward entry it
+// cannot find (evicted, or deleted between its check and its write). When the
+// old flow expires, the scanner deletes its forward entry only, and does not
+// let the other flow's reverse entry keep it alive; deleting that entry would
+// leave the live flow's replies without reverse NAT.
 func TestExpiredFlowLeavesAReusedReverseEntry(t *testing.T) {
 	e := newEnv(t, conntrack.DefaultTimeouts())
 	vip2 := netip.MustParseAddrPort("10.96.0.11:80")
@@ -325,10 +326,19 @@ func TestExpiredFlowLeavesAReusedReverseEntry(t *testing.T) {
 	e.tcp(be1AP, clientAP, bpftest.SYN|bpftest.ACK)
 	e.tcp(clientAP, vipAP, bpftest.FIN|bpftest.ACK)
 	e.tcp(be1AP, clientAP, bpftest.FIN|bpftest.ACK)
-	e.tcp(clientAP, vip2, bpftest.SYN) // the same client port, another Service
-
-	newKey := bpftest.CtKey(clientAP, vip2, bpftest.ProtoTCP)
+	// The same client port toward another Service: hide the old forward
+	// entry while the datapath creates the new flow, so it takes the
+	// reverse key over, then put the old entry back.
+	oldKey, newKey := bpftest.CtKey(clientAP, vipAP, bpftest.ProtoTCP), bpftest.CtKey(clientAP, vip2, bpftest.ProtoTCP)
 	revKey := bpftest.CtKey(be1AP, clientAP, bpftest.ProtoTCP)
+	old, _ := e.dp.CT(oldKey)
+	if err := e.ct.Delete(oldKey); err != nil {
+		t.Fatal(err)
+	}
+	e.tcp(clientAP, vip2, bpftest.SYN)
+	if err := e.ct.Put(oldKey, old, 0); err != nil {
+		t.Fatal(err)
+	}
 	if rev, ok := e.dp.CT(revKey); !ok || rev.Peer != newKey {
 		t.Fatalf("reverse entry %+v (present %v) should belong to the new flow", rev, ok)
 	}

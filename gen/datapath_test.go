@@ -554,3 +554,42 @@ func TestMasqueradeAllAndClusterCIDR(t *testing.T) {
 		t.Fatalf("masquerade-all: source %v", out.Src)
 	}
 }
+
+// Two live flows from one client port to two Services with the same backend
+// would be one connection to the backend: the second keeps the client's
+// address and gets another port, and each flow's replies reach their own
+// socket from their own Service. A reverse entry whose flow is gone is simply
+// taken over.
+func TestClientPortReusedTowardAnotherServiceIsRemapped(t *testing.T) {
+	d := newDP(t)
+	d.AddService(webService())
+	vip2 := netip.MustParseAddrPort("10.96.0.11:80")
+	d.AddService(bpftest.Service{ID: 2, Front: vip2, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
+
+	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
+	second := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip2, bpftest.SYN))
+	wantAP(t, "second flow destination", second.Dst, be1AP)
+	if second.Src.Addr() != clientAP.Addr() || second.Src.Port() == clientAP.Port() {
+		t.Fatalf("second flow left as %v: want the client's address with another port", second.Src)
+	}
+	r1 := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
+	wantAP(t, "first flow's reply source", r1.Src, vipAP)
+	wantAP(t, "first flow's reply destination", r1.Dst, clientAP)
+	r2 := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, second.Src, bpftest.SYN|bpftest.ACK))
+	wantAP(t, "second flow's reply source", r2.Src, vip2)
+	wantAP(t, "second flow's reply destination", r2.Dst, clientAP)
+	again := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip2, bpftest.ACK))
+	wantAP(t, "second flow's next packet source", again.Src, second.Src)
+
+	// The first flow ends and its entries go (the scanner): a third Service's
+	// flow from the same port keeps it.
+	if err := d.Objs.SlCtV1.Delete(bpftest.CtKey(clientAP, vipAP, protoTCP)); err != nil {
+		t.Fatal(err)
+	}
+	vip3 := netip.MustParseAddrPort("10.96.0.12:80")
+	d.AddService(bpftest.Service{ID: 3, Front: vip3, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
+	third := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip3, bpftest.SYN))
+	wantAP(t, "third flow source", third.Src, clientAP)
+	r3 := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
+	wantAP(t, "third flow's reply source", r3.Src, vip3)
+}

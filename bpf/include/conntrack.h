@@ -53,8 +53,10 @@ struct ct_value {
 	struct ct_key peer;	/* the other entry of the pair */
 	__be32 nat_addr;	/* network order: forward: the backend (new
 				 * destination); reverse: the frontend (new source) */
-	__be32 snat_addr;	/* network order, with CT_SNAT: forward: the node IP
-				 * (new source); reverse: the client (new destination) */
+	__be32 snat_addr;	/* network order, with CT_SNAT: forward: the new
+				 * source (the node IP, or the client itself when only
+				 * its port is remapped); reverse: the client (new
+				 * destination) */
 	__be16 nat_port;	/* network order, as nat_addr */
 	__be16 snat_port;	/* network order, as snat_addr */
 	__u32 svc_id;		/* host order: the service the flow was balanced by */

@@ -173,6 +173,30 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 	return 0;
 }
 
+/* reverse_taken tells whether the reverse key of a new flow to be belongs to
+ * another flow still tracked. A client port reused toward another Service
+ * with the same backend makes the same reverse tuple: the backend would see
+ * one connection where there are two, and one flow's replies would reach the
+ * other. A reverse entry whose forward entry is gone, or that is this flow's
+ * own (its forward entry was evicted), may be overwritten. */
+static __always_inline int reverse_taken(const struct packet *p, const struct be_value *be)
+{
+	struct ct_key rk = {
+		.saddr = be->addr, .daddr = p->saddr, .sport = be->port, .dport = p->sport, .proto = p->proto,
+	};
+	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v1, &rk);
+
+	if (!r)
+		return 0;
+	if (r->type != CT_REVERSE)
+		return 1; /* the backend's own flow to the client's address and port */
+	if (r->peer.saddr == p->saddr && r->peer.daddr == p->daddr &&
+	    r->peer.sport == p->sport && r->peer.dport == p->dport)
+		return 0;
+	struct ct_key peer = r->peer;
+	return bpf_map_lookup_elem(&sl_ct_v1, &peer) != NULL;
+}
+
 /* identity_flow tracks a flow that is not NATed, so that a policy's verdict
  * on its first packet holds for the rest of it. */
 static __always_inline int identity_flow(struct __sk_buff *skb, struct packet *p, __u32 dir)
@@ -244,6 +268,13 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
 	     (from_host && !(fe->flags & FE_EXTERNAL) && cfg->cluster_mask &&
 	      (p->saddr & cfg->cluster_mask) != cfg->cluster_net))) {
 		snat_addr = cfg->node_ip;
+		flags |= CT_SNAT;
+	}
+	/* The client's port would collide on the backend with a flow still
+	 * tracked: keep the client's address, give the flow another port (as
+	 * netfilter's NAT does). */
+	if (!snat_addr && cfg && reverse_taken(p, &be)) {
+		snat_addr = p->saddr;
 		flags |= CT_SNAT;
 	}
 
