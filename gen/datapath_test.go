@@ -581,15 +581,22 @@ func TestClientPortReusedTowardAnotherServiceIsRemapped(t *testing.T) {
 	again := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip2, bpftest.ACK))
 	wantAP(t, "second flow's next packet source", again.Src, second.Src)
 
-	// The first flow ends and its entries go (the scanner): a third Service's
-	// flow from the same port keeps it.
-	if err := d.Objs.SlCtV1.Delete(bpftest.CtKey(clientAP, vipAP, protoTCP)); err != nil {
-		t.Fatal(err)
-	}
+	// The first flow closes (FINs both ways; the client holds the port in
+	// TIME_WAIT): a third Service's flow from the same port keeps it, as it
+	// does once the scanner removed the first flow.
+	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.FIN|bpftest.ACK))
+	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.FIN|bpftest.ACK))
 	vip3 := netip.MustParseAddrPort("10.96.0.12:80")
 	d.AddService(bpftest.Service{ID: 3, Front: vip3, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
 	third := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip3, bpftest.SYN))
 	wantAP(t, "third flow source", third.Src, clientAP)
 	r3 := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
 	wantAP(t, "third flow's reply source", r3.Src, vip3)
+	if err := d.Objs.SlCtV1.Delete(bpftest.CtKey(clientAP, vip3, protoTCP)); err != nil {
+		t.Fatal(err)
+	}
+	vip4 := netip.MustParseAddrPort("10.96.0.13:80")
+	d.AddService(bpftest.Service{ID: 4, Front: vip4, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
+	fourth := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip4, bpftest.SYN))
+	wantAP(t, "fourth flow source (the third's forward entry gone)", fourth.Src, clientAP)
 }

@@ -174,11 +174,13 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 }
 
 /* reverse_taken tells whether the reverse key of a new flow to be belongs to
- * another flow still tracked. A client port reused toward another Service
- * with the same backend makes the same reverse tuple: the backend would see
- * one connection where there are two, and one flow's replies would reach the
- * other. A reverse entry whose forward entry is gone, or that is this flow's
- * own (its forward entry was evicted), may be overwritten. */
+ * another live flow. A client port reused toward another Service with the
+ * same backend makes the same reverse tuple: the backend would see one
+ * connection where there are two, and one flow's replies would reach the
+ * other. A reverse entry may be taken over when it is this flow's own (its
+ * forward entry was evicted), when its forward entry is gone, or when its TCP
+ * flow has closed (FINs both ways, or a reset): the usual case of a client
+ * reusing a port it holds in TIME_WAIT, which netfilter lets reuse too. */
 static __always_inline int reverse_taken(const struct packet *p, const struct be_value *be)
 {
 	struct ct_key rk = {
@@ -194,7 +196,15 @@ static __always_inline int reverse_taken(const struct packet *p, const struct be
 	    r->peer.sport == p->sport && r->peer.dport == p->dport)
 		return 0;
 	struct ct_key peer = r->peer;
-	return bpf_map_lookup_elem(&sl_ct_v1, &peer) != NULL;
+	struct ct_value *f = bpf_map_lookup_elem(&sl_ct_v1, &peer);
+	if (!f)
+		return 0;
+	if (p->proto == IPPROTO_TCP) {
+		__u32 seen = f->tcp_seen | r->tcp_seen;
+		if ((seen & TCP_FLAG_RST) || ((f->tcp_seen & TCP_FLAG_FIN) && (r->tcp_seen & TCP_FLAG_FIN)))
+			return 0;
+	}
+	return 1;
 }
 
 /* identity_flow tracks a flow that is not NATed, so that a policy's verdict
