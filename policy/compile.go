@@ -348,15 +348,19 @@ func (e *emitter) ports(ranges []PortRange, negate, knownL4 bool, fail string) {
 		e.mark(next)
 	}
 	e.emit(asm.Ja.Label(out))
+	e.settle(in, out, fail, negate)
+}
+
+// settle ends a condition whose code jumps to in when it holds and to out
+// when it does not: the rule fails on out, or on in when the condition is
+// negated; otherwise evaluation goes on past it.
+func (e *emitter) settle(in, out, fail string, negate bool) {
 	if negate {
-		e.mark(in)
-		e.emit(asm.Ja.Label(fail))
-		e.mark(out)
-	} else {
-		e.mark(out)
-		e.emit(asm.Ja.Label(fail))
-		e.mark(in)
+		in, out = out, in
 	}
+	e.mark(out)
+	e.emit(asm.Ja.Label(fail))
+	e.mark(in)
 }
 
 // icmp: an ICMP packet with the type (and code); negated, anything else.
@@ -373,15 +377,7 @@ func (e *emitter) icmp(r Rule, fail string) {
 		e.emit(asm.JNE.Imm32(asm.R1, int32(*r.ICMPCode), out))
 	}
 	e.emit(asm.Ja.Label(in))
-	if r.NotICMP {
-		e.mark(in)
-		e.emit(asm.Ja.Label(fail))
-		e.mark(out)
-	} else {
-		e.mark(out)
-		e.emit(asm.Ja.Label(fail))
-		e.mark(in)
-	}
+	e.settle(in, out, fail, r.NotICMP)
 }
 
 // verdict records the decision in cb and hands over to the verdict program;

@@ -266,9 +266,15 @@ func TestAgentEnforcesNetworkPolicy(t *testing.T) {
 	if _, err := get(client, "10.201.0.2:8080", "", time.Second); err != nil {
 		t.Fatalf("a backend without policy refused the client: %v", err)
 	}
-	// The CLI sees the policy and its counters from the pins.
-	if err := run(ctx, []string{"policy", "list", "--bpf-pin-dir", cfg.PinDir}); err != nil {
-		t.Fatalf("sluice policy list: %v", err)
+	// The CLI sees the policy and its counters from the pins, and so do the
+	// other inspection commands, as tables and as JSON.
+	for _, cmd := range [][]string{{"policy", "list"}, {"nat", "list"}, {"iface", "list"}, {"maps"}} {
+		for _, format := range [][]string{nil, {"--json"}} {
+			args := append(append(slices.Clip(cmd), format...), "--bpf-pin-dir", cfg.PinDir)
+			if err := run(ctx, args); err != nil {
+				t.Fatalf("sluice %s: %v", strings.Join(args, " "), err)
+			}
+		}
 	}
 	os.WriteFile(filepath.Join(manifests, "policy.yaml"), []byte(strings.Replace(policyManifests, "role: client", "role: friend", 1)), 0o644)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {

@@ -55,6 +55,38 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
+// subcommand checks that args start with the one subcommand an inspection
+// command has ("list") and returns the rest.
+func subcommand(args []string, sub, usage string) ([]string, error) {
+	if len(args) == 0 || args[0] != sub {
+		return nil, errors.New(usage)
+	}
+	return args[1:], nil
+}
+
+// report runs an inspection that reads the pins into one value and prints it:
+// a table for people, or JSON with --json.
+func report[T any](name string, args []string, read func(*inspectFlags, *maps.Set) (T, error), print func(T)) error {
+	f := newInspectFlags(name)
+	if err := f.fs.Parse(args); err != nil {
+		return err
+	}
+	set, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	v, err := read(f, set)
+	if err != nil {
+		return err
+	}
+	if *f.asJSON {
+		return printJSON(v)
+	}
+	print(v)
+	return nil
+}
+
 func table(header string, rows [][]string) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, header)
@@ -65,27 +97,13 @@ func table(header string, rows [][]string) {
 }
 
 func runNAT(args []string) error {
-	if len(args) == 0 || args[0] != "list" {
-		return errors.New("usage: sluice nat list [--json] [--bpf-pin-dir DIR]")
-	}
-	f := newInspectFlags("sluice nat list")
-	if err := f.fs.Parse(args[1:]); err != nil {
-		return err
-	}
-	set, err := f.open()
+	args, err := subcommand(args, "list", "usage: sluice nat list [--json] [--bpf-pin-dir DIR]")
 	if err != nil {
 		return err
 	}
-	defer set.Close()
-	fes, err := nat.ReadFrontends(set)
-	if err != nil {
-		return err
-	}
-	if *f.asJSON {
-		return printJSON(fes)
-	}
-	printFrontends(fes)
-	return nil
+	return report("sluice nat list", args, func(_ *inspectFlags, set *maps.Set) ([]nat.Frontend, error) {
+		return nat.ReadFrontends(set)
+	}, printFrontends)
 }
 
 func printFrontends(fes []nat.Frontend) {
@@ -207,25 +225,14 @@ func flushFlows(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], flows []conntr
 }
 
 func runIface(args []string) error {
-	if len(args) == 0 || args[0] != "list" {
-		return errors.New("usage: sluice iface list [--json] [--bpf-pin-dir DIR]")
-	}
-	f := newInspectFlags("sluice iface list")
-	if err := f.fs.Parse(args[1:]); err != nil {
-		return err
-	}
-	set, err := f.open()
+	args, err := subcommand(args, "list", "usage: sluice iface list [--json] [--bpf-pin-dir DIR]")
 	if err != nil {
 		return err
 	}
-	defer set.Close()
-	ifaces, err := f.interfaces(set)
-	if err != nil {
-		return err
-	}
-	if *f.asJSON {
-		return printJSON(ifaces)
-	}
+	return report("sluice iface list", args, (*inspectFlags).interfaces, printInterfaces)
+}
+
+func printInterfaces(ifaces []ifacemgr.Interface) {
 	var rows [][]string
 	for _, i := range ifaces {
 		var hooks []string
@@ -235,33 +242,21 @@ func runIface(args []string) error {
 		rows = append(rows, []string{fmt.Sprint(i.Index), i.Name, i.Class, fmt.Sprint(i.Ready), strings.Join(hooks, ",")})
 	}
 	table("IFINDEX\tNAME\tCLASS\tREADY\tPROGRAMS", rows)
-	return nil
 }
 
 func runMaps(args []string) error {
-	f := newInspectFlags("sluice maps")
-	if err := f.fs.Parse(args); err != nil {
-		return err
-	}
-	set, err := f.open()
-	if err != nil {
-		return err
-	}
-	defer set.Close()
-	usages, err := maps.Usages(set)
-	if err != nil {
-		return err
-	}
-	if *f.asJSON {
-		return printJSON(usages)
-	}
+	return report("sluice maps", args, func(_ *inspectFlags, set *maps.Set) ([]maps.Usage, error) {
+		return maps.Usages(set)
+	}, printUsages)
+}
+
+func printUsages(usages []maps.Usage) {
 	var rows [][]string
 	for _, u := range usages {
 		rows = append(rows, []string{u.Name, u.Type, fmt.Sprint(u.Entries), fmt.Sprint(u.Capacity),
 			fmt.Sprintf("%.1f%%", 100*float64(u.Entries)/float64(max(u.Capacity, 1))), u.Doc})
 	}
 	table("MAP\tTYPE\tENTRIES\tCAPACITY\tFILL\tHOLDS", rows)
-	return nil
 }
 
 func runCleanup(args []string) error {
@@ -289,21 +284,18 @@ type ruleHits struct {
 }
 
 func runPolicy(args []string) error {
-	if len(args) == 0 || args[0] != "list" {
-		return errors.New("usage: sluice policy list [--json] [--bpf-pin-dir DIR]")
-	}
-	f := newInspectFlags("sluice policy list")
-	if err := f.fs.Parse(args[1:]); err != nil {
-		return err
-	}
-	set, err := f.open()
+	args, err := subcommand(args, "list", "usage: sluice policy list [--json] [--bpf-pin-dir DIR]")
 	if err != nil {
 		return err
 	}
-	defer set.Close()
+	return report("sluice policy list", args, readPolicy, printPolicy)
+}
+
+// readPolicy gathers the interfaces with a policy and every rule's counter.
+func readPolicy(f *inspectFlags, set *maps.Set) (policyReport, error) {
 	ifaces, err := f.interfaces(set)
 	if err != nil {
-		return err
+		return policyReport{}, err
 	}
 	var rep policyReport
 	for _, i := range ifaces {
@@ -313,7 +305,7 @@ func runPolicy(args []string) error {
 	}
 	ctrs, err := maps.RuleCtrs.In(set)
 	if err != nil {
-		return err
+		return rep, err
 	}
 	err = ctrs.Iterate(func(k gen.SluiceRulectrKey, vs []uint64) bool {
 		var n uint64
@@ -323,13 +315,11 @@ func runPolicy(args []string) error {
 		rep.Rules = append(rep.Rules, ruleHits{ID: uint32(k.RuleId), Hits: n})
 		return true
 	})
-	if err != nil {
-		return err
-	}
 	slices.SortFunc(rep.Rules, func(a, b ruleHits) int { return cmp.Compare(a.ID, b.ID) })
-	if *f.asJSON {
-		return printJSON(rep)
-	}
+	return rep, err
+}
+
+func printPolicy(rep policyReport) {
 	slot := func(s uint32) string {
 		if s == ifacemgr.NoPolicy {
 			return "-"
@@ -354,5 +344,4 @@ func runPolicy(args []string) error {
 		rows = append(rows, []string{name, fmt.Sprint(r.Hits)})
 	}
 	table("RULE\tNEW FLOWS", rows)
-	return nil
 }
