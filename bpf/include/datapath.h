@@ -121,58 +121,6 @@ static __always_inline int judge_stateless(struct __sk_buff *skb, const struct p
 	return policy_handoff(skb, p, dir, slot);
 }
 
-/* ct_create writes the reverse entry, then the forward one, and sets *sport to
- * the source port the flow leaves with (a new one when SNAT found the client's
- * port taken). It returns -1 when no entry could be written. */
-static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
-				     const struct be_value *be, __be32 snat_addr,
-				     const struct config *cfg, __u8 flags, enum pol_verdict egress,
-				     __be16 *sport)
-{
-	__u64 now = bpf_ktime_get_ns();
-	struct ct_key fwd_key, rev_key = {
-		.saddr = be->addr, .daddr = snat_addr ? snat_addr : p->saddr,
-		.sport = be->port, .dport = p->sport, .proto = p->proto,
-	};
-	struct ct_value rev = {
-		.created = now, .last_seen = now,
-		.nat_addr = p->daddr, .nat_port = p->dport,
-		.snat_addr = p->saddr, .snat_port = p->sport,
-		.svc_id = svc_id, .type = CT_REVERSE, .flags = flags, .pol_egress = egress,
-	};
-
-	ct_key_of(p, &fwd_key);
-	rev.peer = fwd_key;
-	if (snat_addr) {
-		/* The reverse key must be unique or replies would reach the wrong
-		 * client: keep the client's port when free, else try random ones. */
-		int i;
-		for (i = 0; i < SNAT_PORT_TRIES; i++) {
-			if (!bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_NOEXIST))
-				break;
-			rev_key.dport = random_snat_port(cfg);
-		}
-		if (i == SNAT_PORT_TRIES)
-			return -1;
-	} else if (bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_ANY)) {
-		return -1;
-	}
-
-	struct ct_value fwd = {
-		.created = now, .last_seen = now, .peer = rev_key,
-		.nat_addr = be->addr, .nat_port = be->port,
-		.snat_addr = snat_addr, .snat_port = rev_key.dport,
-		.svc_id = svc_id, .tcp_seen = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK),
-		.type = CT_FORWARD, .flags = flags, .pol_egress = egress,
-	};
-	if (bpf_map_update_elem(&sl_ct_v1, &fwd_key, &fwd, BPF_ANY)) {
-		bpf_map_delete_elem(&sl_ct_v1, &rev_key);
-		return -1;
-	}
-	*sport = rev_key.dport;
-	return 0;
-}
-
 /* reverse_taken tells whether the reverse key of a new flow to be belongs to
  * another live flow. A client port reused toward another Service with the
  * same backend makes the same reverse tuple: the backend would see one
@@ -207,17 +155,83 @@ static __always_inline int reverse_taken(const struct packet *p, const struct be
 	return 1;
 }
 
+/* ct_create writes the reverse entry, then the forward one, and sets *sport to
+ * the source port the flow leaves with. With *snat_addr set the source is
+ * translated: the client's port is kept when free, else random ones are
+ * tried. Without, the reverse tuple is the client's own; when another live
+ * flow holds it (reverse_taken, checked only when the tuple is taken) the flow
+ * keeps the client's address but gets another port, as netfilter's NAT does,
+ * and *snat_addr and *flags say so. It returns -1 when no entry could be
+ * written. */
+static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
+				     const struct be_value *be, __be32 *snat_addr,
+				     const struct config *cfg, __u8 *flags, enum pol_verdict egress,
+				     __be16 *sport)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct ct_key fwd_key, rev_key = {
+		.saddr = be->addr, .daddr = *snat_addr ? *snat_addr : p->saddr,
+		.sport = be->port, .dport = p->sport, .proto = p->proto,
+	};
+	struct ct_value rev = {
+		.created = now, .last_seen = now,
+		.nat_addr = p->daddr, .nat_port = p->dport,
+		.snat_addr = p->saddr, .snat_port = p->sport,
+		.svc_id = svc_id, .type = CT_REVERSE, .flags = *flags, .pol_egress = egress,
+	};
+
+	ct_key_of(p, &fwd_key);
+	rev.peer = fwd_key;
+	if (!*snat_addr && bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_NOEXIST)) {
+		if (cfg && reverse_taken(p, be)) {
+			*snat_addr = p->saddr;
+			*flags |= CT_SNAT;
+			rev.flags = *flags;
+		} else if (bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_ANY)) {
+			return -1;
+		}
+	}
+	if (*snat_addr) {
+		/* The reverse key must be unique or replies would reach the wrong
+		 * client: keep the client's port when free, else try random ones. */
+		int i;
+		for (i = 0; i < SNAT_PORT_TRIES; i++) {
+			if (!bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_NOEXIST))
+				break;
+			rev_key.dport = random_snat_port(cfg);
+		}
+		if (i == SNAT_PORT_TRIES)
+			return -1;
+	}
+
+	struct ct_value fwd = {
+		.created = now, .last_seen = now, .peer = rev_key,
+		.nat_addr = be->addr, .nat_port = be->port,
+		.snat_addr = *snat_addr, .snat_port = rev_key.dport,
+		.svc_id = svc_id, .tcp_seen = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK),
+		.type = CT_FORWARD, .flags = *flags, .pol_egress = egress,
+	};
+	if (bpf_map_update_elem(&sl_ct_v1, &fwd_key, &fwd, BPF_ANY)) {
+		bpf_map_delete_elem(&sl_ct_v1, &rev_key);
+		return -1;
+	}
+	*sport = rev_key.dport;
+	return 0;
+}
+
 /* identity_flow tracks a flow that is not NATed, so that a policy's verdict
  * on its first packet holds for the rest of it. */
 static __always_inline int identity_flow(struct __sk_buff *skb, struct packet *p, __u32 dir)
 {
 	__u32 slot = policy_slot(skb, dir);
 	struct be_value self = { .addr = p->daddr, .port = p->dport };
+	__be32 no_snat = 0; /* without a config ct_create never remaps */
+	__u8 flags = 0;
 	__be16 sport;
 
 	if (slot == IFSTATE_NO_POLICY)
 		return TC_ACT_OK;
-	if (ct_create(p, 0, &self, 0, NULL, 0, dir == POLICY_DIR_EGRESS ? POL_UNJUDGED : POL_ALLOWED, &sport))
+	if (ct_create(p, 0, &self, &no_snat, NULL, &flags, dir == POLICY_DIR_EGRESS ? POL_UNJUDGED : POL_ALLOWED, &sport))
 		return drop(CNT_DROP_CT_CREATE);
 	return policy_handoff(skb, p, dir, slot);
 }
@@ -280,19 +294,12 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
 		snat_addr = cfg->node_ip;
 		flags |= CT_SNAT;
 	}
-	/* The client's port would collide on the backend with a flow still
-	 * tracked: keep the client's address, give the flow another port (as
-	 * netfilter's NAT does). */
-	if (!snat_addr && cfg && reverse_taken(p, &be)) {
-		snat_addr = p->saddr;
-		flags |= CT_SNAT;
-	}
 
 	/* Traffic from a workload waits for its egress policy; other traffic has
 	 * no source workload to judge it. */
 	__u32 slot = from_host ? IFSTATE_NO_POLICY : policy_slot(skb, POLICY_DIR_EGRESS);
 	__be16 sport;
-	if (ct_create(p, fe->svc_id, &be, snat_addr, cfg, flags,
+	if (ct_create(p, fe->svc_id, &be, &snat_addr, cfg, &flags,
 		      slot == IFSTATE_NO_POLICY ? POL_ALLOWED : POL_UNJUDGED, &sport))
 		return drop(snat_addr ? CNT_DROP_SNAT_PORTS : CNT_DROP_CT_CREATE);
 	if (rewrite_dst(skb, p, be.addr, be.port))
