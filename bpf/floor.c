@@ -22,7 +22,7 @@ int floor_parse_lookup(struct __sk_buff *skb)
 	struct packet p;
 	struct ct_key key;
 
-	if (parse_packet(skb, &p) != PARSE_OK)
+	if (parse_packet(skb, &p, ETH_HLEN) != PARSE_OK)
 		return TC_ACT_OK;
 	ct_key_of(&p, &key);
 	__u64 *hits = bpf_map_lookup_elem(&floor_flows, &key);

@@ -24,7 +24,7 @@ int sl_count(struct __sk_buff *skb)
 	__sync_fetch_and_add(&st->packets, 1);
 	__sync_fetch_and_add(&st->bytes, skb->len);
 
-	switch (parse_packet(skb, &p)) {
+	switch (parse_packet(skb, &p, ETH_HLEN)) {
 	case PARSE_NOT_IPV4:
 		__sync_fetch_and_add(&st->non_ipv4, 1);
 		return TC_ACT_OK;
@@ -46,28 +46,43 @@ int sl_count(struct __sk_buff *skb)
 SEC("tc")
 int sl_from_wl(struct __sk_buff *skb)
 {
-	return policy_dispatch(skb, pipeline(skb, HOOK_FROM_WL));
+	return policy_dispatch(skb, pipeline(skb, HOOK_FROM_WL, ETH_HLEN));
 }
 
 /* Egress of a workload's host-side veth: traffic entering the pod. */
 SEC("tc")
 int sl_to_wl(struct __sk_buff *skb)
 {
-	return policy_dispatch(skb, pipeline(skb, HOOK_TO_WL));
+	return policy_dispatch(skb, pipeline(skb, HOOK_TO_WL, ETH_HLEN));
 }
 
 /* Ingress of a data interface: traffic from outside the node. */
 SEC("tc")
 int sl_from_host(struct __sk_buff *skb)
 {
-	return policy_dispatch(skb, pipeline(skb, HOOK_FROM_HOST));
+	return policy_dispatch(skb, pipeline(skb, HOOK_FROM_HOST, ETH_HLEN));
 }
 
 /* Egress of a data interface: traffic leaving the node. */
 SEC("tc")
 int sl_to_host(struct __sk_buff *skb)
 {
-	return policy_dispatch(skb, pipeline(skb, HOOK_TO_HOST));
+	return policy_dispatch(skb, pipeline(skb, HOOK_TO_HOST, ETH_HLEN));
+}
+
+/* Ingress of an L3 device (ipip, WireGuard, TUN): packets start with the IP
+ * header. */
+SEC("tc")
+int sl_from_host_l3(struct __sk_buff *skb)
+{
+	return policy_dispatch(skb, pipeline(skb, HOOK_FROM_HOST, 0));
+}
+
+/* Egress of an L3 device. */
+SEC("tc")
+int sl_to_host_l3(struct __sk_buff *skb)
+{
+	return policy_dispatch(skb, pipeline(skb, HOOK_TO_HOST, 0));
 }
 
 /* cgroup/connect4: balance a connect() to a service. */

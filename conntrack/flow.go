@@ -9,7 +9,9 @@ import (
 	"github.com/sluice-net/sluice/gen"
 )
 
-// Flow is a NATed flow decoded for people and tools.
+// Flow is a tracked flow decoded for people and tools: balanced by a Service
+// (ServiceID > 0), or direct (ServiceID 0, Frontend = Backend), the latter
+// with SNAT set when its source port was remapped to avoid a clash.
 type Flow struct {
 	Proto     string         `json:"proto"`
 	Client    netip.AddrPort `json:"client"`
@@ -67,7 +69,11 @@ func Decode(p *Pair, now time.Duration) Flow {
 // "tcp 10.0.0.5:41234 -> 10.96.0.10:80 (nat 10.244.1.7:8080) established, last seen 3s ago".
 func (f Flow) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %v -> %v (nat %v", f.Proto, f.Client, f.Frontend, f.Backend)
+	if f.ServiceID == 0 && f.Frontend == f.Backend {
+		fmt.Fprintf(&b, "%s %v -> %v (direct", f.Proto, f.Client, f.Frontend)
+	} else {
+		fmt.Fprintf(&b, "%s %v -> %v (nat %v", f.Proto, f.Client, f.Frontend, f.Backend)
+	}
 	if f.SNAT.IsValid() {
 		fmt.Fprintf(&b, ", snat %v", f.SNAT)
 	}

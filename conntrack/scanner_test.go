@@ -112,6 +112,19 @@ func TestEachTimeoutRule(t *testing.T) {
 			e.tcp(be1AP, c, bpftest.FIN|bpftest.ACK)
 			return vipAP, be1AP, bpftest.ProtoTCP
 		}},
+		{"tcp server closed first", def.TCPServerTimeWait, func(e *env, c netip.AddrPort) (netip.AddrPort, netip.AddrPort, uint8) {
+			e.tcp(c, vipAP, bpftest.SYN)
+			e.tcp(be1AP, c, bpftest.SYN|bpftest.ACK)
+			e.tcp(be1AP, c, bpftest.FIN|bpftest.ACK)
+			e.tcp(c, vipAP, bpftest.FIN|bpftest.ACK)
+			return vipAP, be1AP, bpftest.ProtoTCP
+		}},
+		{"untranslated udp", def.UDP, func(e *env, c netip.AddrPort) (netip.AddrPort, netip.AddrPort, uint8) {
+			// Tracked for the clash check: no frontend, never stale.
+			e.udp(c, udpBE)
+			e.dp.RunOK(e.dp.Objs.SlFromWl, bpftest.UDPPacket(udpBE, c, []byte("y")))
+			return udpBE, udpBE, bpftest.ProtoUDP
+		}},
 		{"tcp reset", def.TCPResetSeen, func(e *env, c netip.AddrPort) (netip.AddrPort, netip.AddrPort, uint8) {
 			e.tcp(c, vipAP, bpftest.SYN)
 			e.tcp(be1AP, c, bpftest.RST|bpftest.ACK)

@@ -9,7 +9,9 @@ import (
 
 // StaleNAT deletes non-TCP flows whose frontend no longer maps to their
 // backend: the service is gone, or the backend left it. TCP flows are kept
-// until they end (graceful termination).
+// until they end (graceful termination), and flows no Service translated
+// (service id 0: tracked for the clash check and policy) have no frontend to
+// go stale.
 //
 // It looks frontends up as the datapath does (the exact destination, then the
 // NodePort wildcard for this node's addresses), in a snapshot of the NAT maps
@@ -62,7 +64,7 @@ func (s *StaleNAT) load() {
 // longer has the flow's backend. If the snapshot could not be read, it keeps
 // every flow.
 func (s *StaleNAT) Check(p *Pair, _ time.Duration) Reason {
-	if !p.HasFwd || p.FwdKey.Proto == protoTCP {
+	if !p.HasFwd || p.FwdKey.Proto == protoTCP || p.Fwd.SvcId == 0 {
 		return ""
 	}
 	if !s.loaded {

@@ -23,6 +23,12 @@ type Timeouts struct {
 	TCPEstablished time.Duration
 	// TCPFinsSeen applies once both sides sent a FIN.
 	TCPFinsSeen time.Duration
+	// TCPServerTimeWait applies instead of TCPFinsSeen when the server sent
+	// the first FIN: the server then holds the tuple in TIME_WAIT, and the
+	// datapath keeps new flows off it for TCP_TIME_WAIT_NS (bpf/include/
+	// consts.h) after the flow's last packet, which needs the flow's
+	// entries; it must not be shorter than that.
+	TCPServerTimeWait time.Duration
 	// TCPResetSeen applies once either side sent a RST.
 	TCPResetSeen time.Duration
 	UDP          time.Duration
@@ -33,14 +39,15 @@ type Timeouts struct {
 // DefaultTimeouts are Calico's defaults.
 func DefaultTimeouts() Timeouts {
 	return Timeouts{
-		CreationGrace:  10 * time.Second,
-		TCPSynSent:     20 * time.Second,
-		TCPEstablished: time.Hour,
-		TCPFinsSeen:    30 * time.Second,
-		TCPResetSeen:   40 * time.Second,
-		UDP:            60 * time.Second,
-		ICMP:           5 * time.Second,
-		Other:          10 * time.Minute,
+		CreationGrace:     10 * time.Second,
+		TCPSynSent:        20 * time.Second,
+		TCPEstablished:    time.Hour,
+		TCPFinsSeen:       30 * time.Second,
+		TCPServerTimeWait: 2 * time.Minute,
+		TCPResetSeen:      40 * time.Second,
+		UDP:               60 * time.Second,
+		ICMP:              5 * time.Second,
+		Other:             10 * time.Minute,
 	}
 }
 
@@ -50,6 +57,8 @@ const (
 	tcpSYN = 0x02
 	tcpRST = 0x04
 	tcpACK = 0x10
+	// finFirst marks the direction whose FIN came first (enum ct_seen).
+	finFirst = uint32(gen.SluiceCtSeenCT_SEEN_FIN_FIRST)
 )
 
 const (
@@ -66,8 +75,11 @@ const (
 	StateSynSent     State = "syn-sent"
 	StateEstablished State = "established"
 	StateFinsSeen    State = "closing"
-	StateReset       State = "reset"
-	StateActive      State = "active" // any non-TCP flow
+	// StateServerTimeWait: FINs both ways, the server's first; the server
+	// holds the tuple in TIME_WAIT.
+	StateServerTimeWait State = "server-time-wait"
+	StateReset          State = "reset"
+	StateActive         State = "active" // any non-TCP flow
 )
 
 // Pair is a flow's two conntrack entries; either may be missing (an orphan).
@@ -93,6 +105,8 @@ func (p *Pair) State() State {
 	switch {
 	case (fwd|rev)&tcpRST != 0:
 		return StateReset
+	case fwd&tcpFIN != 0 && rev&tcpFIN != 0 && rev&finFirst != 0:
+		return StateServerTimeWait
 	case fwd&tcpFIN != 0 && rev&tcpFIN != 0:
 		return StateFinsSeen
 	case rev&(tcpSYN|tcpACK) == tcpSYN|tcpACK:
@@ -123,6 +137,8 @@ func (t *Timeouts) Timeout(p *Pair) time.Duration {
 			return t.TCPResetSeen
 		case StateFinsSeen:
 			return t.TCPFinsSeen
+		case StateServerTimeWait:
+			return max(t.TCPFinsSeen, t.TCPServerTimeWait)
 		case StateEstablished:
 			return t.TCPEstablished
 		}
@@ -139,7 +155,7 @@ func (t *Timeouts) Timeout(p *Pair) time.Duration {
 func (t *Timeouts) shortest(proto uint8) time.Duration {
 	switch proto {
 	case protoTCP:
-		return min(t.TCPSynSent, t.TCPEstablished, t.TCPFinsSeen, t.TCPResetSeen)
+		return min(t.TCPSynSent, t.TCPEstablished, t.TCPFinsSeen, t.TCPResetSeen, max(t.TCPFinsSeen, t.TCPServerTimeWait))
 	case protoUDP:
 		return t.UDP
 	case protoICMP:

@@ -419,7 +419,7 @@ func TestICMPEchoToServiceIPIsAnswered(t *testing.T) {
 	}
 }
 
-func TestIPOptionsFragmentsAndNonIPv4(t *testing.T) {
+func TestIPOptionsAndNonIPv4(t *testing.T) {
 	d := newDP(t)
 	d.AddService(webService())
 
@@ -428,16 +428,6 @@ func TestIPOptionsFragmentsAndNonIPv4(t *testing.T) {
 		TCPFlags: bpftest.SYN, IPOptions: []byte{0x94, 0x04, 0, 0}}) // router alert
 	out := d.RunOK(d.Objs.SlFromWl, withOpts)
 	wantAP(t, "with IP options", out.Dst, be1AP)
-
-	// Fragments are never NATed.
-	frag := bpftest.Build(bpftest.PacketSpec{Src: netip.AddrPortFrom(clientAP.Addr(), 5555), Dst: vipAP, Proto: layers.IPProtocolTCP,
-		TCPFlags: bpftest.SYN, Fragment: true})
-	if ret, out := d.Run(d.Objs.SlFromWl, frag); ret != actOK || !bytes.Equal(out, frag) {
-		t.Fatal("fragment was changed")
-	}
-	if d.Counter(gen.SluiceCounterCNT_PASS_FRAGMENT) != 1 {
-		t.Fatal("fragment not counted")
-	}
 
 	arp := make([]byte, 60)
 	copy(arp[12:], []byte{0x08, 0x06})

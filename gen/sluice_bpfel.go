@@ -90,7 +90,11 @@ const (
 	SluiceCounterCNT_XDP_PASS_FAILSAFE        SluiceCounter = 15
 	SluiceCounterCNT_DROP_POLICY              SluiceCounter = 16
 	SluiceCounterCNT_DROP_POLICY_MISSING      SluiceCounter = 17
-	SluiceCounterCNT_MAX                      SluiceCounter = 18
+	SluiceCounterCNT_FRAGMENT_TRANSLATED      SluiceCounter = 18
+	SluiceCounterCNT_DROP_FRAGMENT_UNKNOWN    SluiceCounter = 19
+	SluiceCounterCNT_TUPLE_REMAPPED           SluiceCounter = 20
+	SluiceCounterCNT_TUPLE_REUSED             SluiceCounter = 21
+	SluiceCounterCNT_MAX                      SluiceCounter = 22
 )
 
 type SluiceCtFlags uint8
@@ -110,6 +114,12 @@ type SluiceCtKey struct {
 	Proto uint8
 	Pad   [3]uint8
 }
+
+type SluiceCtSeen uint32
+
+const (
+	SluiceCtSeenCT_SEEN_FIN_FIRST SluiceCtSeen = 256
+)
 
 type SluiceCtType uint8
 
@@ -172,6 +182,23 @@ type SluiceFeValue struct {
 	AffinityTimeout uint32
 	Flags           SluiceFeFlags
 	ClusterStart    uint32
+}
+
+type SluiceFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type SluiceFragValue struct {
+	_       structs.HostLayout
+	Created uint64
+	Sport   uint16
+	Dport   uint16
+	Pad     uint32
 }
 
 type SluiceHostipKey struct {
@@ -305,10 +332,11 @@ const (
 	SluiceMapSlAffV1          = "sl_aff_v1"
 	SluiceMapSlBeV1           = "sl_be_v1"
 	SluiceMapSlConfigV1       = "sl_config_v1"
-	SluiceMapSlCountersV1     = "sl_counters_v1"
+	SluiceMapSlCountersV2     = "sl_counters_v2"
 	SluiceMapSlCtV1           = "sl_ct_v1"
 	SluiceMapSlFailsafeV1     = "sl_failsafe_v1"
 	SluiceMapSlFeV1           = "sl_fe_v1"
+	SluiceMapSlFragV1         = "sl_frag_v1"
 	SluiceMapSlHostipV1       = "sl_hostip_v1"
 	SluiceMapSlIfstateV1      = "sl_ifstate_v1"
 	SluiceMapSlIfstatsV1      = "sl_ifstats_v1"
@@ -322,6 +350,7 @@ const (
 	SluiceProgSlConnect4      = "sl_connect4"
 	SluiceProgSlCount         = "sl_count"
 	SluiceProgSlFromHost      = "sl_from_host"
+	SluiceProgSlFromHostL3    = "sl_from_host_l3"
 	SluiceProgSlFromWl        = "sl_from_wl"
 	SluiceProgSlGetpeername4  = "sl_getpeername4"
 	SluiceProgSlPolicyVerdict = "sl_policy_verdict"
@@ -329,6 +358,7 @@ const (
 	SluiceProgSlSendmsg4      = "sl_sendmsg4"
 	SluiceProgSlSockEgress    = "sl_sock_egress"
 	SluiceProgSlToHost        = "sl_to_host"
+	SluiceProgSlToHostL3      = "sl_to_host_l3"
 	SluiceProgSlToWl          = "sl_to_wl"
 	SluiceProgSlXdpPrefilter  = "sl_xdp_prefilter"
 )
@@ -378,6 +408,7 @@ type SluiceProgramSpecs struct {
 	SlConnect4      *ebpf.ProgramSpec `ebpf:"sl_connect4"`
 	SlCount         *ebpf.ProgramSpec `ebpf:"sl_count"`
 	SlFromHost      *ebpf.ProgramSpec `ebpf:"sl_from_host"`
+	SlFromHostL3    *ebpf.ProgramSpec `ebpf:"sl_from_host_l3"`
 	SlFromWl        *ebpf.ProgramSpec `ebpf:"sl_from_wl"`
 	SlGetpeername4  *ebpf.ProgramSpec `ebpf:"sl_getpeername4"`
 	SlPolicyVerdict *ebpf.ProgramSpec `ebpf:"sl_policy_verdict"`
@@ -385,6 +416,7 @@ type SluiceProgramSpecs struct {
 	SlSendmsg4      *ebpf.ProgramSpec `ebpf:"sl_sendmsg4"`
 	SlSockEgress    *ebpf.ProgramSpec `ebpf:"sl_sock_egress"`
 	SlToHost        *ebpf.ProgramSpec `ebpf:"sl_to_host"`
+	SlToHostL3      *ebpf.ProgramSpec `ebpf:"sl_to_host_l3"`
 	SlToWl          *ebpf.ProgramSpec `ebpf:"sl_to_wl"`
 	SlXdpPrefilter  *ebpf.ProgramSpec `ebpf:"sl_xdp_prefilter"`
 }
@@ -396,10 +428,11 @@ type SluiceMapSpecs struct {
 	SlAffV1       *ebpf.MapSpec `ebpf:"sl_aff_v1"`
 	SlBeV1        *ebpf.MapSpec `ebpf:"sl_be_v1"`
 	SlConfigV1    *ebpf.MapSpec `ebpf:"sl_config_v1"`
-	SlCountersV1  *ebpf.MapSpec `ebpf:"sl_counters_v1"`
+	SlCountersV2  *ebpf.MapSpec `ebpf:"sl_counters_v2"`
 	SlCtV1        *ebpf.MapSpec `ebpf:"sl_ct_v1"`
 	SlFailsafeV1  *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
 	SlFeV1        *ebpf.MapSpec `ebpf:"sl_fe_v1"`
+	SlFragV1      *ebpf.MapSpec `ebpf:"sl_frag_v1"`
 	SlHostipV1    *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
 	SlIfstateV1   *ebpf.MapSpec `ebpf:"sl_ifstate_v1"`
 	SlIfstatsV1   *ebpf.MapSpec `ebpf:"sl_ifstats_v1"`
@@ -441,10 +474,11 @@ type SluiceMaps struct {
 	SlAffV1       *ebpf.Map `ebpf:"sl_aff_v1"`
 	SlBeV1        *ebpf.Map `ebpf:"sl_be_v1"`
 	SlConfigV1    *ebpf.Map `ebpf:"sl_config_v1"`
-	SlCountersV1  *ebpf.Map `ebpf:"sl_counters_v1"`
+	SlCountersV2  *ebpf.Map `ebpf:"sl_counters_v2"`
 	SlCtV1        *ebpf.Map `ebpf:"sl_ct_v1"`
 	SlFailsafeV1  *ebpf.Map `ebpf:"sl_failsafe_v1"`
 	SlFeV1        *ebpf.Map `ebpf:"sl_fe_v1"`
+	SlFragV1      *ebpf.Map `ebpf:"sl_frag_v1"`
 	SlHostipV1    *ebpf.Map `ebpf:"sl_hostip_v1"`
 	SlIfstateV1   *ebpf.Map `ebpf:"sl_ifstate_v1"`
 	SlIfstatsV1   *ebpf.Map `ebpf:"sl_ifstats_v1"`
@@ -462,10 +496,11 @@ func (m *SluiceMaps) Close() error {
 		m.SlAffV1,
 		m.SlBeV1,
 		m.SlConfigV1,
-		m.SlCountersV1,
+		m.SlCountersV2,
 		m.SlCtV1,
 		m.SlFailsafeV1,
 		m.SlFeV1,
+		m.SlFragV1,
 		m.SlHostipV1,
 		m.SlIfstateV1,
 		m.SlIfstatsV1,
@@ -492,6 +527,7 @@ type SluicePrograms struct {
 	SlConnect4      *ebpf.Program `ebpf:"sl_connect4"`
 	SlCount         *ebpf.Program `ebpf:"sl_count"`
 	SlFromHost      *ebpf.Program `ebpf:"sl_from_host"`
+	SlFromHostL3    *ebpf.Program `ebpf:"sl_from_host_l3"`
 	SlFromWl        *ebpf.Program `ebpf:"sl_from_wl"`
 	SlGetpeername4  *ebpf.Program `ebpf:"sl_getpeername4"`
 	SlPolicyVerdict *ebpf.Program `ebpf:"sl_policy_verdict"`
@@ -499,6 +535,7 @@ type SluicePrograms struct {
 	SlSendmsg4      *ebpf.Program `ebpf:"sl_sendmsg4"`
 	SlSockEgress    *ebpf.Program `ebpf:"sl_sock_egress"`
 	SlToHost        *ebpf.Program `ebpf:"sl_to_host"`
+	SlToHostL3      *ebpf.Program `ebpf:"sl_to_host_l3"`
 	SlToWl          *ebpf.Program `ebpf:"sl_to_wl"`
 	SlXdpPrefilter  *ebpf.Program `ebpf:"sl_xdp_prefilter"`
 }
@@ -508,6 +545,7 @@ func (p *SluicePrograms) Close() error {
 		p.SlConnect4,
 		p.SlCount,
 		p.SlFromHost,
+		p.SlFromHostL3,
 		p.SlFromWl,
 		p.SlGetpeername4,
 		p.SlPolicyVerdict,
@@ -515,6 +553,7 @@ func (p *SluicePrograms) Close() error {
 		p.SlSendmsg4,
 		p.SlSockEgress,
 		p.SlToHost,
+		p.SlToHostL3,
 		p.SlToWl,
 		p.SlXdpPrefilter,
 	)

@@ -21,8 +21,13 @@ import (
 // Programs are the programs each class of interface gets.
 type Programs struct {
 	FromWorkload, ToWorkload *ebpf.Program // workload ingress, egress
-	FromHost, ToHost         *ebpf.Program // data and L3 ingress, egress
-	XDP                      *ebpf.Program // data interfaces; nil: none
+	FromHost, ToHost         *ebpf.Program // data and L3 ingress, egress (Ethernet devices)
+	// FromHostL3 and ToHostL3 replace FromHost and ToHost on devices whose
+	// packets have no Ethernet header (ipip, WireGuard, TUN: link type not
+	// ARPHRD_ETHER), whatever their class. Nil: such devices are refused,
+	// never given programs that would misparse them.
+	FromHostL3, ToHostL3 *ebpf.Program
+	XDP                  *ebpf.Program // data interfaces; nil: none
 }
 
 // PolicyProvider is how the policy module plugs in: given an interface and the
@@ -88,6 +93,7 @@ type ifaceState struct {
 	up       bool
 	addrs    []netip.Addr
 	gone     bool
+	noL2     bool // packets start with the IP header (link type not Ethernet)
 	class    Class
 	prevName string // the name it was attached under, if renamed
 	hooks    map[Hook]bool
@@ -208,42 +214,48 @@ func (m *Manager) Resync() error {
 	for _, l := range links {
 		a := l.Attrs()
 		seen[a.Index] = true
-		m.update(a.Index, a.Name, a.Flags&1 != 0 /* net.FlagUp */, byIndex[a.Index], false)
+		m.update(a.Index, a.Name, a.Flags&1 != 0 /* net.FlagUp */, noL2(a), byIndex[a.Index], false)
 	}
 	for idx, st := range m.ifaces {
 		if !seen[idx] && !st.gone {
-			m.update(idx, st.name, false, nil, true)
+			m.update(idx, st.name, false, st.noL2, nil, true)
 		}
 	}
 	return nil
 }
 
 // update records an interface's state; a change marks it dirty. Call with mu held.
-func (m *Manager) update(index int, name string, up bool, addrs []netip.Addr, gone bool) {
+func (m *Manager) update(index int, name string, up, l3 bool, addrs []netip.Addr, gone bool) {
 	slices.SortFunc(addrs, func(a, b netip.Addr) int { return a.Compare(b) })
 	st, ok := m.ifaces[index]
 	if !ok {
 		st = &ifaceState{index: index, hooks: map[Hook]bool{}}
 		m.ifaces[index] = st
-	} else if st.name == name && st.up == up && st.gone == gone && slices.Equal(st.addrs, addrs) {
+	} else if st.name == name && st.up == up && st.noL2 == l3 && st.gone == gone && slices.Equal(st.addrs, addrs) {
 		return
 	}
 	if ok && st.name != name && len(st.hooks) > 0 && st.prevName == "" {
 		st.prevName = st.name // its pins carry the old name
 	}
-	st.name, st.up, st.addrs, st.gone = name, up, addrs, gone
+	st.name, st.up, st.noL2, st.addrs, st.gone = name, up, l3, addrs, gone
 	m.dirty[index] = true
 }
 
 // LinkChanged records a netlink link update (from a subscription).
-func (m *Manager) LinkChanged(index int, name string, up, gone bool) {
+func (m *Manager) LinkChanged(a *netlink.LinkAttrs, gone bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var addrs []netip.Addr
-	if st, ok := m.ifaces[index]; ok {
+	if st, ok := m.ifaces[a.Index]; ok {
 		addrs = st.addrs
 	}
-	m.update(index, name, up, addrs, gone)
+	m.update(a.Index, a.Name, a.Flags&1 != 0 /* net.FlagUp */, noL2(a), addrs, gone)
+}
+
+// noL2 tells whether a device's packets start with the IP header: its link
+// type (ARPHRD_*) is not Ethernet, as for ipip, WireGuard and TUN devices.
+func noL2(a *netlink.LinkAttrs) bool {
+	return a.EncapType != "" && a.EncapType != "ether"
 }
 
 // SetPrograms swaps the programs (an upgrade): every managed interface is
@@ -310,22 +322,34 @@ func (m *Manager) markAll() {
 	}
 }
 
-// hooksFor returns the programs an interface of class c gets.
-func (m *Manager) hooksFor(c Class) map[Hook]*ebpf.Program {
+// hooksFor returns the programs an interface gets, by its class and link
+// layer. A device without an Ethernet header gets the L3 builds of the host
+// programs and no XDP (the prefilter parses Ethernet); a workload interface
+// without one is refused.
+func (m *Manager) hooksFor(st *ifaceState) (map[Hook]*ebpf.Program, error) {
 	p := m.opts.Programs
-	switch c {
+	if st.noL2 {
+		switch {
+		case st.class == Workload:
+			return nil, fmt.Errorf("workload interface without an Ethernet header is not supported")
+		case p.FromHostL3 == nil || p.ToHostL3 == nil:
+			return nil, fmt.Errorf("no programs for devices without an Ethernet header")
+		}
+		return map[Hook]*ebpf.Program{Ingress: p.FromHostL3, Egress: p.ToHostL3}, nil
+	}
+	switch st.class {
 	case Workload:
-		return map[Hook]*ebpf.Program{Ingress: p.FromWorkload, Egress: p.ToWorkload}
+		return map[Hook]*ebpf.Program{Ingress: p.FromWorkload, Egress: p.ToWorkload}, nil
 	case Data:
 		h := map[Hook]*ebpf.Program{Ingress: p.FromHost, Egress: p.ToHost}
 		if p.XDP != nil {
 			h[XDP] = p.XDP
 		}
-		return h
+		return h, nil
 	case L3:
-		return map[Hook]*ebpf.Program{Ingress: p.FromHost, Egress: p.ToHost}
+		return map[Hook]*ebpf.Program{Ingress: p.FromHost, Egress: p.ToHost}, nil
 	}
-	return nil
+	return nil, nil
 }
 
 // Apply reconciles the dirty interfaces whose retry time has come. An
@@ -388,8 +412,12 @@ func (m *Manager) apply(st *ifaceState, res *ApplyResult) error {
 		st.ready = false
 		return m.forget(st)
 	}
-	want := m.hooksFor(st.class)
-	err := m.ns.do(func() error {
+	want, err := m.hooksFor(st)
+	if err != nil {
+		st.ready = false
+		return fmt.Errorf("interface %s: %w", st.name, err)
+	}
+	err = m.ns.do(func() error {
 		for hook, prog := range want {
 			if prog == nil {
 				return fmt.Errorf("no program for %s hook of %s interfaces", hook, st.class)
@@ -616,7 +644,7 @@ func (m *Manager) Run(ctx context.Context) error {
 			return nil
 		case u := <-linkCh:
 			a := u.Attrs()
-			m.LinkChanged(a.Index, a.Name, a.Flags&1 != 0, u.Header.Type == 17 /* RTM_DELLINK */)
+			m.LinkChanged(a, u.Header.Type == 17 /* RTM_DELLINK */)
 		case <-addrCh:
 			if err := m.Resync(); err != nil {
 				m.log.Warn("resync failed", "err", err)

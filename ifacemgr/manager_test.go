@@ -40,7 +40,8 @@ func newMgrEnv(t *testing.T) *mgrEnv {
 }
 
 func (e *mgrEnv) programs(o *gen.SluiceObjects) ifacemgr.Programs {
-	return ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost}
+	return ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost,
+		FromHostL3: o.SlFromHostL3, ToHostL3: o.SlToHostL3}
 }
 
 func (e *mgrEnv) manager(p ifacemgr.Programs) *ifacemgr.Manager {
@@ -316,5 +317,49 @@ func TestLegacyTCAttach(t *testing.T) {
 	}
 	if out := e.node.Run("tc", "filter", "show", "dev", v.Name, "ingress"); strings.Contains(out, "sluice") {
 		t.Fatalf("filter left after cleanup: %s", out)
+	}
+}
+
+// A device whose packets carry no Ethernet header (TUN here; ipip and
+// WireGuard are alike) gets the L3 builds of the host programs, decided by
+// its link type, not its name; an Ethernet device of the same class keeps the
+// Ethernet builds. Without L3 programs the device is refused, never given
+// programs that misparse it.
+func TestDevicesWithoutEthernetGetTheL3Programs(t *testing.T) {
+	e := newMgrEnv(t)
+	tunnel := "data" + bpftest.UniqueName("t")
+	eth := "data" + bpftest.UniqueName("e")
+	e.node.Run("ip", "tuntap", "add", "dev", tunnel, "mode", "tun")
+	e.node.Run("ip", "link", "add", eth, "type", "veth", "peer", "name", "p"+eth[1:])
+	for _, dev := range []string{tunnel, eth} {
+		e.node.Run("ip", "link", "set", dev, "up")
+	}
+
+	m := e.manager(e.programs(e.d.Objs))
+	if res := m.Apply(); len(res.Failed) != 0 {
+		t.Fatalf("apply: %v", res.Failed)
+	}
+	if ids := e.progIDs(tunnel, ebpf.AttachTCXIngress); !slices.Equal(ids, []ebpf.ProgramID{progID(t, e.d.Objs.SlFromHostL3)}) {
+		t.Fatalf("TUN device ingress programs %v, want sl_from_host_l3", ids)
+	}
+	if ids := e.progIDs(tunnel, ebpf.AttachTCXEgress); !slices.Equal(ids, []ebpf.ProgramID{progID(t, e.d.Objs.SlToHostL3)}) {
+		t.Fatalf("TUN device egress programs %v, want sl_to_host_l3", ids)
+	}
+	if ids := e.progIDs(eth, ebpf.AttachTCXIngress); !slices.Equal(ids, []ebpf.ProgramID{progID(t, e.d.Objs.SlFromHost)}) {
+		t.Fatalf("Ethernet device ingress programs %v, want sl_from_host", ids)
+	}
+
+	// A manager without L3 programs refuses the device and says why.
+	e2 := newMgrEnv(t)
+	e2.node.Run("ip", "tuntap", "add", "dev", tunnel, "mode", "tun")
+	e2.node.Run("ip", "link", "set", tunnel, "up")
+	noL3 := e2.programs(e2.d.Objs)
+	noL3.FromHostL3, noL3.ToHostL3 = nil, nil
+	res := e2.manager(noL3).Apply()
+	if err := res.Failed[tunnel]; err == nil || !strings.Contains(err.Error(), "Ethernet header") {
+		t.Fatalf("TUN device without L3 programs: %v", res.Failed)
+	}
+	if ids := e2.progIDs(tunnel, ebpf.AttachTCXIngress); len(ids) != 0 {
+		t.Fatalf("TUN device got programs %v", ids)
 	}
 }

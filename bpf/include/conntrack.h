@@ -40,6 +40,13 @@ enum pol_verdict : __u8 {
 	POL_DENIED = 2,
 };
 
+/* Bits of ct_value.tcp_seen above the TCP_FLAG_* bits. */
+enum ct_seen : __u32 {
+	/* This direction sent its FIN before the other did: this side closed
+	 * first and holds the tuple in TIME_WAIT. */
+	CT_SEEN_FIN_FIRST = 1 << 8,
+};
+
 enum ct_flags : __u8 {
 	CT_SNAT = 1 << 0,	/* the flow's source is translated too */
 	CT_FROM_HOST = 1 << 1,	/* the flow entered on a host (data) interface */
@@ -61,7 +68,7 @@ struct ct_value {
 	__be16 snat_port;	/* network order, as snat_addr */
 	__u32 svc_id;		/* host order: the service the flow was balanced by */
 	__u32 tcp_seen;		/* host order: TCP_FLAG_* bits seen on packets that
-				 * matched this entry */
+				 * matched this entry, and enum ct_seen marks */
 	enum ct_type type;
 	enum ct_flags flags;
 	enum pol_verdict pol_egress;	/* the source workload's egress policy */
@@ -86,6 +93,16 @@ static __always_inline void ct_key_of(const struct packet *p, struct ct_key *k)
 	k->proto = p->proto;
 }
 
+/* fin_first tells whether the first FIN of an entry's direction is the flow's
+ * first FIN: its peer (the other direction) has sent none. It runs once per
+ * direction of a flow, on the packet that brings that direction's FIN. */
+__subprog enum ct_seen fin_first(struct ct_key peer)
+{
+	struct ct_value *o = bpf_map_lookup_elem(&sl_ct_v1, &peer);
+
+	return o && (o->tcp_seen & TCP_FLAG_FIN) ? (enum ct_seen)0 : CT_SEEN_FIN_FIRST;
+}
+
 /* ct_touch records a packet on its entry: cheap enough for every packet. */
 static __always_inline void ct_touch(struct ct_value *v, const struct packet *p)
 {
@@ -95,7 +112,32 @@ static __always_inline void ct_touch(struct ct_value *v, const struct packet *p)
 		v->last_seen = now;
 	if (p->proto == IPPROTO_TCP) {
 		__u32 f = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_ACK);
-		if ((v->tcp_seen | f) != v->tcp_seen)
+		if ((v->tcp_seen | f) != v->tcp_seen) {
+			if ((f & ~v->tcp_seen) & TCP_FLAG_FIN)
+				f |= fin_first(v->peer);
 			__sync_fetch_and_or(&v->tcp_seen, f);
+		}
 	}
+}
+
+/* tcp_tuple_reusable tells whether a new flow may take over the tuple of an
+ * ended TCP flow, given its forward (client) and reverse (server) entries. As
+ * with netfilter: after a reset nobody holds the tuple; after FINs both ways
+ * only the side that closed first holds it, in TIME_WAIT. When that is the
+ * client, the client itself reuses its port, which Linux allows; when it is
+ * the server, a SYN on the tuple whose timestamp is older than the last one
+ * the server saw is dropped (PAWS), and a client's timestamp offset differs
+ * per destination address (a ClusterIP and a pod IP), so the tuple stays taken
+ * until the server's TIME_WAIT is over. A live flow's tuple is never
+ * reusable. */
+static __always_inline int tcp_tuple_reusable(const struct ct_value *fwd, const struct ct_value *rev)
+{
+	if ((fwd->tcp_seen | rev->tcp_seen) & TCP_FLAG_RST)
+		return 1;
+	if (!(fwd->tcp_seen & rev->tcp_seen & TCP_FLAG_FIN))
+		return 0;
+	if (!(rev->tcp_seen & CT_SEEN_FIN_FIRST))
+		return 1;
+	__u64 last = fwd->last_seen > rev->last_seen ? fwd->last_seen : rev->last_seen;
+	return bpf_ktime_get_ns() - last > TCP_TIME_WAIT_NS;
 }

@@ -18,12 +18,21 @@
 #define SL_POLPROG_MAX		16384		/* policy program slots (0: the verdict program) */
 #define SL_RULECTR_MAX		65536		/* per-rule counters */
 #define SL_IPSET_MAX		262144		/* IP set members */
+#define SL_FRAG_MAX		16384		/* datagrams in flight as fragments (LRU) */
 
 /* An unconnected UDP socket's translation is used for replies (recvmsg) up to
  * this long after its last send; later "replies" keep the backend's address. */
 #define SOCK_REVNAT_TIMEOUT_NS	(600 * NS_PER_SEC)
 
 #define NS_PER_SEC		1000000000ULL
+/* A first fragment's ports serve the rest of its datagram this long (Linux's
+ * net.ipv4.ipfrag_time default). */
+#define FRAG_TIMEOUT_NS		(30 * NS_PER_SEC)
+/* A TCP flow whose server closed first: the server holds the tuple in
+ * TIME_WAIT, and a new flow on it would meet PAWS, for this long after the
+ * flow's last packet (2 MSL, as netfilter's TIME_WAIT timeout). The conntrack
+ * scanner keeps such flows at least this long (conntrack.Timeouts). */
+#define TCP_TIME_WAIT_NS	(120 * NS_PER_SEC)
 /* A conntrack entry's last_seen is refreshed at most this often, so an
  * established flow does not write the shared cache line on every packet. The
  * scanner's timeouts are seconds to hours, far coarser. */

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v1):
+/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v2; v2: the array grew with new
+ * counters):
  * a per-CPU array indexed by enum counter, each value a host-order __u64. */
 #pragma once
 
@@ -14,7 +15,8 @@ enum counter : __u32 {
 	CNT_DROP_CT_CREATE,		/* conntrack entry could not be written */
 	CNT_DROP_REJECT_FAILED,		/* a reply (RST / ICMP) could not be built */
 	CNT_REJECT_NO_ENDPOINTS,	/* TCP RST or ICMP port unreachable sent */
-	CNT_PASS_FRAGMENT,		/* IPv4 fragment passed untouched */
+	CNT_PASS_FRAGMENT,		/* IPv4 non-first fragment of an unknown datagram,
+					 * not to a service IP: passed untouched */
 	CNT_ICMP_ECHO_ANSWERED,		/* echo request to a service IP answered */
 	CNT_ICMP_ERROR_TRANSLATED,	/* ICMP error about a NATed flow reverse-translated */
 	CNT_SOCK_REJECT_NO_ENDPOINTS,	/* connect()/sendmsg() refused: no endpoints */
@@ -24,6 +26,14 @@ enum counter : __u32 {
 	CNT_XDP_PASS_FAILSAFE,		/* prefilter: denied source, failsafe port */
 	CNT_DROP_POLICY,		/* a policy denied the flow */
 	CNT_DROP_POLICY_MISSING,	/* the interface's policy program is not loaded */
+	CNT_FRAGMENT_TRANSLATED,	/* non-first fragment matched to its flow by its
+					 * first fragment's ports */
+	CNT_DROP_FRAGMENT_UNKNOWN,	/* non-first fragment to a service IP whose first
+					 * fragment was not seen (out of order, expired) */
+	CNT_TUPLE_REMAPPED,		/* a new flow's tuple at the destination was held
+					 * by another flow: its source port was remapped */
+	CNT_TUPLE_REUSED,		/* a SYN reopened a closed flow's tuple: the old
+					 * flow was forgotten and the SYN balanced anew */
 	CNT_MAX,
 };
 
@@ -32,12 +42,12 @@ struct {
 	__uint(max_entries, CNT_MAX);
 	__type(key, enum counter);
 	__type(value, __u64);
-} sl_counters_v1 SEC(".maps");
+} sl_counters_v2 SEC(".maps");
 
 static __always_inline void count(enum counter c)
 {
 	enum counter key = c;
-	__u64 *v = bpf_map_lookup_elem(&sl_counters_v1, &key);
+	__u64 *v = bpf_map_lookup_elem(&sl_counters_v2, &key);
 
 	if (v)
 		*v += 1;	/* per-CPU: no other CPU writes this slot */

@@ -19,6 +19,7 @@
 #include "config.h"
 #include "conntrack.h"
 #include "counters.h"
+#include "frag.h"
 #include "icmp_error.h"
 #include "ifstate.h"
 #include "nat.h"
@@ -66,10 +67,11 @@ __subprog int reject(struct __sk_buff *skb, const struct packet *p)
 	return bpf_redirect(skb->ifindex, 0);
 }
 
+/* cfg may be NULL (no configuration written yet): the default range. */
 static __always_inline __be16 random_snat_port(const struct config *cfg)
 {
-	__u16 lo = cfg->snat_port_min ? cfg->snat_port_min : SNAT_PORT_MIN_DEFAULT;
-	__u16 hi = cfg->snat_port_max ? cfg->snat_port_max : SNAT_PORT_MAX_DEFAULT;
+	__u16 lo = cfg && cfg->snat_port_min ? cfg->snat_port_min : SNAT_PORT_MIN_DEFAULT;
+	__u16 hi = cfg && cfg->snat_port_max ? cfg->snat_port_max : SNAT_PORT_MAX_DEFAULT;
 
 	if (hi < lo)
 		hi = lo;
@@ -121,25 +123,40 @@ static __always_inline int judge_stateless(struct __sk_buff *skb, const struct p
 	return policy_handoff(skb, p, dir, slot);
 }
 
-/* reverse_taken tells whether the reverse key of a new flow to be belongs to
- * another live flow. A client port reused toward another Service with the
- * same backend makes the same reverse tuple: the backend would see one
- * connection where there are two, and one flow's replies would reach the
- * other. A reverse entry may be taken over when it is this flow's own (its
- * forward entry was evicted), when its forward entry is gone, or when its TCP
- * flow has closed (FINs both ways, or a reset): the usual case of a client
- * reusing a port it holds in TIME_WAIT, which netfilter lets reuse too. */
-static __always_inline int reverse_taken(const struct packet *p, const struct be_value *be)
+/* ct_reopened tells whether a SYN that matched a forward entry opens a new
+ * connection on the tuple of one that has ended (the client closed or reset
+ * it, or the server reset it): the SYN is then balanced as a new flow, as
+ * netfilter replaces a closed conntrack entry, instead of following a flow
+ * whose backend may be gone. Only SYNs that hit an entry pay for it. */
+__subprog int ct_reopened(const struct ct_value *fwd)
 {
-	struct ct_key rk = {
-		.saddr = be->addr, .daddr = p->saddr, .sport = be->port, .dport = p->sport, .proto = p->proto,
-	};
-	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v1, &rk);
+	if (fwd->tcp_seen & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		return 1;
+	struct ct_key peer = fwd->peer;
+	struct ct_value *rev = bpf_map_lookup_elem(&sl_ct_v1, &peer);
+	return rev && (rev->tcp_seen & TCP_FLAG_RST);
+}
+
+/* tuple_taken tells whether the reverse key of a new flow is held by another
+ * flow, which the destination would take for the same connection (one
+ * flow's replies would reach the other). Every TCP and UDP flow crossing a
+ * workload or data interface is tracked, translated or not, so the holder may
+ * be a Service flow or a direct one, in either order: a client port reused
+ * toward a Service and then toward one of its backends directly, toward two
+ * Services sharing a backend, and so on. The key is free when its entry is
+ * this very flow's (its forward entry was replaced), when the holder's
+ * forward entry is gone, or when the holder is a TCP flow whose tuple may be
+ * reused (tcp_tuple_reusable: a reset, or the client closed first). A holder
+ * that is a forward entry is the destination's own flow to the client's
+ * address and port. */
+static __always_inline int tuple_taken(const struct packet *p, struct ct_key *rk)
+{
+	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v1, rk);
 
 	if (!r)
 		return 0;
 	if (r->type != CT_REVERSE)
-		return 1; /* the backend's own flow to the client's address and port */
+		return 1;
 	if (r->peer.saddr == p->saddr && r->peer.daddr == p->daddr &&
 	    r->peer.sport == p->sport && r->peer.dport == p->dport)
 		return 0;
@@ -147,22 +164,19 @@ static __always_inline int reverse_taken(const struct packet *p, const struct be
 	struct ct_value *f = bpf_map_lookup_elem(&sl_ct_v1, &peer);
 	if (!f)
 		return 0;
-	if (p->proto == IPPROTO_TCP) {
-		__u32 seen = f->tcp_seen | r->tcp_seen;
-		if ((seen & TCP_FLAG_RST) || ((f->tcp_seen & TCP_FLAG_FIN) && (r->tcp_seen & TCP_FLAG_FIN)))
-			return 0;
-	}
+	if (p->proto == IPPROTO_TCP)
+		return !tcp_tuple_reusable(f, r);
 	return 1;
 }
 
 /* ct_create writes the reverse entry, then the forward one, and sets *sport to
  * the source port the flow leaves with. With *snat_addr set the source is
  * translated: the client's port is kept when free, else random ones are
- * tried. Without, the reverse tuple is the client's own; when another live
- * flow holds it (reverse_taken, checked only when the tuple is taken) the flow
- * keeps the client's address but gets another port, as netfilter's NAT does,
- * and *snat_addr and *flags say so. It returns -1 when no entry could be
- * written. */
+ * tried. Without, the reverse tuple is the client's own; when another flow
+ * holds it (tuple_taken, checked only when the insert finds the key taken)
+ * the flow keeps the client's address but gets another port, as netfilter's
+ * NAT does even for flows no rule translates (its "null binding"); *snat_addr
+ * and *flags say so. It returns -1 when no entry could be written. */
 static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 				     const struct be_value *be, __be32 *snat_addr,
 				     const struct config *cfg, __u8 *flags, enum pol_verdict egress,
@@ -183,10 +197,11 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 	ct_key_of(p, &fwd_key);
 	rev.peer = fwd_key;
 	if (!*snat_addr && bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_NOEXIST)) {
-		if (cfg && reverse_taken(p, be)) {
+		if (tuple_taken(p, &rev_key)) {
 			*snat_addr = p->saddr;
 			*flags |= CT_SNAT;
 			rev.flags = *flags;
+			count(CNT_TUPLE_REMAPPED);
 		} else if (bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_ANY)) {
 			return -1;
 		}
@@ -219,20 +234,27 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 	return 0;
 }
 
-/* identity_flow tracks a flow that is not NATed, so that a policy's verdict
- * on its first packet holds for the rest of it. */
-static __always_inline int identity_flow(struct __sk_buff *skb, struct packet *p, __u32 dir)
+/* track_flow tracks a flow that no Service translates, so that its tuple is
+ * known to the clash check of later flows (and it gets a port of its own when
+ * a flow already holds its tuple at the destination), and so that a policy's
+ * verdict on its first packet holds for the rest of it. A later fragment of
+ * a datagram whose flow is unknown starts nothing. */
+__subprog int track_flow(struct __sk_buff *skb, struct packet *p, __u32 dir, __u32 slot)
 {
-	__u32 slot = policy_slot(skb, dir);
 	struct be_value self = { .addr = p->daddr, .port = p->dport };
-	__be32 no_snat = 0; /* without a config ct_create never remaps */
+	__be32 snat_addr = 0;
 	__u8 flags = 0;
 	__be16 sport;
 
+	if (p->l4_absent)
+		return TC_ACT_OK;
+	if (ct_create(p, 0, &self, &snat_addr, config_get(), &flags,
+		      dir == POLICY_DIR_EGRESS && slot != IFSTATE_NO_POLICY ? POL_UNJUDGED : POL_ALLOWED, &sport))
+		return drop(snat_addr ? CNT_DROP_SNAT_PORTS : CNT_DROP_CT_CREATE);
+	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
+		return drop(CNT_DROP_MALFORMED);
 	if (slot == IFSTATE_NO_POLICY)
 		return TC_ACT_OK;
-	if (ct_create(p, 0, &self, &no_snat, NULL, &flags, dir == POLICY_DIR_EGRESS ? POL_UNJUDGED : POL_ALLOWED, &sport))
-		return drop(CNT_DROP_CT_CREATE);
 	return policy_handoff(skb, p, dir, slot);
 }
 
@@ -248,20 +270,25 @@ __subprog int to_workload_new(struct __sk_buff *skb, struct packet *p)
 	};
 	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v1, &rk);
 
-	if (r)
-		return r->type == CT_FORWARD ? TC_ACT_OK : enforce(skb, p, r, POLICY_DIR_INGRESS);
-	return identity_flow(skb, p, POLICY_DIR_INGRESS);
+	if (r && r->type == CT_FORWARD)
+		return TC_ACT_OK;
+	/* A SYN on the tuple of a flow whose server has already answered is not
+	 * that flow's SYN: another connection (from the node itself, or from an
+	 * interface Sluice does not manage) on the same tuple, tracked and
+	 * remapped as a flow of its own. */
+	if (r && !(p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN &&
+		   (r->tcp_seen & TCP_FLAG_ACK)))
+		return enforce(skb, p, r, POLICY_DIR_INGRESS);
+	return track_flow(skb, p, POLICY_DIR_INGRESS, policy_slot(skb, POLICY_DIR_INGRESS));
 }
 
-__subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook)
+/* new_flow balances a new flow to a frontend. */
+__subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, const struct fe_value *fe)
 {
-	struct fe_value *fe = fe_lookup(p->daddr, p->dport, p->proto);
 	int from_host = hook == HOOK_FROM_HOST;
 	struct be_value be;
 	__u32 ordinal;
 
-	if (!fe)
-		return hook == HOOK_FROM_WL ? identity_flow(skb, p, POLICY_DIR_EGRESS) : TC_ACT_OK;
 	if (!src_allowed(fe, p->saddr))
 		return drop(CNT_DROP_SRC_RANGE);
 
@@ -342,28 +369,75 @@ __subprog int handle_icmp(struct __sk_buff *skb, struct packet *p, enum hook hoo
 	return TC_ACT_OK;
 }
 
-static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook)
+/* is_service_ip: the syncer marks every service IP with an ICMP frontend. */
+static __always_inline int is_service_ip(__be32 addr)
+{
+	struct fe_key key = { .addr = addr, .proto = IPPROTO_ICMP };
+	return bpf_map_lookup_elem(&sl_fe_v1, &key) != NULL;
+}
+
+/* unknown_fragment: a later fragment whose first fragment was not seen. It
+ * must never reach a Service untranslated; other traffic passes as it is. */
+static __always_inline int unknown_fragment(const struct packet *p)
+{
+	if (is_service_ip(p->daddr))
+		return drop(CNT_DROP_FRAGMENT_UNKNOWN);
+	count(CNT_PASS_FRAGMENT);
+	return TC_ACT_OK;
+}
+
+/* untracked_fragment: a later fragment whose ports are known but whose flow
+ * conntrack does not hold (its first fragment was dropped or rejected, or the
+ * flow expired in between). It starts nothing: a fragment to a frontend is
+ * dropped, one entering a workload is judged as its flow's first fragment
+ * was, anything else passes. */
+__subprog int untracked_fragment(struct __sk_buff *skb, struct packet *p, enum hook hook)
+{
+	if (hook == HOOK_TO_WL)
+		return to_workload_new(skb, p);
+	if (hook != HOOK_TO_HOST && fe_lookup(p->daddr, p->dport, p->proto))
+		return drop(CNT_DROP_FRAGMENT_UNKNOWN);
+	return TC_ACT_OK;
+}
+
+/* l2_len: ETH_HLEN, or 0 on an L3 device (parse.h). */
+static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const __u32 l2_len)
 {
 	struct packet p;
 
-	switch (parse_packet(skb, &p)) {
+	switch (parse_packet(skb, &p, l2_len)) {
 	case PARSE_NOT_IPV4:
 		return TC_ACT_OK;
 	case PARSE_MALFORMED:
 		return drop(CNT_DROP_MALFORMED);
 	}
-	if (p.fragment) {
-		count(CNT_PASS_FRAGMENT);
+	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP) {
+		if (p.fragment) {
+			count(CNT_PASS_FRAGMENT);
+			return TC_ACT_OK;
+		}
+		if (p.proto == IPPROTO_ICMP)
+			return handle_icmp(skb, &p, hook);
 		return TC_ACT_OK;
 	}
-	if (p.proto == IPPROTO_ICMP)
-		return handle_icmp(skb, &p, hook);
-	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
-		return TC_ACT_OK;
+	if (p.fragment) {
+		if (!p.l4_absent)
+			frag_learn(&p);
+		else if (frag_ports(&p))
+			return unknown_fragment(&p);
+		else
+			count(CNT_FRAGMENT_TRANSLATED);
+	}
 
 	struct ct_key key;
 	ct_key_of(&p, &key);
 	struct ct_value *v = bpf_map_lookup_elem(&sl_ct_v1, &key);
+	/* A SYN on the tuple of a flow that ended is a new connection. */
+	if (v && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN && p.proto == IPPROTO_TCP &&
+	    v->type == CT_FORWARD && ct_reopened(v)) {
+		count(CNT_TUPLE_REUSED);
+		v = NULL;
+	}
 	if (v) {
 		ct_touch(v, &p);
 		if (ct_apply(skb, &p, v))
@@ -375,6 +449,8 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook)
 		return TC_ACT_OK; /* a reply, or a hook without policy */
 	}
 
+	if (p.l4_absent)
+		return untracked_fragment(skb, &p, hook);
 	if (hook == HOOK_TO_HOST)
 		return TC_ACT_OK;
 	if (hook == HOOK_TO_WL)
@@ -384,5 +460,11 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook)
 	 * A workload's egress policy still judges it, packet by packet. */
 	if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
 		return hook == HOOK_FROM_WL ? judge_stateless(skb, &p, POLICY_DIR_EGRESS) : TC_ACT_OK;
-	return new_flow(skb, &p, hook);
+	struct fe_value *fe = fe_lookup(p.daddr, p.dport, p.proto);
+	if (fe)
+		return new_flow(skb, &p, hook, fe);
+	/* Traffic from a workload waits for its egress policy; traffic from
+	 * outside has no source workload to judge it. */
+	return track_flow(skb, &p, POLICY_DIR_EGRESS,
+			  hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS) : IFSTATE_NO_POLICY);
 }

@@ -1,16 +1,24 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Packet parsing: Ethernet, IPv4, TCP/UDP/ICMP into a struct packet.
+/* Packet parsing: the link layer, IPv4, TCP/UDP/ICMP into a struct packet.
  *
  * The parser records offsets and copies of the fields the datapath needs, so later
  * stages rewrite the packet with skb helpers by offset and never hold a packet
  * pointer across a helper call that may move the data.
+ *
+ * The link layer is a compile-time argument (l2_len): ETH_HLEN for Ethernet
+ * devices, 0 for L3 devices (ipip, WireGuard, TUN) whose packets start with the
+ * IP header. Each entry program is built for one of them, so the choice costs
+ * nothing per packet; the attach manager picks the program by the device's
+ * link type.
  *
  * Rules (documented in README "Datapath rules"):
  *  - Anything that is not IPv4 is PARSE_NOT_IPV4 and passes untouched.
  *  - An IPv4 header shorter than 20 bytes, a header length field below 5, a total
  *    length shorter than the header, or an L4 header cut short is PARSE_MALFORMED.
  *  - IP options are skipped using the header length; they do not change the verdict.
- *  - Fragments (MF set or a non-zero offset) are flagged; they are never NATed.
+ *  - Fragments (MF set or a non-zero offset) are flagged. A first fragment
+ *    carries the L4 header and is parsed like any packet; a later fragment has
+ *    no L4 header (l4_absent) and gets its ports from the first (frag.h).
  */
 #pragma once
 
@@ -44,6 +52,10 @@ struct packet {
 	__u8 icmp_code;
 	__u8 fragment;		/* 1 when MF is set or the fragment offset is not zero */
 	__u8 ttl;
+	__u8 l4_absent;		/* 1 for a non-first fragment: no L4 header in this
+				 * packet; sport/dport come from the first fragment and
+				 * rewrites touch the IP header only */
+	__be16 ip_id;		/* network order: the IPv4 identification */
 };
 
 /* Make the first len bytes linear so direct packet access can see them. */
@@ -60,11 +72,8 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 {
 	void *data, *data_end;
 
-	if (p->fragment) {
-		/* Only a first fragment carries the L4 header; none of them is NATed,
-		 * so the ports are not needed. */
-		return PARSE_OK;
-	}
+	if (p->l4_absent)
+		return PARSE_OK; /* the ports come from the first fragment (frag.h) */
 
 	switch (p->proto) {
 	case IPPROTO_TCP: {
@@ -115,7 +124,8 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 	}
 }
 
-static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
+/* l2_len: ETH_HLEN or 0 (an L3 device), a constant at every call site. */
+static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p, const __u32 l2_len)
 {
 	void *data, *data_end;
 
@@ -123,17 +133,19 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return PARSE_NOT_IPV4;
 
-	p->l3_off = sizeof(struct ethhdr);
+	p->l3_off = l2_len;
 	if (pull(skb, p->l3_off + sizeof(struct iphdr)))
 		return PARSE_MALFORMED;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > data_end)
-		return PARSE_MALFORMED;
-	if (eth->h_proto != bpf_htons(ETH_P_IP))
-		return PARSE_NOT_IPV4;
+	if (l2_len) {
+		struct ethhdr *eth = data;
+		if ((void *)(eth + 1) > data_end)
+			return PARSE_MALFORMED;
+		if (eth->h_proto != bpf_htons(ETH_P_IP))
+			return PARSE_NOT_IPV4;
+	}
 
 	struct iphdr *ip = data + p->l3_off;
 	if ((void *)(ip + 1) > data_end)
@@ -152,6 +164,8 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
 	p->proto = ip->protocol;
 	p->ttl = ip->ttl;
 	p->fragment = (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)) != 0;
+	p->l4_absent = (ip->frag_off & bpf_htons(IP_OFFSET)) != 0;
+	p->ip_id = ip->id;
 
 	return parse_l4(skb, p);
 }

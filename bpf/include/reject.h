@@ -2,7 +2,8 @@
 /* Replies the datapath sends itself, back out of the interface the packet came
  * in on: TCP RST and ICMP port unreachable for a Service without endpoints, and
  * echo replies for service IPs. The packet is rewritten in place (addresses and
- * MACs swapped) and redirected, so nothing is allocated. */
+ * MACs swapped; an L3 device has no MACs) and redirected, so nothing is
+ * allocated. */
 #pragma once
 
 #include "common.h"
@@ -23,10 +24,13 @@ struct tcp_raw {
 	__be16 urg_ptr;
 };
 
-static __always_inline int swap_macs(struct __sk_buff *skb)
+/* An L3 device's packets have no link-layer header (l3_off 0): nothing to swap. */
+static __always_inline int swap_macs(struct __sk_buff *skb, const struct packet *p)
 {
 	__u8 macs[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
 
+	if (!p->l3_off)
+		return 0;
 	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)))
 		return -1;
 	__builtin_memcpy(swapped, macs + ETH_ALEN, ETH_ALEN);
@@ -87,7 +91,7 @@ static __always_inline int reject_tcp(struct __sk_buff *skb, const struct packet
 	if (bpf_skb_change_tail(skb, p->l3_off + sizeof(ip) + sizeof(rst), 0) ||
 	    bpf_skb_store_bytes(skb, p->l3_off, &ip, sizeof(ip), 0) ||
 	    bpf_skb_store_bytes(skb, p->l3_off + sizeof(ip), &rst, sizeof(rst), 0) ||
-	    swap_macs(skb))
+	    swap_macs(skb, p))
 		return -1;
 	return 0;
 }
@@ -120,7 +124,7 @@ static __always_inline int reject_udp(struct __sk_buff *skb, const struct packet
 	if (bpf_skb_adjust_room(skb, grow, BPF_ADJ_ROOM_MAC, 0) ||
 	    bpf_skb_change_tail(skb, p->l3_off + sizeof(reply), 0) ||
 	    bpf_skb_store_bytes(skb, p->l3_off, &reply, sizeof(reply), 0) ||
-	    swap_macs(skb))
+	    swap_macs(skb, p))
 		return -1;
 	return 0;
 }
@@ -136,7 +140,7 @@ static __always_inline int answer_echo(struct __sk_buff *skb, const struct packe
 				bpf_htons(ICMP_ECHO << 8), bpf_htons(ICMP_ECHOREPLY << 8), 2) ||
 	    bpf_skb_store_bytes(skb, p->l4_off, &type, 1, 0) ||
 	    bpf_skb_store_bytes(skb, p->l3_off + IP_SADDR_OFF, addrs, sizeof(addrs), 0) ||
-	    swap_macs(skb))
+	    swap_macs(skb, p))
 		return -1;
 	return 0;
 }

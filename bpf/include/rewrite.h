@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Rewriting addresses and ports with incremental checksum updates. Every write
- * goes through skb helpers by offset, so it is safe whatever the packet layout. */
+ * goes through skb helpers by offset, so it is safe whatever the packet layout.
+ * A non-first fragment (l4_absent) has no L4 header: only its IP header is
+ * rewritten; the first fragment carries the datagram's L4 checksum and ports. */
 #pragma once
 
 #include "common.h"
@@ -32,7 +34,8 @@ static __always_inline int rewrite_addr(struct __sk_buff *skb, const struct pack
 {
 	if (old == new)
 		return 0;
-	if (bpf_l4_csum_replace(skb, l4_csum_off(p), old, new, l4_csum_flags(p, 1) | sizeof(new)))
+	if (!p->l4_absent &&
+	    bpf_l4_csum_replace(skb, l4_csum_off(p), old, new, l4_csum_flags(p, 1) | sizeof(new)))
 		return -1;
 	if (bpf_l3_csum_replace(skb, p->l3_off + IP_CSUM_OFF, old, new, sizeof(new)))
 		return -1;
@@ -43,7 +46,7 @@ static __always_inline int rewrite_addr(struct __sk_buff *skb, const struct pack
 static __always_inline int rewrite_port(struct __sk_buff *skb, const struct packet *p,
 					__u32 port_off, __be16 old, __be16 new)
 {
-	if (old == new)
+	if (old == new || p->l4_absent)
 		return 0;
 	if (bpf_l4_csum_replace(skb, l4_csum_off(p), old, new, l4_csum_flags(p, 0) | sizeof(new)))
 		return -1;

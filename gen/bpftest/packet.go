@@ -1,6 +1,7 @@
 package bpftest
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -40,6 +41,8 @@ type PacketSpec struct {
 	IPOptions []byte
 	// Fragment sets the More Fragments bit.
 	Fragment bool
+	// ID is the IPv4 identification (0x1234 when zero).
+	ID uint16
 }
 
 // Build serialises spec with valid lengths and checksums.
@@ -50,7 +53,7 @@ func Build(spec PacketSpec) []byte {
 	}
 	eth := &layers.Ethernet{SrcMAC: srcMAC, DstMAC: dstMAC, EthernetType: layers.EthernetTypeIPv4}
 	ip := &layers.IPv4{
-		Version: 4, TTL: ttl, Protocol: spec.Proto, Id: 0x1234,
+		Version: 4, TTL: ttl, Protocol: spec.Proto, Id: cmp.Or(spec.ID, 0x1234),
 		SrcIP: spec.Src.Addr().AsSlice(), DstIP: spec.Dst.Addr().AsSlice(),
 	}
 	if spec.Fragment {
@@ -196,4 +199,79 @@ func checksum(b []byte, initial uint32) uint16 {
 		sum = sum&0xffff + sum>>16
 	}
 	return ^uint16(sum)
+}
+
+// Fragment splits an Ethernet/IPv4 frame into IPv4 fragments whose IP payloads
+// hold at most size bytes (rounded down to a multiple of 8), as a sender whose
+// datagram exceeds the MTU does. Every fragment keeps the frame's IP header
+// (options included) with its own offset, length, MF bit and checksum.
+func Fragment(frame []byte, size int) [][]byte {
+	const ethLen = 14
+	ip := frame[ethLen:]
+	ihl := int(ip[0]&0x0f) * 4
+	payload := ip[ihl:binary.BigEndian.Uint16(ip[2:4])]
+	size &^= 7
+	var out [][]byte
+	for off := 0; off < len(payload); off += size {
+		end := min(off+size, len(payload))
+		f := make([]byte, 0, ethLen+ihl+end-off)
+		f = append(f, frame[:ethLen+ihl]...)
+		f = append(f, payload[off:end]...)
+		h := f[ethLen : ethLen+ihl]
+		binary.BigEndian.PutUint16(h[2:4], uint16(ihl+end-off))
+		fo := uint16(off / 8)
+		if end < len(payload) {
+			fo |= 0x2000 // MF
+		}
+		binary.BigEndian.PutUint16(h[6:8], fo)
+		binary.BigEndian.PutUint16(h[10:12], 0)
+		binary.BigEndian.PutUint16(h[10:12], checksum(h, 0))
+		out = append(out, f)
+	}
+	return out
+}
+
+// Reassemble joins the fragments of one datagram (in any order; duplicates
+// and overlaps are laid over each other, as a receiver may) into one
+// Ethernet/IPv4 frame with the first fragment's headers, for Decode to verify.
+// It fails when the fragments disagree on the datagram or leave a hole.
+func Reassemble(frags [][]byte) ([]byte, error) {
+	const ethLen = 14
+	var first []byte
+	payload := map[int]byte{}
+	total := -1
+	for _, f := range frags {
+		ip := f[ethLen:]
+		ihl := int(ip[0]&0x0f) * 4
+		fo := binary.BigEndian.Uint16(ip[6:8])
+		off := int(fo&0x1fff) * 8
+		data := ip[ihl:binary.BigEndian.Uint16(ip[2:4])]
+		if off == 0 {
+			first = f[:ethLen+ihl]
+		}
+		if fo&0x2000 == 0 {
+			total = off + len(data)
+		}
+		for i, b := range data {
+			payload[off+i] = b
+		}
+	}
+	if first == nil || total < 0 {
+		return nil, fmt.Errorf("reassemble: first or last fragment missing")
+	}
+	out := append([]byte(nil), first...)
+	for i := range total {
+		b, ok := payload[i]
+		if !ok {
+			return nil, fmt.Errorf("reassemble: hole at byte %d of %d", i, total)
+		}
+		out = append(out, b)
+	}
+	h := out[ethLen:]
+	ihl := int(h[0]&0x0f) * 4
+	binary.BigEndian.PutUint16(h[2:4], uint16(ihl+total))
+	binary.BigEndian.PutUint16(h[6:8], 0)
+	binary.BigEndian.PutUint16(h[10:12], 0)
+	binary.BigEndian.PutUint16(h[10:12], checksum(h[:ihl], 0))
+	return out, nil
 }

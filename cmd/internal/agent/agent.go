@@ -157,7 +157,8 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	a.ifaces, err = ifacemgr.New(ifacemgr.Options{
 		Netns: cfg.Netns, PinDir: filepath.Join(cfg.PinDir, "links"), Classifier: classifier, IfState: ifstate, Sysctls: true,
-		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost, XDP: o.SlXdpPrefilter},
+		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost,
+			FromHostL3: o.SlFromHostL3, ToHostL3: o.SlToHostL3, XDP: o.SlXdpPrefilter},
 		Policies: feed, Logger: log,
 	})
 	if err != nil {
