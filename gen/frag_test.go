@@ -229,4 +229,3 @@ func FuzzFragments(f *testing.F) {
 		}
 	})
 }
-
