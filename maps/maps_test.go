@@ -75,6 +75,7 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.SrcRanges.Name: roundTripLPM,
 	maps.Affinity.Name:  roundTrip(maps.Affinity),
 	maps.Conntrack.Name: roundTrip(maps.Conntrack),
+	maps.Fragments.Name: roundTrip(maps.Fragments),
 	maps.Config.Name:    roundTripConfig,
 	maps.HostIPs.Name:   roundTrip(maps.HostIPs),
 	maps.Counters.Name:  roundTripCounters,

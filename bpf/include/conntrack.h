@@ -141,3 +141,15 @@ static __always_inline int tcp_tuple_reusable(const struct ct_value *fwd, const 
 	__u64 last = fwd->last_seen > rev->last_seen ? fwd->last_seen : rev->last_seen;
 	return bpf_ktime_get_ns() - last > TCP_TIME_WAIT_NS;
 }
+
+/* tcp_orphan_reusable judges a reverse entry whose forward entry now belongs
+ * to a newer flow (the client opened a new connection on its tuple, which
+ * happens only once the old one ended): the entry still tells how the old
+ * flow's server left the tuple. Only a server that closed first holds it, in
+ * TIME_WAIT after its last packet. */
+static __always_inline int tcp_orphan_reusable(const struct ct_value *rev)
+{
+	if ((rev->tcp_seen & (TCP_FLAG_RST | CT_SEEN_FIN_FIRST)) != CT_SEEN_FIN_FIRST)
+		return 1;
+	return bpf_ktime_get_ns() - rev->last_seen > TCP_TIME_WAIT_NS;
+}

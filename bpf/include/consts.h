@@ -24,6 +24,12 @@
  * this long after its last send; later "replies" keep the backend's address. */
 #define SOCK_REVNAT_TIMEOUT_NS	(600 * NS_PER_SEC)
 
+/* The skb->mark bit of a packet Sluice handled at a node's ingress hook
+ * (sl_from_wl, sl_from_host). kube-proxy uses 0x4000 and 0x8000, Calico
+ * allocates from 0xffff0000 upwards from its lowest bit; the bit is set in
+ * sl_config_v1 when another owner needs this one. */
+#define SEEN_MARK_DEFAULT	0x08000000
+
 #define NS_PER_SEC		1000000000ULL
 /* A first fragment's ports serve the rest of its datagram this long (Linux's
  * net.ipv4.ipfrag_time default). */
@@ -44,3 +50,11 @@
 #define SNAT_PORT_MIN_DEFAULT	61000
 #define SNAT_PORT_MAX_DEFAULT	65535
 #define SNAT_PORT_TRIES		8
+/* A flow that keeps the client's address but whose tuple is taken (a clash)
+ * gets a port from every unprivileged port, as netfilter's null binding does:
+ * no socket of the client can hold it at the destination unseen, since every
+ * flow there is tracked, and the wide range keeps remaps cheap when a client
+ * with few ports alternates between a Service and its backends, whose
+ * server-closed tuples stay taken for TCP_TIME_WAIT_NS. */
+#define REMAP_PORT_MIN		1024
+#define REMAP_PORT_MAX		65535

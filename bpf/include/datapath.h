@@ -67,11 +67,14 @@ __subprog int reject(struct __sk_buff *skb, const struct packet *p)
 	return bpf_redirect(skb->ifindex, 0);
 }
 
-/* cfg may be NULL (no configuration written yet): the default range. */
-static __always_inline __be16 random_snat_port(const struct config *cfg)
+/* random_snat_port picks a port for a flow whose source is translated: the
+ * SNAT range for the node's address (cfg may be NULL: no configuration
+ * written yet, the default range), the remap range for a client that keeps
+ * its own address. */
+static __always_inline __be16 random_snat_port(const struct config *cfg, int remap)
 {
-	__u16 lo = cfg && cfg->snat_port_min ? cfg->snat_port_min : SNAT_PORT_MIN_DEFAULT;
-	__u16 hi = cfg && cfg->snat_port_max ? cfg->snat_port_max : SNAT_PORT_MAX_DEFAULT;
+	__u16 lo = remap ? REMAP_PORT_MIN : cfg && cfg->snat_port_min ? cfg->snat_port_min : SNAT_PORT_MIN_DEFAULT;
+	__u16 hi = remap ? REMAP_PORT_MAX : cfg && cfg->snat_port_max ? cfg->snat_port_max : SNAT_PORT_MAX_DEFAULT;
 
 	if (hi < lo)
 		hi = lo;
@@ -148,7 +151,8 @@ __subprog int ct_reopened(const struct ct_value *fwd)
  * forward entry is gone, or when the holder is a TCP flow whose tuple may be
  * reused (tcp_tuple_reusable: a reset, or the client closed first). A holder
  * that is a forward entry is the destination's own flow to the client's
- * address and port. */
+ * address and port. A UDP holder whose forward entry went to a newer flow is
+ * over. */
 static __always_inline int tuple_taken(const struct packet *p, struct ct_key *rk)
 {
 	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v1, rk);
@@ -164,9 +168,13 @@ static __always_inline int tuple_taken(const struct packet *p, struct ct_key *rk
 	struct ct_value *f = bpf_map_lookup_elem(&sl_ct_v1, &peer);
 	if (!f)
 		return 0;
+	/* A forward entry that does not point back belongs to a newer flow on
+	 * the old flow's client tuple: the reverse entry is judged alone. */
+	int own = f->peer.saddr == rk->saddr && f->peer.daddr == rk->daddr &&
+		  f->peer.sport == rk->sport && f->peer.dport == rk->dport;
 	if (p->proto == IPPROTO_TCP)
-		return !tcp_tuple_reusable(f, r);
-	return 1;
+		return own ? !tcp_tuple_reusable(f, r) : !tcp_orphan_reusable(r);
+	return own;
 }
 
 /* ct_create writes the reverse entry, then the forward one, and sets *sport to
@@ -194,10 +202,13 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 		.svc_id = svc_id, .type = CT_REVERSE, .flags = *flags, .pol_egress = egress,
 	};
 
+	int remap = 0;
+
 	ct_key_of(p, &fwd_key);
 	rev.peer = fwd_key;
 	if (!*snat_addr && bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_NOEXIST)) {
 		if (tuple_taken(p, &rev_key)) {
+			remap = 1;
 			*snat_addr = p->saddr;
 			*flags |= CT_SNAT;
 			rev.flags = *flags;
@@ -213,7 +224,7 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 		for (i = 0; i < SNAT_PORT_TRIES; i++) {
 			if (!bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_NOEXIST))
 				break;
-			rev_key.dport = random_snat_port(cfg);
+			rev_key.dport = random_snat_port(cfg, remap);
 		}
 		if (i == SNAT_PORT_TRIES)
 			return -1;
@@ -276,9 +287,12 @@ __subprog int to_workload_new(struct __sk_buff *skb, struct packet *p)
 	 * that flow's SYN: another connection (from the node itself, or from an
 	 * interface Sluice does not manage) on the same tuple, tracked and
 	 * remapped as a flow of its own. */
-	if (r && !(p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN &&
-		   (r->tcp_seen & TCP_FLAG_ACK)))
+	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	if (r && !(syn && (r->tcp_seen & TCP_FLAG_ACK)))
 		return enforce(skb, p, r, POLICY_DIR_INGRESS);
+	/* As at the other hooks, a TCP segment that is not a SYN starts no flow. */
+	if (p->proto == IPPROTO_TCP && !syn)
+		return judge_stateless(skb, p, POLICY_DIR_INGRESS);
 	return track_flow(skb, p, POLICY_DIR_INGRESS, policy_slot(skb, POLICY_DIR_INGRESS));
 }
 
@@ -400,6 +414,31 @@ __subprog int untracked_fragment(struct __sk_buff *skb, struct packet *p, enum h
 	return TC_ACT_OK;
 }
 
+/* handled_upstream: a packet leaving through an egress hook that an ingress
+ * hook of this node already handled (its seen mark is set). It was
+ * translated there, once: its tuple now is the one the destination sees, and
+ * a conntrack entry keyed by that tuple may belong to another flow (a direct
+ * flow whose source port was remapped keeps its own, untranslated tuple as
+ * its key). The one key that names this packet's flow is the reversed tuple,
+ * the flow's reverse entry, unique on the node by construction (ct_create);
+ * a hit there that is a forward entry makes this packet a reply. So nothing
+ * is translated here: a workload's ingress policy judges the flow on its
+ * reverse entry, and everything else passes. */
+__subprog int handled_upstream(struct __sk_buff *skb, struct packet *p, enum hook hook)
+{
+	if (hook != HOOK_TO_WL)
+		return TC_ACT_OK;
+	struct ct_key rk = {
+		.saddr = p->daddr, .daddr = p->saddr, .sport = p->dport, .dport = p->sport, .proto = p->proto,
+	};
+	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v1, &rk);
+	if (r)
+		return r->type == CT_FORWARD ? TC_ACT_OK : enforce(skb, p, r, POLICY_DIR_INGRESS);
+	if (p->l4_absent)
+		return TC_ACT_OK;
+	return judge_stateless(skb, p, POLICY_DIR_INGRESS);
+}
+
 /* l2_len: ETH_HLEN, or 0 on an L3 device (parse.h). */
 static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const __u32 l2_len)
 {
@@ -428,6 +467,15 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		else
 			count(CNT_FRAGMENT_TRANSLATED);
 	}
+
+	/* Each packet is translated once on a node: where it enters (from a
+	 * workload or from outside), or, for what the node itself sends, where
+	 * it leaves. */
+	__u32 mark = seen_mark();
+	if (hook == HOOK_FROM_WL || hook == HOOK_FROM_HOST)
+		skb->mark |= mark;
+	else if (skb->mark & mark)
+		return handled_upstream(skb, &p, hook);
 
 	struct ct_key key;
 	ct_key_of(&p, &key);

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -169,4 +171,67 @@ func Exchange(ns *NetNS, network, addr, line string) (string, error) {
 		return err
 	})
 	return strings.TrimSpace(answer), err
+}
+
+// ServeCloseFirst answers each connection with "<name> <client address>\n"
+// and closes it at once, so the server sends the first FIN and holds the
+// tuple in TIME_WAIT (HTTP/1.0 servers, "Connection: close", most load
+// generators' targets).
+func ServeCloseFirst(t testing.TB, ns *NetNS, name, addr string) {
+	t.Helper()
+	var ln net.Listener
+	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s %s\n", name, c.RemoteAddr().(*net.TCPAddr).IP)
+			c.Close()
+		}
+	}()
+}
+
+// Netstat reads counters of /proc/net/netstat (e.g. "TcpExt" "TCPSynRetrans")
+// as the namespace sees them.
+func Netstat(ns *NetNS, group string, fields ...string) (map[string]uint64, error) {
+	var text []byte
+	err := ns.Do(func() (err error) {
+		// thread-self: /proc/self/net follows the process's first thread,
+		// not the one that entered the namespace.
+		text, err = os.ReadFile("/proc/thread-self/net/netstat")
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	lines := strings.Split(string(text), "\n")
+	out := map[string]uint64{}
+	for i := 0; i+1 < len(lines); i += 2 {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || names[0] != group+":" || len(values) != len(names) {
+			continue
+		}
+		for j := 1; j < len(names); j++ {
+			for _, f := range fields {
+				if names[j] == f {
+					v, err := strconv.ParseUint(values[j], 10, 64)
+					if err != nil {
+						return nil, fmt.Errorf("netstat %s %s: %w", group, f, err)
+					}
+					out[f] = v
+				}
+			}
+		}
+	}
+	for _, f := range fields {
+		if _, ok := out[f]; !ok {
+			return nil, fmt.Errorf("netstat: no %s %s", group, f)
+		}
+	}
+	return out, nil
 }
