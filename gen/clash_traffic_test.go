@@ -1,8 +1,6 @@
 package gen_test
 
 import (
-	"os"
-	"strings"
 	"bytes"
 	"fmt"
 	"io"
@@ -43,46 +41,13 @@ func TestRealClientsReusingPortsAcrossServiceAndDirect(t *testing.T) {
 	for _, b := range backends {
 		targets = append(targets, b.AP.String())
 	}
-	dbg := func() map[string]string {
-		out := map[string]string{}
-		for _, n := range append([]string{"client"}, names...) {
-			out[n] = topo.Pods[n].Run("cat", "/proc/net/netstat")
-		}
-		return out
-	}
-	before := dbg()
 	res := runClients(t, client, targets, 4, 5*time.Second)
-	if os.Getenv("SLUICE_DEBUG_CT") != "" {
-		for c := gen.SluiceCounter(0); c < gen.SluiceCounterCNT_MAX; c++ {
-			if n := d.Counter(c); n != 0 {
-				t.Logf("counter %v = %d", c, n)
-			}
-		}
-		after := dbg()
-		for n := range after {
-			b, a := strings.Split(before[n], "\n"), strings.Split(after[n], "\n")
-			for i := 0; i+1 < len(a); i += 2 {
-				names, av, bv := strings.Fields(a[i]), strings.Fields(a[i+1]), strings.Fields(b[i+1])
-				for j := 1; j < len(names); j++ {
-					if av[j] != bv[j] {
-						t.Logf("%s %s %s -> %s", n, names[j], bv[j], av[j])
-					}
-				}
-			}
-		}
-	}
 	retrans, paws := stats.delta(t)
 	t.Logf("%d connections in %v (%.0f/s), %d failed, %d SYN retransmits, %d PAWS TIME_WAIT rejects, %d tuples remapped, %d reopened",
 		res.ok+res.failed, res.elapsed, float64(res.ok)/res.elapsed.Seconds(), res.failed, retrans, paws,
 		d.Counter(gen.SluiceCounterCNT_TUPLE_REMAPPED), d.Counter(gen.SluiceCounterCNT_TUPLE_REUSED))
-	if os.Getenv("SLUICE_DEBUG_CT") != "" {
-		var k gen.SluiceCtKey
-		var v gen.SluiceCtValue
-		it := d.Objs.SlCtV1.Iterate()
-		for it.Next(&k, &v) {
-			t.Logf("%v:%d -> %v:%d type %d flags %d seen %#x peer %v:%d->%v:%d nat %v:%d snat %v:%d last %d", gen.AddrFromNet(k.Saddr), gen.PortFromNet(k.Sport), gen.AddrFromNet(k.Daddr), gen.PortFromNet(k.Dport), v.Type, v.Flags, v.TcpSeen,
-				gen.AddrFromNet(v.Peer.Saddr), gen.PortFromNet(v.Peer.Sport), gen.AddrFromNet(v.Peer.Daddr), gen.PortFromNet(v.Peer.Dport), gen.AddrFromNet(v.NatAddr), gen.PortFromNet(v.NatPort), gen.AddrFromNet(v.SnatAddr), gen.PortFromNet(v.SnatPort), v.LastSeen/1e6)
-		}
+	if t.Failed() || res.failed != 0 || retrans != 0 || paws != 0 {
+		logCounters(t, d)
 	}
 	if res.failed != 0 {
 		t.Errorf("%d connections failed; first error: %v", res.failed, res.firstErr)

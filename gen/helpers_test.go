@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
 )
 
@@ -31,5 +32,16 @@ func wantAP(tb testing.TB, what string, got, want netip.AddrPort) {
 	tb.Helper()
 	if got != want {
 		tb.Fatalf("%s: %v, want %v", what, got, want)
+	}
+}
+
+// logCounters logs the datapath counters that are not zero, by enum counter
+// value (bpf/include/counters.h), to explain a failure.
+func logCounters(tb testing.TB, d *bpftest.Datapath) {
+	tb.Helper()
+	for c := gen.SluiceCounter(0); c < gen.SluiceCounterCNT_MAX; c++ {
+		if n := d.Counter(c); n != 0 {
+			tb.Logf("datapath counter %d: %d", c, n)
+		}
 	}
 }
