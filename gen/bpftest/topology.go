@@ -132,7 +132,7 @@ func ServeUDPEcho(t testing.TB, ns *NetNS, name, addr string) (stop func()) {
 	}
 	t.Cleanup(func() { pc.Close() })
 	go func() {
-		buf := make([]byte, 1500)
+		buf := make([]byte, 65536) // datagrams above the MTU arrive reassembled
 		for {
 			n, from, err := pc.ReadFrom(buf)
 			if err != nil {
