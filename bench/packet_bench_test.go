@@ -139,6 +139,32 @@ func BenchmarkPacket(b *testing.B) {
 					Backends: []bpftest.Backend{{AP: be, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
 				measure(b, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return NodePortSYN(nodeIP, 30080, i) })
 			})
+			// Untranslated (pod to pod) traffic is tracked too, for the clash
+			// check: its established packets against the untracked path they
+			// took before (an ACK with no entry passes untouched), and the
+			// cost of starting a tracked direct flow.
+			peer := netip.MustParseAddrPort("10.1.9.9:8080")
+			d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, peer, bpftest.SYN))
+			b.Run("direct-established", func(b *testing.B) {
+				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(clientAP, peer, bpftest.ACK)))
+			})
+			b.Run("direct-untracked", func(b *testing.B) {
+				other := netip.MustParseAddrPort("10.1.9.10:8080")
+				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(clientAP, other, bpftest.ACK)))
+			})
+			b.Run("direct-new-flow", func(b *testing.B) {
+				measure(b, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(peer))
+			})
+			b.Run("fragment", func(b *testing.B) {
+				// A later fragment of a datagram whose first fragment set up
+				// its flow through a UDP Service.
+				dns := netip.MustParseAddrPort("10.127.0.2:53")
+				d.AddService(bpftest.Service{ID: 900_003, Front: dns, Proto: bpftest.ProtoUDP,
+					Backends: []bpftest.Backend{{AP: backendAddr(3)}}})
+				frags := Fragments(clientAP, dns, 3000)
+				d.RunOK(d.Objs.SlFromWl, frags[0])
+				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(frags[1]))
+			})
 			b.Run("malformed", func(b *testing.B) {
 				measure(b, d.Objs.SlFromWl, bpftest.ActShot, fixed(Malformed(vip)))
 			})

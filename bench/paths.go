@@ -41,3 +41,9 @@ func Malformed(dst netip.AddrPort) []byte {
 	f := bpftest.TCPPacket(Client, dst, bpftest.SYN)
 	return f[:14+20+10]
 }
+
+// Fragments is a UDP datagram of n payload bytes from src to dst, split into
+// IPv4 fragments of at most 1480 payload bytes (a 1500-byte MTU).
+func Fragments(src, dst netip.AddrPort, n int) [][]byte {
+	return bpftest.Fragment(bpftest.UDPPacket(src, dst, make([]byte, n)), 1480)
+}

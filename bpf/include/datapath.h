@@ -300,14 +300,28 @@ __subprog int to_workload_new(struct __sk_buff *skb, struct packet *p)
 __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, const struct fe_value *fe)
 {
 	int from_host = hook == HOOK_FROM_HOST;
-	struct be_value be;
-	__u32 ordinal;
+	struct be_value be = {};
+	__u32 ordinal = 0;
 
 	if (!src_allowed(fe, p->saddr))
 		return drop(CNT_DROP_SRC_RANGE);
 
 	int local_only = (fe->flags & FE_INT_LOCAL) || (from_host && (fe->flags & FE_EXT_LOCAL));
-	switch (pick_backend(fe, p->saddr, local_only, &be, &ordinal)) {
+	int picked = pick_backend(fe, p->saddr, local_only, &be, &ordinal);
+	if (picked == PICK_BACKEND_MISSING) {
+		/* This packet read the frontend just before a sync replaced it
+		 * with a shorter one and deleted the backend it then chose (an
+		 * updated hash entry is a new element; the old one stays
+		 * readable). The syncer writes every frontend whole, so the
+		 * current one names only backends that exist. */
+		const struct fe_value *now = fe_lookup(p->daddr, p->dport, p->proto);
+		if (now && now != fe) {
+			fe = now;
+			local_only = (fe->flags & FE_INT_LOCAL) || (from_host && (fe->flags & FE_EXT_LOCAL));
+			picked = pick_backend(fe, p->saddr, local_only, &be, &ordinal);
+		}
+	}
+	switch (picked) {
 	case PICK_NO_ENDPOINTS:
 		return reject(skb, p);
 	case PICK_NO_LOCAL:
