@@ -67,18 +67,14 @@ type baselineEnv struct {
 	backends     []*bpftest.NetNS
 	backendIPs   []string
 	api          *apiservertest.Server
+	pinDir       string // Sluice's, once started
 }
 
 func newBaselineEnv(b *testing.B) *baselineEnv {
 	e := &baselineEnv{node: bpftest.NewNetNS(b)}
 	e.node.Run("sysctl", "-qw", "net.ipv4.ip_forward=1")
 	for i := range 3 {
-		ns := bpftest.NewNetNS(b)
-		v := bpftest.NewVeth(b, e.node, ns)
-		gw, ip := fmt.Sprintf("10.20%d.0.1", i), fmt.Sprintf("10.20%d.0.2", i)
-		e.node.Run("ip", "addr", "add", gw+"/24", "dev", v.Name)
-		ns.Run("ip", "addr", "add", ip+"/24", "dev", v.PeerName)
-		ns.Run("ip", "route", "add", "default", "via", gw)
+		ns, ip := e.addPod(b, i)
 		if i == 0 {
 			e.client = ns
 			continue
@@ -96,11 +92,26 @@ func newBaselineEnv(b *testing.B) *baselineEnv {
 	return e
 }
 
-func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string) {
+// addPod makes pod i: 10.20<i>.0.2/24 behind a veth whose node side is
+// 10.20<i>.0.1, the pod's gateway.
+func (e *baselineEnv) addPod(b *testing.B, i int) (*bpftest.NetNS, string) {
+	ns := bpftest.NewNetNS(b)
+	v := bpftest.NewVeth(b, e.node, ns)
+	gw, ip := fmt.Sprintf("10.20%d.0.1", i), fmt.Sprintf("10.20%d.0.2", i)
+	e.node.Run("ip", "addr", "add", gw+"/24", "dev", v.Name)
+	ns.Run("ip", "addr", "add", ip+"/24", "dev", v.PeerName)
+	ns.Run("ip", "route", "add", "default", "via", gw)
+	return ns, ip
+}
+
+// startProxy starts a proxy in the node namespace; extra flags are the
+// proxy's own (Sluice's or kube-proxy's).
+func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string, extra ...string) {
 	var args []string
 	if name == "sluice" {
+		e.pinDir = filepath.Join(bpftest.PinDir(b), "sluice")
 		args = []string{sluice, "agent", "--kubeconfig", e.api.Kubeconfig, "--hostname-override", "node",
-			"--bpf-pin-dir", filepath.Join(bpftest.PinDir(b), "sluice"), "--workload-iface-prefixes", "slv",
+			"--bpf-pin-dir", e.pinDir, "--workload-iface-prefixes", "slv",
 			"--data-ifaces", "^$", "--cgroup=", "--healthz-bind-address=", "--metrics-bind-address=", "--log-level", "warn",
 			"--min-sync-period=0s"}
 	} else {
@@ -108,12 +119,12 @@ func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string) {
 			"--conntrack-max-per-core=0", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249", "--v=0",
 			"--iptables-min-sync-period=0s"}
 	}
-	apiservertest.StartProcess(b, e.node, filepath.Join(b.TempDir(), name+".log"), args...)
+	apiservertest.StartProcess(b, e.node, filepath.Join(b.TempDir(), name+".log"), append(args, extra...)...)
 }
 
-// createServices creates n Services with one endpoint each and returns their
-// ClusterIPs, in creation order.
-func (e *baselineEnv) createServices(b *testing.B, prefix string, n int, backend string) []string {
+// createServices creates n Services whose endpoints are backends and
+// returns their ClusterIPs, in creation order.
+func (e *baselineEnv) createServices(b *testing.B, prefix string, n int, backends ...string) []string {
 	ctx := context.Background()
 	var ips []string
 	for i := range n {
@@ -123,7 +134,7 @@ func (e *baselineEnv) createServices(b *testing.B, prefix string, n int, backend
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice(name, backend), metav1.CreateOptions{}); err != nil {
+		if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice(name, backends...), metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		ips = append(ips, svc.Spec.ClusterIP)
@@ -131,10 +142,14 @@ func (e *baselineEnv) createServices(b *testing.B, prefix string, n int, backend
 	return ips
 }
 
-func slice(svc, backend string) *discovery.EndpointSlice {
+func slice(svc string, backends ...string) *discovery.EndpointSlice {
 	port, proto, pname := int32(8080), v1.ProtocolTCP, "http"
+	var eps []discovery.Endpoint
+	for _, be := range backends {
+		eps = append(eps, discovery.Endpoint{Addresses: []string{be}})
+	}
 	return &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: svc + "-1", Labels: map[string]string{discovery.LabelServiceName: svc}},
-		AddressType: discovery.AddressTypeIPv4, Endpoints: []discovery.Endpoint{{Addresses: []string{backend}}},
+		AddressType: discovery.AddressTypeIPv4, Endpoints: eps,
 		Ports: []discovery.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}}}
 }
 

@@ -103,7 +103,42 @@ func closeFlow(t *testing.T, d *bpftest.Datapath, serverFirst bool) {
 	}
 }
 
-func TestClashServerClosedFirstHoldsTheTupleForTimeWait(t *testing.T) {
+// An ended flow holds its tuple until the conntrack scanner removes it (for
+// TIME_WAIT's 120 s when the server closed first): a new flow on it is
+// remapped, never given the tuple, so two CPUs starting clashing flows at
+// once cannot both take it. The first FIN's side is recorded for the
+// scanner.
+func TestClashEndedFlowHoldsItsTupleUntilRemoved(t *testing.T) {
+	ends := map[string]func(d *bpftest.Datapath){
+		"server closed first": func(d *bpftest.Datapath) { closeFlow(t, d, true) },
+		"client closed first": func(d *bpftest.Datapath) { closeFlow(t, d, false) },
+		"client reset": func(d *bpftest.Datapath) {
+			d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.RST))
+		},
+		"server reset": func(d *bpftest.Datapath) {
+			d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.RST))
+		},
+	}
+	for name, end := range ends {
+		t.Run(name, func(t *testing.T) {
+			d := clashSetup(t)
+			serviceFlow(t, d)
+			end(d)
+			if seen := directSYN(t, d); seen.Port() == clientAP.Port() {
+				t.Fatal("direct flow took the tuple of an ended flow still in conntrack")
+			}
+			// Once the scanner has removed the ended flow, the tuple is free.
+			for _, k := range []gen.SluiceCtKey{bpftest.CtKey(clientAP, vipAP, protoTCP), bpftest.CtKey(be1AP, clientAP, protoTCP),
+				bpftest.CtKey(clientAP, be1AP, protoTCP)} {
+				if err := d.Objs.SlCtV1.Delete(k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if seen := directSYN(t, d); seen != clientAP {
+				t.Fatalf("direct flow remapped to %v after the ended flow was removed", seen)
+			}
+		})
+	}
 	d := clashSetup(t)
 	serviceFlow(t, d)
 	closeFlow(t, d, true)
@@ -111,47 +146,6 @@ func TestClashServerClosedFirstHoldsTheTupleForTimeWait(t *testing.T) {
 	rev, _ := d.CT(bpftest.CtKey(be1AP, clientAP, protoTCP))
 	if rev.TcpSeen&uint32(gen.SluiceCtSeenCT_SEEN_FIN_FIRST) == 0 || fwd.TcpSeen&uint32(gen.SluiceCtSeenCT_SEEN_FIN_FIRST) != 0 {
 		t.Fatalf("first FIN not recorded on the server's side: fwd %#x rev %#x", fwd.TcpSeen, rev.TcpSeen)
-	}
-	// The backend holds (backend, client:port) in TIME_WAIT: a direct SYN on it
-	// (another timestamp offset) would meet PAWS, so it is remapped.
-	if seen := directSYN(t, d); seen.Port() == clientAP.Port() {
-		t.Fatal("direct flow took the tuple the server holds in TIME_WAIT")
-	}
-
-	// Once TIME_WAIT is over (2 MSL after the last packet) the tuple is free.
-	d2 := clashSetup(t)
-	serviceFlow(t, d2)
-	closeFlow(t, d2, true)
-	ageFlow(t, d2, bpftest.CtKey(clientAP, vipAP, protoTCP), 121*time.Second)
-	if seen := directSYN(t, d2); seen != clientAP {
-		t.Fatalf("direct flow remapped to %v after the server's TIME_WAIT ended", seen)
-	}
-}
-
-func TestClashClientClosedFirstFreesTheTuple(t *testing.T) {
-	d := clashSetup(t)
-	serviceFlow(t, d)
-	closeFlow(t, d, false)
-	if seen := directSYN(t, d); seen != clientAP {
-		t.Fatalf("direct flow remapped to %v: the client closed first and holds TIME_WAIT itself", seen)
-	}
-	wantReplyRestored(t, d, clientAP, be1AP)
-}
-
-func TestClashResetFreesTheTuple(t *testing.T) {
-	for _, who := range []string{"client", "server"} {
-		t.Run(who, func(t *testing.T) {
-			d := clashSetup(t)
-			serviceFlow(t, d)
-			if who == "client" {
-				d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.RST))
-			} else {
-				d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.RST))
-			}
-			if seen := directSYN(t, d); seen != clientAP {
-				t.Fatalf("direct flow remapped to %v after a reset", seen)
-			}
-		})
 	}
 }
 
@@ -204,20 +198,37 @@ func TestSYNOnAnEndedFlowIsBalancedAgain(t *testing.T) {
 	wantAP(t, "new flow's reply source", r.Src, vipAP)
 }
 
-// ageFlow moves both entries of a flow back in time by d.
-func ageFlow(t *testing.T, dp *bpftest.Datapath, fwdKey gen.SluiceCtKey, by time.Duration) {
-	t.Helper()
-	fwd, ok := dp.CT(fwdKey)
-	if !ok {
-		t.Fatal("no forward entry to age")
+// A flow whose first packet reached a service IP before the Service was
+// programmed (an agent starting, a Service just created) is tracked
+// untranslated; once the frontend exists, the client's next SYN from the
+// same port, or its next datagram, is balanced instead of following the old
+// entry to the bare service IP.
+func TestFlowTrackedBeforeItsServiceExistedIsBalancedOnceItDoes(t *testing.T) {
+	d := newDP(t)
+	early := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
+	wantAP(t, "SYN before the Service exists", early.Dst, vipAP)
+	q := d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(clientAP, vipAP, []byte("early")))
+	wantAP(t, "datagram before the Service exists", q.Dst, vipAP)
+
+	d.AddService(webService())
+	d.AddService(bpftest.Service{ID: 2, Front: vipAP, Proto: protoUDP, Backends: []bpftest.Backend{{AP: be1AP}}})
+	// The client's connect timed out; it tries again from the same port.
+	again := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
+	wantAP(t, "SYN after the Service was programmed", again.Dst, be1AP)
+	r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
+	wantAP(t, "reply source", r.Src, vipAP)
+
+	// A UDP client with a fixed port is balanced at the entry's next refresh.
+	key := bpftest.CtKey(clientAP, vipAP, protoUDP)
+	v, ok := d.CT(key)
+	if !ok || v.SvcId != 0 {
+		t.Fatalf("untranslated UDP entry %+v (present %v)", v, ok)
 	}
-	for _, k := range []gen.SluiceCtKey{fwdKey, fwd.Peer} {
-		v, ok := dp.CT(k)
-		if !ok {
-			t.Fatal("no entry to age")
-		}
-		v.Created -= uint64(by)
-		v.LastSeen -= uint64(by)
-		dp.Put(dp.Objs.SlCtV1, k, v)
+	v.LastSeen -= uint64(time.Second)
+	d.Put(d.Objs.SlCtV1, key, v)
+	q = d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(clientAP, vipAP, []byte("later")))
+	wantAP(t, "datagram after the Service was programmed", q.Dst, be1AP)
+	if n := d.Counter(gen.SluiceCounterCNT_FLOW_NOW_SERVICE); n != 2 {
+		t.Fatalf("counted %d flows balanced anew, want 2", n)
 	}
 }

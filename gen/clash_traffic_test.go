@@ -1,13 +1,7 @@
 package gen_test
 
 import (
-	"bytes"
-	"fmt"
-	"io"
-	"net"
 	"net/netip"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,16 +35,16 @@ func TestRealClientsReusingPortsAcrossServiceAndDirect(t *testing.T) {
 	for _, b := range backends {
 		targets = append(targets, b.AP.String())
 	}
-	res := runClients(t, client, targets, 4, 5*time.Second)
+	res := bpftest.RunClients(client, targets, 4, 5*time.Second)
 	retrans, paws := stats.delta(t)
 	t.Logf("%d connections in %v (%.0f/s), %d failed, %d SYN retransmits, %d PAWS TIME_WAIT rejects, %d tuples remapped, %d reopened",
-		res.ok+res.failed, res.elapsed, float64(res.ok)/res.elapsed.Seconds(), res.failed, retrans, paws,
+		res.OK+res.Failed, res.Elapsed, res.Rate(), res.Failed, retrans, paws,
 		d.Counter(gen.SluiceCounterCNT_TUPLE_REMAPPED), d.Counter(gen.SluiceCounterCNT_TUPLE_REUSED))
-	if t.Failed() || res.failed != 0 || retrans != 0 || paws != 0 {
+	if t.Failed() || res.Failed != 0 || retrans != 0 || paws != 0 {
 		logCounters(t, d)
 	}
-	if res.failed != 0 {
-		t.Errorf("%d connections failed; first error: %v", res.failed, res.firstErr)
+	if res.Failed != 0 {
+		t.Errorf("%d connections failed; first error: %v", res.Failed, res.FirstErr)
 	}
 	if retrans != 0 {
 		t.Errorf("client retransmitted %d SYNs", retrans)
@@ -58,8 +52,8 @@ func TestRealClientsReusingPortsAcrossServiceAndDirect(t *testing.T) {
 	if paws != 0 {
 		t.Errorf("backends rejected %d SYNs against TIME_WAIT (PAWS)", paws)
 	}
-	if res.ok < 1000 {
-		t.Errorf("only %d connections in %v", res.ok, res.elapsed)
+	if res.OK < 1000 {
+		t.Errorf("only %d connections in %v", res.OK, res.Elapsed)
 	}
 	if d.Counter(gen.SluiceCounterCNT_TUPLE_REMAPPED) == 0 {
 		t.Error("no tuple was remapped: the test did not make ports clash")
@@ -95,65 +89,4 @@ func (s *clientStats) snapshot(t *testing.T) { s.retrans, s.paws = s.read(t) }
 func (s *clientStats) delta(t *testing.T) (retrans, paws uint64) {
 	r, p := s.read(t)
 	return r - s.retrans, p - s.paws
-}
-
-type clientResult struct {
-	ok, failed int
-	firstErr   error
-	elapsed    time.Duration
-}
-
-// runClients runs workers in ns that connect to the targets in turn, read
-// the server's line and close, until the duration is over.
-func runClients(t *testing.T, ns *bpftest.NetNS, targets []string, workers int, duration time.Duration) clientResult {
-	t.Helper()
-	var ok, failed atomic.Int64
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
-	start := time.Now()
-	deadline := start.Add(duration)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := ns.Do(func() error {
-				for i := w; time.Now().Before(deadline); i++ {
-					if err := connectOnce(targets[i%len(targets)]); err != nil {
-						failed.Add(1)
-						firstErr.CompareAndSwap(nil, err)
-						continue
-					}
-					ok.Add(1)
-				}
-				return nil
-			})
-			if err != nil {
-				firstErr.CompareAndSwap(nil, err)
-			}
-		}()
-	}
-	wg.Wait()
-	r := clientResult{ok: int(ok.Load()), failed: int(failed.Load()), elapsed: time.Since(start)}
-	if e, _ := firstErr.Load().(error); e != nil {
-		r.firstErr = e
-	}
-	return r
-}
-
-func connectOnce(target string) error {
-	c, err := net.DialTimeout("tcp4", target, 3*time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(3 * time.Second))
-	// Read to the end: the server closes first, the client after it.
-	answer, err := io.ReadAll(c)
-	if err != nil {
-		return fmt.Errorf("%s: %w", target, err)
-	}
-	if !bytes.HasSuffix(answer, []byte("\n")) {
-		return fmt.Errorf("%s: answer %q", target, answer)
-	}
-	return nil
 }

@@ -548,8 +548,8 @@ func TestMasqueradeAllAndClusterCIDR(t *testing.T) {
 // Two live flows from one client port to two Services with the same backend
 // would be one connection to the backend: the second keeps the client's
 // address and gets another port, and each flow's replies reach their own
-// socket from their own Service. A reverse entry whose flow is gone is simply
-// taken over.
+// socket from their own Service. A tuple is free again once the flow that
+// held it is gone.
 func TestClientPortReusedTowardAnotherServiceIsRemapped(t *testing.T) {
 	d := newDP(t)
 	d.AddService(webService())
@@ -571,22 +571,26 @@ func TestClientPortReusedTowardAnotherServiceIsRemapped(t *testing.T) {
 	again := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip2, bpftest.ACK))
 	wantAP(t, "second flow's next packet source", again.Src, second.Src)
 
-	// The first flow closes (FINs both ways; the client holds the port in
-	// TIME_WAIT): a third Service's flow from the same port keeps it, as it
-	// does once the scanner removed the first flow.
+	// The first flow closes: until the scanner removes it, it still holds
+	// its tuple, and a third Service's flow from the same port is remapped
+	// too; once it is gone, the port is kept.
 	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.FIN|bpftest.ACK))
 	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.FIN|bpftest.ACK))
 	vip3 := netip.MustParseAddrPort("10.96.0.12:80")
 	d.AddService(bpftest.Service{ID: 3, Front: vip3, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
 	third := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip3, bpftest.SYN))
-	wantAP(t, "third flow source", third.Src, clientAP)
-	r3 := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
-	wantAP(t, "third flow's reply source", r3.Src, vip3)
-	if err := d.Objs.SlCtV1.Delete(bpftest.CtKey(clientAP, vip3, protoTCP)); err != nil {
-		t.Fatal(err)
+	if third.Src.Addr() != clientAP.Addr() || third.Src.Port() == clientAP.Port() || third.Src == second.Src {
+		t.Fatalf("third flow left as %v while the closed first flow holds the tuple", third.Src)
+	}
+	for _, k := range []gen.SluiceCtKey{bpftest.CtKey(clientAP, vipAP, protoTCP), bpftest.CtKey(be1AP, clientAP, protoTCP)} {
+		if err := d.Objs.SlCtV1.Delete(k); err != nil {
+			t.Fatal(err)
+		}
 	}
 	vip4 := netip.MustParseAddrPort("10.96.0.13:80")
 	d.AddService(bpftest.Service{ID: 4, Front: vip4, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
 	fourth := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip4, bpftest.SYN))
-	wantAP(t, "fourth flow source (the third's forward entry gone)", fourth.Src, clientAP)
+	wantAP(t, "fourth flow source (the first flow removed)", fourth.Src, clientAP)
+	r4 := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
+	wantAP(t, "fourth flow's reply source", r4.Src, vip4)
 }

@@ -94,7 +94,8 @@ const (
 	SluiceCounterCNT_DROP_FRAGMENT_UNKNOWN    SluiceCounter = 19
 	SluiceCounterCNT_TUPLE_REMAPPED           SluiceCounter = 20
 	SluiceCounterCNT_TUPLE_REUSED             SluiceCounter = 21
-	SluiceCounterCNT_MAX                      SluiceCounter = 22
+	SluiceCounterCNT_FLOW_NOW_SERVICE         SluiceCounter = 22
+	SluiceCounterCNT_MAX                      SluiceCounter = 23
 )
 
 type SluiceCtFlags uint8

@@ -119,37 +119,3 @@ static __always_inline void ct_touch(struct ct_value *v, const struct packet *p)
 		}
 	}
 }
-
-/* tcp_tuple_reusable tells whether a new flow may take over the tuple of an
- * ended TCP flow, given its forward (client) and reverse (server) entries. As
- * with netfilter: after a reset nobody holds the tuple; after FINs both ways
- * only the side that closed first holds it, in TIME_WAIT. When that is the
- * client, the client itself reuses its port, which Linux allows; when it is
- * the server, a SYN on the tuple whose timestamp is older than the last one
- * the server saw is dropped (PAWS), and a client's timestamp offset differs
- * per destination address (a ClusterIP and a pod IP), so the tuple stays taken
- * until the server's TIME_WAIT is over. A live flow's tuple is never
- * reusable. */
-static __always_inline int tcp_tuple_reusable(const struct ct_value *fwd, const struct ct_value *rev)
-{
-	if ((fwd->tcp_seen | rev->tcp_seen) & TCP_FLAG_RST)
-		return 1;
-	if (!(fwd->tcp_seen & rev->tcp_seen & TCP_FLAG_FIN))
-		return 0;
-	if (!(rev->tcp_seen & CT_SEEN_FIN_FIRST))
-		return 1;
-	__u64 last = fwd->last_seen > rev->last_seen ? fwd->last_seen : rev->last_seen;
-	return bpf_ktime_get_ns() - last > TCP_TIME_WAIT_NS;
-}
-
-/* tcp_orphan_reusable judges a reverse entry whose forward entry now belongs
- * to a newer flow (the client opened a new connection on its tuple, which
- * happens only once the old one ended): the entry still tells how the old
- * flow's server left the tuple. Only a server that closed first holds it, in
- * TIME_WAIT after its last packet. */
-static __always_inline int tcp_orphan_reusable(const struct ct_value *rev)
-{
-	if ((rev->tcp_seen & (TCP_FLAG_RST | CT_SEEN_FIN_FIRST)) != CT_SEEN_FIN_FIRST)
-		return 1;
-	return bpf_ktime_get_ns() - rev->last_seen > TCP_TIME_WAIT_NS;
-}

@@ -140,51 +140,61 @@ __subprog int ct_reopened(const struct ct_value *fwd)
 	return rev && (rev->tcp_seen & TCP_FLAG_RST);
 }
 
-/* tuple_taken tells whether the reverse key of a new flow is held by another
- * flow, which the destination would take for the same connection (one
- * flow's replies would reach the other). Every TCP and UDP flow crossing a
- * workload or data interface is tracked, translated or not, so the holder may
- * be a Service flow or a direct one, in either order: a client port reused
- * toward a Service and then toward one of its backends directly, toward two
- * Services sharing a backend, and so on. The key is free when its entry is
- * this very flow's (its forward entry was replaced), when the holder's
- * forward entry is gone, or when the holder is a TCP flow whose tuple may be
- * reused (tcp_tuple_reusable: a reset, or the client closed first). A holder
- * that is a forward entry is the destination's own flow to the client's
- * address and port. A UDP holder whose forward entry went to a newer flow is
- * over. */
-static __always_inline int tuple_taken(const struct packet *p, struct ct_key *rk)
+/* superseded tells whether a packet that matched a flow's forward entry
+ * starts a new flow instead, to be balanced afresh:
+ *  - a SYN on the tuple of a TCP flow that ended (ct_reopened);
+ *  - a SYN, or a datagram at most once per CT_REFRESH_NS, of a flow tracked
+ *    untranslated whose destination has become a frontend since: the
+ *    Service was programmed after the flow's first packet (an agent that
+ *    starts, a Service just created). Without it, a client retrying from
+ *    the same port, or a UDP client with a fixed port, would reach the
+ *    bare service IP until the flow expired.
+ * Established segments of live flows pay only the checks of their flags and
+ * the entry's service id. */
+__subprog int superseded(const struct packet *p, const struct ct_value *fwd)
 {
-	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v1, rk);
+	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
 
-	if (!r)
-		return 0;
-	if (r->type != CT_REVERSE)
+	if (syn && ct_reopened(fwd)) {
+		count(CNT_TUPLE_REUSED);
 		return 1;
-	if (r->peer.saddr == p->saddr && r->peer.daddr == p->daddr &&
-	    r->peer.sport == p->sport && r->peer.dport == p->dport)
+	}
+	if (fwd->svc_id || p->l4_absent)
 		return 0;
-	struct ct_key peer = r->peer;
-	struct ct_value *f = bpf_map_lookup_elem(&sl_ct_v1, &peer);
-	if (!f)
+	if (!syn && !(p->proto == IPPROTO_UDP && bpf_ktime_get_ns() - fwd->last_seen > CT_REFRESH_NS))
 		return 0;
-	/* A forward entry that does not point back belongs to a newer flow on
-	 * the old flow's client tuple: the reverse entry is judged alone. */
-	int own = f->peer.saddr == rk->saddr && f->peer.daddr == rk->daddr &&
-		  f->peer.sport == rk->sport && f->peer.dport == rk->dport;
-	if (p->proto == IPPROTO_TCP)
-		return own ? !tcp_tuple_reusable(f, r) : !tcp_orphan_reusable(r);
-	return own;
+	if (!fe_lookup(p->daddr, p->dport, p->proto))
+		return 0;
+	count(CNT_FLOW_NOW_SERVICE);
+	return 1;
+}
+
+/* own_tuple tells whether a reverse entry is this flow's own: its forward key
+ * is this packet's tuple, the client reopening the connection it had (its
+ * forward entry was replaced, or the SYN comes again). */
+static __always_inline int own_tuple(const struct ct_value *r, const struct packet *p)
+{
+	return r->type == CT_REVERSE && r->peer.saddr == p->saddr && r->peer.daddr == p->daddr &&
+	       r->peer.sport == p->sport && r->peer.dport == p->dport;
 }
 
 /* ct_create writes the reverse entry, then the forward one, and sets *sport to
  * the source port the flow leaves with. With *snat_addr set the source is
  * translated: the client's port is kept when free, else random ones are
- * tried. Without, the reverse tuple is the client's own; when another flow
- * holds it (tuple_taken, checked only when the insert finds the key taken)
- * the flow keeps the client's address but gets another port, as netfilter's
- * NAT does even for flows no rule translates (its "null binding"); *snat_addr
- * and *flags say so. It returns -1 when no entry could be written. */
+ * tried. Without, the reverse tuple is the client's own.
+ *
+ * The reverse key is the flow's identity at the destination, so it is only
+ * ever inserted where it does not exist. When another flow holds it — live,
+ * or ended but not yet removed by the conntrack scanner, which keeps a flow
+ * whose server closed first for its TIME_WAIT — the new flow would be the
+ * same connection there: it keeps the client's address but gets another
+ * port, as netfilter's NAT does even for flows no rule translates (its "null
+ * binding"), and *snat_addr and *flags say so. Every TCP and UDP flow
+ * crossing a workload or data interface is tracked, so the holder may be a
+ * Service flow or a direct one, in either order. A held key is never taken
+ * over from another flow, not even an ended one: two CPUs starting clashing
+ * flows at once could both take it. Only the flow itself takes its key back
+ * (own_tuple). It returns -1 when no entry could be written. */
 static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 				     const struct be_value *be, __be32 *snat_addr,
 				     const struct config *cfg, __u8 *flags, enum pol_verdict egress,
@@ -207,14 +217,16 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 	ct_key_of(p, &fwd_key);
 	rev.peer = fwd_key;
 	if (!*snat_addr && bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_NOEXIST)) {
-		if (tuple_taken(p, &rev_key)) {
+		struct ct_value *held = bpf_map_lookup_elem(&sl_ct_v1, &rev_key);
+		if (held && own_tuple(held, p)) {
+			if (bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_ANY))
+				return -1;
+		} else {
 			remap = 1;
 			*snat_addr = p->saddr;
 			*flags |= CT_SNAT;
 			rev.flags = *flags;
 			count(CNT_TUPLE_REMAPPED);
-		} else if (bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_ANY)) {
-			return -1;
 		}
 	}
 	if (*snat_addr) {
@@ -494,12 +506,12 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	struct ct_key key;
 	ct_key_of(&p, &key);
 	struct ct_value *v = bpf_map_lookup_elem(&sl_ct_v1, &key);
-	/* A SYN on the tuple of a flow that ended is a new connection. */
-	if (v && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN && p.proto == IPPROTO_TCP &&
-	    v->type == CT_FORWARD && ct_reopened(v)) {
-		count(CNT_TUPLE_REUSED);
+	/* Only a SYN, or a datagram of an untranslated flow, may start a new
+	 * flow over an entry: other packets skip the call. */
+	if (v && v->type == CT_FORWARD &&
+	    ((p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN || (!v->svc_id && p.proto == IPPROTO_UDP)) &&
+	    superseded(&p, v))
 		v = NULL;
-	}
 	if (v) {
 		ct_touch(v, &p);
 		if (ct_apply(skb, &p, v))

@@ -1,0 +1,75 @@
+package bpftest
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ClientResult counts what RunClients' connections did.
+type ClientResult struct {
+	OK, Failed int
+	FirstErr   error
+	Elapsed    time.Duration
+}
+
+// Rate is successful connections per second.
+func (r ClientResult) Rate() float64 { return float64(r.OK) / r.Elapsed.Seconds() }
+
+// RunClients runs workers in ns, each connecting to the targets in turn and
+// reading the answer to its end (servers that close first: ServeCloseFirst),
+// until the duration is over. A connection fails when it cannot connect,
+// read or get a whole line within 3 s.
+func RunClients(ns *NetNS, targets []string, workers int, duration time.Duration) ClientResult {
+	var ok, failed atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(duration)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := ns.Do(func() error { // one thread in the namespace per worker
+				for i := w; time.Now().Before(deadline); i++ {
+					if err := connectAndRead(targets[i%len(targets)]); err != nil {
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, err)
+						continue
+					}
+					ok.Add(1)
+				}
+				return nil
+			})
+			if err != nil {
+				firstErr.CompareAndSwap(nil, err)
+			}
+		}()
+	}
+	wg.Wait()
+	r := ClientResult{OK: int(ok.Load()), Failed: int(failed.Load()), Elapsed: time.Since(start)}
+	r.FirstErr, _ = firstErr.Load().(error)
+	return r
+}
+
+func connectAndRead(target string) error {
+	c, err := net.DialTimeout("tcp4", target, 3*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	// Read to the end: the server closes first, the client after it.
+	answer, err := io.ReadAll(c)
+	if err != nil {
+		return fmt.Errorf("%s: %w", target, err)
+	}
+	if !bytes.HasSuffix(answer, []byte("\n")) {
+		return fmt.Errorf("%s: answer %q", target, answer)
+	}
+	return nil
+}
