@@ -326,30 +326,32 @@ func TestAdaptiveInterval(t *testing.T) {
 }
 
 // A reverse entry can come to belong to another flow than the forward entry
-// naming it: the datapath takes over a reverse key whose forward entry it
-// cannot find (evicted, or deleted between its check and its write). When the
-// old flow expires, the scanner deletes its forward entry only, and does not
-// let the other flow's reverse entry keep it alive; deleting that entry would
-// leave the live flow's replies without reverse NAT.
+// naming it: a client reopening its connection takes its own reverse key
+// back, and older layouts took over keys whose forward entry was gone. When
+// the old flow expires, the scanner deletes its forward entry only, and does
+// not let the other flow's reverse entry keep it alive; deleting that entry
+// would leave the live flow's replies without reverse NAT.
 func TestExpiredFlowLeavesAReusedReverseEntry(t *testing.T) {
 	e := newEnv(t, conntrack.DefaultTimeouts())
 	vip2 := netip.MustParseAddrPort("10.96.0.11:80")
-	e.dp.AddService(bpftest.Service{ID: 3, Front: vip2, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
 	e.tcp(clientAP, vipAP, bpftest.SYN)
 	e.tcp(be1AP, clientAP, bpftest.SYN|bpftest.ACK)
 	e.tcp(clientAP, vipAP, bpftest.FIN|bpftest.ACK)
 	e.tcp(be1AP, clientAP, bpftest.FIN|bpftest.ACK)
-	// The same client port toward another Service: hide the old forward
-	// entry while the datapath creates the new flow, so it takes the
-	// reverse key over, then put the old entry back.
+	// A flow from the same client port toward another Service with the
+	// same backend comes to hold the reverse key.
 	oldKey, newKey := bpftest.CtKey(clientAP, vipAP, bpftest.ProtoTCP), bpftest.CtKey(clientAP, vip2, bpftest.ProtoTCP)
 	revKey := bpftest.CtKey(be1AP, clientAP, bpftest.ProtoTCP)
 	old, _ := e.dp.CT(oldKey)
-	if err := e.ct.Delete(oldKey); err != nil {
+	rev, _ := e.dp.CT(revKey)
+	fwd := old
+	fwd.TcpSeen, fwd.SvcId = 0x02, 3
+	rev.Peer, rev.TcpSeen, rev.SvcId = newKey, 0x12, 3
+	rev.NatAddr, rev.NatPort = gen.NetAddr(vip2.Addr()), gen.NetPort(vip2.Port())
+	if err := e.ct.Put(newKey, fwd, 0); err != nil {
 		t.Fatal(err)
 	}
-	e.tcp(clientAP, vip2, bpftest.SYN)
-	if err := e.ct.Put(oldKey, old, 0); err != nil {
+	if err := e.ct.Put(revKey, rev, 0); err != nil {
 		t.Fatal(err)
 	}
 	if rev, ok := e.dp.CT(revKey); !ok || rev.Peer != newKey {

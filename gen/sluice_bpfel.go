@@ -57,7 +57,7 @@ type SluiceConfig struct {
 	SnatPortMax     uint16
 	HostNetnsCookie uint64
 	Flags           SluiceConfigFlags
-	SeenMark        uint32
+	Pad             uint32
 	ClusterNet      uint32
 	ClusterMask     uint32
 }

@@ -56,7 +56,8 @@ func TestPolicyOnRealTraffic(t *testing.T) {
 	serverIf := gen.SluiceIfstateKey{Ifindex: ifindex(t, topo.Node, topo.PodIface["server"])}
 	clientIf := gen.SluiceIfstateKey{Ifindex: ifindex(t, topo.Node, topo.PodIface["client"])}
 	setSlots := func(k gen.SluiceIfstateKey, ingress, egress uint32) {
-		dp.Put(dp.Objs.SlIfstateV1, k, gen.SluiceIfstateValue{Flags: gen.SluiceIfstateFlagsIFS_WORKLOAD, IngressPolicy: ingress, EgressPolicy: egress})
+		dp.Put(dp.Objs.SlIfstateV1, k, gen.SluiceIfstateValue{Flags: gen.SluiceIfstateFlagsIFS_WORKLOAD | gen.SluiceIfstateFlagsIFS_READY,
+			IngressPolicy: ingress, EgressPolicy: egress})
 	}
 	const none = 0xffffffff
 	client := topo.Pods["client"]

@@ -24,10 +24,7 @@ struct config {
 	__u16 snat_port_max;	/* host order: 0 means SNAT_PORT_MAX_DEFAULT */
 	__u64 host_netns_cookie; /* host order: the host network namespace's cookie */
 	enum config_flags flags; /* host order */
-	__u32 seen_mark;	/* host order: the skb->mark bit the ingress hooks set on
-				 * packets they handled, so the egress hooks of the same
-				 * node do not translate them again; 0 means
-				 * SEEN_MARK_DEFAULT */
+	__u32 pad;		/* 0 */
 	__be32 cluster_net;	/* network order: --cluster-cidr's address; with
 				 * cluster_mask 0 the CIDR is unset */
 	__be32 cluster_mask;	/* network order: --cluster-cidr's mask. ClusterIP
@@ -63,13 +60,6 @@ static __always_inline struct config *config_get(void)
 {
 	__u32 zero = 0;
 	return bpf_map_lookup_elem(&sl_config_v1, &zero);
-}
-
-/* seen_mark returns the node's "handled at ingress" mark bit. */
-static __always_inline __u32 seen_mark(void)
-{
-	struct config *cfg = config_get();
-	return cfg && cfg->seen_mark ? cfg->seen_mark : SEEN_MARK_DEFAULT;
 }
 
 static __always_inline int is_host_ip(__be32 addr)

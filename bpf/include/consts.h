@@ -24,12 +24,6 @@
  * this long after its last send; later "replies" keep the backend's address. */
 #define SOCK_REVNAT_TIMEOUT_NS	(600 * NS_PER_SEC)
 
-/* The skb->mark bit of a packet Sluice handled at a node's ingress hook
- * (sl_from_wl, sl_from_host). kube-proxy uses 0x4000 and 0x8000, Calico
- * allocates from 0xffff0000 upwards from its lowest bit; the bit is set in
- * sl_config_v1 when another owner needs this one. */
-#define SEEN_MARK_DEFAULT	0x08000000
-
 #define NS_PER_SEC		1000000000ULL
 /* A first fragment's ports serve the rest of its datagram this long (Linux's
  * net.ipv4.ipfrag_time default). */

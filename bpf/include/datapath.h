@@ -41,8 +41,32 @@ static __always_inline int drop(enum counter c)
 	return TC_ACT_SHOT;
 }
 
+/* ct_apply_fragment translates a non-first fragment: its IP header only. */
+__subprog int ct_apply_fragment(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
+{
+	__be32 src = p->saddr, dst = p->daddr;
+
+	if (v->type == CT_FORWARD) {
+		dst = v->nat_addr;
+		if (v->flags & CT_SNAT)
+			src = v->snat_addr;
+	} else {
+		src = v->nat_addr;
+		if (v->flags & CT_SNAT)
+			dst = v->snat_addr;
+	}
+	if (rewrite_addr_l3(skb, p, IP_DADDR_OFF, p->daddr, dst) ||
+	    rewrite_addr_l3(skb, p, IP_SADDR_OFF, p->saddr, src))
+		return -1;
+	p->saddr = src;
+	p->daddr = dst;
+	return 0;
+}
+
 static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
 {
+	if (p->l4_absent)
+		return ct_apply_fragment(skb, p, v);
 	if (v->type == CT_FORWARD) {
 		if (rewrite_dst(skb, p, v->nat_addr, v->nat_port))
 			return -1;
@@ -441,7 +465,7 @@ __subprog int untracked_fragment(struct __sk_buff *skb, struct packet *p, enum h
 }
 
 /* handled_upstream: a packet leaving through an egress hook that an ingress
- * hook of this node already handled (its seen mark is set). It was
+ * hook of this node already handled (entered_managed). It was
  * translated there, once: its tuple now is the one the destination sees, and
  * a conntrack entry keyed by that tuple may belong to another flow (a direct
  * flow whose source port was remapped keeps its own, untranslated tuple as
@@ -495,12 +519,9 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	}
 
 	/* Each packet is translated once on a node: where it enters (from a
-	 * workload or from outside), or, for what the node itself sends, where
-	 * it leaves. */
-	__u32 mark = seen_mark();
-	if (hook == HOOK_FROM_WL || hook == HOOK_FROM_HOST)
-		skb->mark |= mark;
-	else if (skb->mark & mark)
+	 * workload or from outside), or, for what the node itself sends or
+	 * receives on an interface Sluice does not manage, where it leaves. */
+	if ((hook == HOOK_TO_WL || hook == HOOK_TO_HOST) && entered_managed(skb))
 		return handled_upstream(skb, &p, hook);
 
 	struct ct_key key;

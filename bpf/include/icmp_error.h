@@ -37,16 +37,6 @@ static __always_inline int quote_rewrite(struct __sk_buff *skb, __u32 icmp_csum_
 	return 0;
 }
 
-static __always_inline int outer_addr_rewrite(struct __sk_buff *skb, const struct packet *p,
-					      __u32 field_off, __be32 old, __be32 new)
-{
-	if (old == new)
-		return 0;
-	if (bpf_l3_csum_replace(skb, p->l3_off + IP_CSUM_OFF, old, new, sizeof(new)))
-		return -1;
-	return bpf_skb_store_bytes(skb, p->l3_off + field_off, &new, sizeof(new), 0);
-}
-
 /* icmp_error_rnat returns 0 when the packet was translated or is not about a
  * NATed flow, -1 when a rewrite failed. */
 static __always_inline int icmp_error_rnat(struct __sk_buff *skb, const struct packet *p)
@@ -77,10 +67,10 @@ static __always_inline int icmp_error_rnat(struct __sk_buff *skb, const struct p
 	if (v->flags & CT_SNAT) {
 		if (quote_rewrite(skb, icmp_csum_off, quote_off, IP_SADDR_OFF, q.saddr, v->snat_addr,
 				  0, qports[0], v->snat_port) ||
-		    outer_addr_rewrite(skb, p, IP_DADDR_OFF, p->daddr, v->snat_addr))
+		    rewrite_addr_l3(skb, p, IP_DADDR_OFF, p->daddr, v->snat_addr))
 			return -1;
 	}
-	if (p->saddr == q.daddr && outer_addr_rewrite(skb, p, IP_SADDR_OFF, p->saddr, v->nat_addr))
+	if (p->saddr == q.daddr && rewrite_addr_l3(skb, p, IP_SADDR_OFF, p->saddr, v->nat_addr))
 		return -1;
 	count(CNT_ICMP_ERROR_TRANSLATED);
 	return 0;

@@ -38,3 +38,17 @@ struct {
 	__type(key, struct ifstate_key);
 	__type(value, struct ifstate_value);
 } sl_ifstate_v1 SEC(".maps");
+
+/* entered_managed tells whether a packet entered this node through an
+ * interface that has Sluice's ingress program, which has handled it already
+ * (skb->ingress_ifindex is 0 for packets the node itself sends). */
+static __always_inline int entered_managed(struct __sk_buff *skb)
+{
+	struct ifstate_key k = { .ifindex = skb->ingress_ifindex };
+	struct ifstate_value *v;
+
+	if (!k.ifindex)
+		return 0;
+	v = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
+	return v && (v->flags & IFS_READY);
+}

@@ -2,7 +2,8 @@
 /* Rewriting addresses and ports with incremental checksum updates. Every write
  * goes through skb helpers by offset, so it is safe whatever the packet layout.
  * A non-first fragment (l4_absent) has no L4 header: only its IP header is
- * rewritten; the first fragment carries the datagram's L4 checksum and ports. */
+ * rewritten (rewrite_addr_l3); the first fragment carries the datagram's L4
+ * checksum and ports. */
 #pragma once
 
 #include "common.h"
@@ -29,13 +30,24 @@ static __always_inline __u64 l4_csum_flags(const struct packet *p, int pseudo)
 	return f;
 }
 
+/* rewrite_addr_l3 rewrites an address of the IP header alone: an ICMP
+ * error's outer header, or a non-first fragment. */
+static __always_inline int rewrite_addr_l3(struct __sk_buff *skb, const struct packet *p,
+					   __u32 field_off, __be32 old, __be32 new)
+{
+	if (old == new)
+		return 0;
+	if (bpf_l3_csum_replace(skb, p->l3_off + IP_CSUM_OFF, old, new, sizeof(new)))
+		return -1;
+	return bpf_skb_store_bytes(skb, p->l3_off + field_off, &new, sizeof(new), 0);
+}
+
 static __always_inline int rewrite_addr(struct __sk_buff *skb, const struct packet *p,
 					__u32 field_off, __be32 old, __be32 new)
 {
 	if (old == new)
 		return 0;
-	if (!p->l4_absent &&
-	    bpf_l4_csum_replace(skb, l4_csum_off(p), old, new, l4_csum_flags(p, 1) | sizeof(new)))
+	if (bpf_l4_csum_replace(skb, l4_csum_off(p), old, new, l4_csum_flags(p, 1) | sizeof(new)))
 		return -1;
 	if (bpf_l3_csum_replace(skb, p->l3_off + IP_CSUM_OFF, old, new, sizeof(new)))
 		return -1;
@@ -46,7 +58,7 @@ static __always_inline int rewrite_addr(struct __sk_buff *skb, const struct pack
 static __always_inline int rewrite_port(struct __sk_buff *skb, const struct packet *p,
 					__u32 port_off, __be16 old, __be16 new)
 {
-	if (old == new || p->l4_absent)
+	if (old == new)
 		return 0;
 	if (bpf_l4_csum_replace(skb, l4_csum_off(p), old, new, l4_csum_flags(p, 0) | sizeof(new)))
 		return -1;

@@ -16,6 +16,10 @@ import (
 	"github.com/sluice-net/sluice/gen"
 )
 
+// noPolicy is the interface-state slot value for "no policy program"
+// (IFSTATE_NO_POLICY).
+const noPolicy = 0xffffffff
+
 // Topology is a node namespace with pods behind veths and an external host on a
 // data interface, the datapath attached by TCX on the node's side of each veth:
 //
@@ -68,13 +72,19 @@ func NewTopology(t testing.TB, d *Datapath, pods ...string) *Topology {
 }
 
 // Attach puts ingress and egress programs on an interface of the node namespace
-// with TCX links, detached when the test ends.
+// with TCX links, detached when the test ends, and records the interface in
+// the interface-state map as ready without policy, as ifacemgr does (the
+// egress hooks tell packets that entered through a managed interface by it).
 func (topo *Topology) Attach(t testing.TB, iface string, ingress, egress *ebpf.Program) {
 	t.Helper()
 	err := topo.Node.Do(func() error {
 		ifc, err := net.InterfaceByName(iface)
 		if err != nil {
 			return err
+		}
+		if err := topo.DP.Objs.SlIfstateV1.Put(gen.SluiceIfstateKey{Ifindex: uint32(ifc.Index)}, gen.SluiceIfstateValue{
+			Flags: gen.SluiceIfstateFlagsIFS_READY, IngressPolicy: noPolicy, EgressPolicy: noPolicy}); err != nil {
+			return fmt.Errorf("interface state of %s: %w", iface, err)
 		}
 		for _, a := range []struct {
 			prog *ebpf.Program
