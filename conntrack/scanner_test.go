@@ -2,6 +2,7 @@ package conntrack_test
 
 import (
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -296,6 +297,19 @@ func TestDecodeForPeople(t *testing.T) {
 	want := "tcp 10.1.0.5:41234 -> 10.96.0.10:80 (nat 10.2.0.7:8080) established, last seen 3s ago"
 	if got := conntrack.Decode(&p, now).String(); got != want {
 		t.Fatalf("got  %q\nwant %q", got, want)
+	}
+
+	// The same client port toward the backend directly: a tracked, direct
+	// flow whose port was remapped (the Service flow holds the tuple).
+	e.tcp(clientAP, be1AP, bpftest.SYN)
+	d := conntrack.Pair{FwdKey: bpftest.CtKey(clientAP, be1AP, bpftest.ProtoTCP), HasFwd: true, HasRev: true}
+	d.Fwd, _ = e.dp.CT(d.FwdKey)
+	d.RevKey = d.Fwd.Peer
+	d.Rev, _ = e.dp.CT(d.RevKey)
+	got := conntrack.Decode(&d, time.Duration(d.Fwd.LastSeen)).String()
+	wantPrefix := "tcp 10.1.0.5:41234 -> 10.2.0.7:8080 (direct, snat 10.1.0.5:"
+	if !strings.HasPrefix(got, wantPrefix) || !strings.HasSuffix(got, ") syn-sent, last seen 0s ago") {
+		t.Fatalf("got  %q\nwant %q...", got, wantPrefix)
 	}
 }
 
