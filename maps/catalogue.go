@@ -342,3 +342,31 @@ func StalePins(dir string) ([]string, error) {
 	}
 	return stale, nil
 }
+
+// disposable names (without the _vN layout version) the maps whose contents
+// only count or live for seconds: statistics and in-flight fragments. A pin of
+// an older layout of one of them can be removed without losing a connection.
+var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_frag_v"}
+
+// RemoveStaleDisposable removes the stale pins (StalePins) of maps whose
+// contents are disposable — counters and in-flight fragments — and returns
+// their names, so an upgrade that only changes such a layout needs no
+// cleanup. Stale pins of maps holding state (conntrack, services, affinity)
+// are left for the caller to report.
+func RemoveStaleDisposable(dir string) ([]string, error) {
+	stale, err := StalePins(dir)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, name := range stale {
+		if !slices.ContainsFunc(disposable, func(prefix string) bool { return strings.HasPrefix(name, prefix) }) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(cmpOr(dir, DefaultPinDir), name)); err != nil {
+			return removed, fmt.Errorf("remove stale pin %s: %w", name, err)
+		}
+		removed = append(removed, name)
+	}
+	return removed, nil
+}

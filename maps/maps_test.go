@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -486,6 +487,28 @@ func TestStalePinsListsOlderLayouts(t *testing.T) {
 	stale, err := maps.StalePins(dir)
 	if err != nil || len(stale) != 1 || stale[0] != "sl_ifstats_v0" {
 		t.Fatalf("stale pins: %v %v", stale, err)
+	}
+}
+
+// Counters of an older layout are removed on their own; state is not.
+func TestRemoveStaleDisposableKeepsState(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	for _, name := range []string{"sl_counters_v1", "sl_fe_v0"} {
+		old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer old.Close()
+		if err := old.Pin(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := maps.RemoveStaleDisposable(dir)
+	if err != nil || !slices.Equal(removed, []string{"sl_counters_v1"}) {
+		t.Fatalf("removed %v (%v), want the old counters only", removed, err)
+	}
+	if stale, err := maps.StalePins(dir); err != nil || !slices.Equal(stale, []string{"sl_fe_v0"}) {
+		t.Fatalf("stale pins left: %v %v", stale, err)
 	}
 }
 

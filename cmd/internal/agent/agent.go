@@ -109,6 +109,13 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 			return nil, fmt.Errorf("--cgroup %s is not a cgroup v2 directory (%v): mount cgroup2, or pass --cgroup= to disable socket load balancing", cfg.Cgroup, err)
 		}
 	}
+	// Counters of an older layout carry no connection: drop them, so an
+	// upgrade that only adds counters needs no cleanup.
+	if removed, err := maps.RemoveStaleDisposable(cfg.PinDir); err != nil {
+		return nil, err
+	} else if len(removed) > 0 {
+		log.Info("removed pins of an older layout that hold only counters", "dir", cfg.PinDir, "maps", removed)
+	}
 	if stale, err := maps.StalePins(cfg.PinDir); err != nil {
 		return nil, err
 	} else if len(stale) > 0 {
