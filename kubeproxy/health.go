@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -24,6 +25,7 @@ type ProxyHealth struct {
 	lastQueued   time.Time
 	lastUpdated  time.Time
 	nodeEligible bool
+	sourceErrs   map[string]string // source -> why it cannot be read
 	now          func() time.Time
 	onRequest    func(path string, code int)
 }
@@ -57,6 +59,23 @@ func (h *ProxyHealth) SetNodeEligible(ok bool) {
 	h.nodeEligible = ok
 }
 
+// SetSourceError records that a source of objects (the manifests folder)
+// cannot be read, or (nil) that it can. The proxy is unhealthy while any
+// source cannot be read: it serves the last state it read, which may be
+// stale, and a node in that state must not look fine.
+func (h *ProxyHealth) SetSourceError(source string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err == nil {
+		delete(h.sourceErrs, source)
+		return
+	}
+	if h.sourceErrs == nil {
+		h.sourceErrs = map[string]string{}
+	}
+	h.sourceErrs[source] = err.Error()
+}
+
 // Healthy reports the proxy's health, as of now.
 func (h *ProxyHealth) Healthy() bool {
 	h.mu.Lock()
@@ -65,14 +84,18 @@ func (h *ProxyHealth) Healthy() bool {
 }
 
 func (h *ProxyHealth) healthy(now time.Time) bool {
+	if len(h.sourceErrs) > 0 {
+		return false
+	}
 	pending := !h.lastQueued.IsZero() && h.lastUpdated.Before(h.lastQueued)
 	return !pending || now.Sub(h.lastQueued) < h.timeout
 }
 
 type healthBody struct {
-	LastUpdated  string `json:"lastUpdated"`
-	CurrentTime  string `json:"currentTime"`
-	NodeEligible *bool  `json:"nodeEligible,omitempty"`
+	LastUpdated  string            `json:"lastUpdated"`
+	CurrentTime  string            `json:"currentTime"`
+	NodeEligible *bool             `json:"nodeEligible,omitempty"`
+	SourceErrors map[string]string `json:"sourceErrors,omitempty"`
 }
 
 // Handler serves /healthz and /livez.
@@ -84,6 +107,9 @@ func (h *ProxyHealth) Handler() http.Handler {
 			now := h.now()
 			ok := h.healthy(now)
 			body := healthBody{LastUpdated: h.lastUpdated.String(), CurrentTime: now.String()}
+			if len(h.sourceErrs) > 0 {
+				body.SourceErrors = maps.Clone(h.sourceErrs)
+			}
 			if withNode {
 				eligible := h.nodeEligible
 				body.NodeEligible = &eligible

@@ -3,6 +3,7 @@ package kubeproxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -28,49 +29,75 @@ type Object struct {
 
 var decoder = serializer.NewCodecFactory(scheme.Scheme).UniversalDeserializer()
 
+// isManifest tells a manifest file by its name.
+func isManifest(name string) bool {
+	switch filepath.Ext(name) {
+	case ".yaml", ".yml", ".json":
+		return true
+	}
+	return false
+}
+
 // ReadManifests reads every .yaml, .yml and .json file under dir: many objects
-// per file, YAML documents separated by "---" lines. A document that does not
-// decode is reported with its file and position, and the others still count.
+// per file, YAML documents separated by "---" lines, `kind: List` expanded. A
+// document that does not decode is reported with its file and position, and
+// the others still count.
 func ReadManifests(fsys fs.FS) ([]Object, []error) {
 	var objs []Object
 	var errs []error
 	err := fs.WalkDir(fsys, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+		if err != nil || d.IsDir() || !isManifest(path) {
 			return err
-		}
-		switch filepath.Ext(path) {
-		case ".yaml", ".yml", ".json":
-		default:
-			return nil
 		}
 		data, err := fs.ReadFile(fsys, path)
 		if err != nil {
 			errs = append(errs, err)
 			return nil
 		}
-		for i, doc := range splitDocuments(data) {
-			if len(bytes.TrimSpace(doc)) == 0 {
-				continue
-			}
-			js, err := yaml.YAMLToJSON(doc)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: document %d: %w", path, i+1, err))
-				continue
-			}
-			if string(bytes.TrimSpace(js)) == "null" {
-				continue // only comments
-			}
-			obj, _, err := decoder.Decode(js, nil, nil)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: document %d: %w", path, i+1, err))
-				continue
-			}
-			objs = append(objs, Object{File: path, Obj: obj})
-		}
+		o, e := parseManifest(path, data)
+		objs, errs = append(objs, o...), append(errs, e...)
 		return nil
 	})
 	if err != nil {
 		errs = append(errs, err)
+	}
+	return objs, errs
+}
+
+// parseManifest decodes the documents of one file.
+func parseManifest(path string, data []byte) ([]Object, []error) {
+	var objs []Object
+	var errs []error
+	for i, doc := range splitDocuments(data) {
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: document %d: %w", path, i+1, err))
+			continue
+		}
+		if string(bytes.TrimSpace(js)) == "null" {
+			continue // only comments
+		}
+		obj, _, err := decoder.Decode(js, nil, nil)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: document %d: %w", path, i+1, err))
+			continue
+		}
+		list, ok := obj.(*v1.List)
+		if !ok {
+			objs = append(objs, Object{File: path, Obj: obj})
+			continue
+		}
+		for j, item := range list.Items {
+			o, _, err := decoder.Decode(item.Raw, nil, nil)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: document %d: list item %d: %w", path, i+1, j+1, err))
+				continue
+			}
+			objs = append(objs, Object{File: path, Obj: o})
+		}
 	}
 	return objs, errs
 }
@@ -89,8 +116,30 @@ func splitDocuments(data []byte) [][]byte {
 	return append(docs, cur)
 }
 
+// CheckManifestDir tells whether dir can serve as a manifest folder: it must
+// exist and be a directory (a symbolic link to one is followed). The agent
+// refuses to start otherwise, rather than take a missing folder for an empty
+// cluster.
+func CheckManifestDir(dir string) error {
+	info, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("manifests folder %s: %w", dir, err)
+	}
+	if !info.IsDir() {
+		return fmt.Errorf("manifests folder %s is not a directory", dir)
+	}
+	return nil
+}
+
 // ManifestSource feeds a proxier from a folder of manifests and follows
 // changes to it: the embedded default that runs Sluice without a cluster.
+//
+// A folder that cannot be read is not an empty folder: while it is missing,
+// unmounted or unreadable, every object stays as last read, the proxier is
+// unhealthy (/healthz 503) and sluice_source_unreadable{source="manifests"} is
+// 1. A file with a document that does not parse keeps the objects it held
+// before until it parses again. Only files whose size or time changed are
+// read again.
 type ManifestSource struct {
 	Dir      string
 	Interval time.Duration // how often the folder is checked (default 1 s)
@@ -99,9 +148,17 @@ type ManifestSource struct {
 	// Pods, Namespaces and NetworkPolicies from it).
 	OnObjects func([]Object)
 
-	seen     map[string]Object // by kind/namespace/name
-	stamp    string
-	reported map[string]bool
+	files      map[string]*manifestFile // by path relative to Dir
+	seen       map[string]Object        // by kind/namespace/name
+	stamp      string
+	unreadable error
+}
+
+// manifestFile is what one file gave when it was last read.
+type manifestFile struct {
+	stamp string // size and modification time
+	objs  []Object
+	errs  []error
 }
 
 // Run reads the folder, tells the proxier that Services and EndpointSlices are
@@ -109,9 +166,6 @@ type ManifestSource struct {
 func (m *ManifestSource) Run(ctx context.Context, p *Proxier) {
 	if m.Interval == 0 {
 		m.Interval = time.Second
-	}
-	if m.Log == nil {
-		m.Log = slog.Default()
 	}
 	m.Sync(p)
 	p.OnServicesSynced()
@@ -128,46 +182,22 @@ func (m *ManifestSource) Run(ctx context.Context, p *Proxier) {
 	}
 }
 
-// folderStamp summarises the folder (names, sizes, times) to notice changes.
-func folderStamp(dir string) string {
-	var b strings.Builder
-	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			if info, err := d.Info(); err == nil {
-				fmt.Fprintf(&b, "%s %d %d\n", path, info.Size(), info.ModTime().UnixNano())
-			}
-		}
-		return nil
-	})
-	return b.String()
+func (m *ManifestSource) log() *slog.Logger {
+	if m.Log == nil {
+		return slog.Default()
+	}
+	return m.Log
 }
 
-// Sync re-reads the folder if it changed and sends the differences.
+// Sync re-reads what changed in the folder and sends the differences.
 func (m *ManifestSource) Sync(p *Proxier) {
-	stamp := folderStamp(m.Dir)
-	if stamp == m.stamp && m.seen != nil {
+	stamp, err := m.readFolder(p)
+	m.setUnreadable(p, err)
+	if err != nil || (stamp == m.stamp && m.seen != nil) {
 		return
 	}
 	m.stamp = stamp
-	objs, errs := ReadManifests(os.DirFS(m.Dir))
-	if m.reported == nil {
-		m.reported = map[string]bool{}
-	}
-	for _, err := range errs {
-		if !m.reported[err.Error()] {
-			m.reported[err.Error()] = true
-			m.Log.Error("skipping manifest document", "dir", m.Dir, "err", err)
-		}
-	}
-	next := map[string]Object{}
-	for _, o := range objs {
-		defaultNamespace(o.Obj)
-		key := objectKey(o.Obj)
-		if key == "" {
-			continue
-		}
-		next[key] = o
-	}
+	next := m.objects()
 	t := p.Tracker()
 	for key, o := range next {
 		if old, ok := m.seen[key]; ok && equalObjects(old.Obj, o.Obj) {
@@ -204,6 +234,130 @@ func (m *ManifestSource) Sync(p *Proxier) {
 				}
 			}
 		}))
+	}
+}
+
+// readFolder lists the folder's manifest files and re-reads those whose size
+// or time changed, logging and counting their bad documents. It returns a
+// stamp of the folder, or an error when the folder cannot be read (nothing
+// is changed then).
+func (m *ManifestSource) readFolder(p *Proxier) (string, error) {
+	if err := CheckManifestDir(m.Dir); err != nil {
+		return "", err
+	}
+	// A folder that is a symbolic link is read where it points.
+	root, err := filepath.EvalSymlinks(m.Dir)
+	if err != nil {
+		return "", fmt.Errorf("manifests folder %s: %w", m.Dir, err)
+	}
+	type file struct{ rel, stamp string }
+	var list []file
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !isManifest(path) {
+			return err
+		}
+		info, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // removed while listing
+		}
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		list = append(list, file{rel, fmt.Sprintf("%d %d", info.Size(), info.ModTime().UnixNano())})
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("manifests folder %s: %w", m.Dir, err)
+	}
+	var stamp strings.Builder
+	files := make(map[string]*manifestFile, len(list))
+	for _, f := range list {
+		fmt.Fprintf(&stamp, "%s %s\n", f.rel, f.stamp)
+		if old := m.files[f.rel]; old != nil && old.stamp == f.stamp {
+			files[f.rel] = old
+			continue
+		}
+		mf := &manifestFile{stamp: f.stamp}
+		if data, err := os.ReadFile(filepath.Join(root, f.rel)); err != nil {
+			mf.errs = []error{fmt.Errorf("%s: %w", f.rel, err)}
+		} else {
+			mf.objs, mf.errs = parseManifest(f.rel, data)
+		}
+		for _, err := range mf.errs {
+			m.log().Error("manifest document not applied; the objects this file held before are kept until it parses",
+				"dir", m.Dir, "err", err)
+		}
+		if p.metrics != nil {
+			p.metrics.ManifestErrors.Add(float64(len(mf.errs)))
+		}
+		files[f.rel] = mf
+	}
+	m.files = files
+	return stamp.String(), nil
+}
+
+// objects merges the files, in the order of their names: the first file that
+// defines an object wins, and a second definition is logged. A file with a
+// document that does not parse keeps the objects it held before.
+func (m *ManifestSource) objects() map[string]Object {
+	next := map[string]Object{}
+	for _, rel := range slices.Sorted(func(yield func(string) bool) {
+		for rel := range m.files {
+			if !yield(rel) {
+				return
+			}
+		}
+	}) {
+		f := m.files[rel]
+		objs := f.objs
+		for _, o := range objs {
+			defaultNamespace(o.Obj)
+		}
+		if len(f.errs) > 0 {
+			read := map[string]bool{}
+			for _, o := range objs {
+				read[objectKey(o.Obj)] = true
+			}
+			for key, o := range m.seen {
+				if o.File == rel && !read[key] {
+					objs = append(objs, o)
+				}
+			}
+		}
+		for _, o := range objs {
+			key := objectKey(o.Obj)
+			if key == "" {
+				continue
+			}
+			if first, dup := next[key]; dup {
+				m.log().Error("object defined twice; the first definition is used", "dir", m.Dir,
+					"object", key, "used", first.File, "ignored", o.File)
+				continue
+			}
+			next[key] = o
+		}
+	}
+	return next
+}
+
+// setUnreadable records the folder's state: logged when it changes, and
+// reported in the proxier's health and metrics while it lasts.
+func (m *ManifestSource) setUnreadable(p *Proxier, err error) {
+	switch {
+	case err != nil && m.unreadable == nil:
+		m.log().Error("manifests folder cannot be read; keeping every object as last read", "dir", m.Dir, "err", err)
+	case err == nil && m.unreadable != nil:
+		m.log().Info("manifests folder readable again", "dir", m.Dir)
+	}
+	m.unreadable = err
+	p.Health.SetSourceError("manifests", err)
+	if p.metrics != nil {
+		v := 0.0
+		if err != nil {
+			v = 1
+		}
+		p.metrics.SourceUnreadable.WithLabelValues("manifests").Set(v)
 	}
 }
 

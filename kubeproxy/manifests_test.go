@@ -1,7 +1,9 @@
 package kubeproxy_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -95,5 +97,171 @@ func TestReadManifestsReportsBadDocuments(t *testing.T) {
 	}
 	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "a.yaml: document 4") {
 		t.Fatalf("errors %v: want the bad document named by file and position", errs)
+	}
+}
+
+// runSource starts a manifest source on dir with a fast interval.
+func runSource(t *testing.T, e *env, dir string, log *slog.Logger) {
+	t.Helper()
+	src := &kubeproxy.ManifestSource{Dir: dir, Interval: 10 * time.Millisecond, Log: log}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go src.Run(ctx, e.p)
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gauge reads a gauge of the env's registry by name and label value.
+func (e *env) gauge(name, label string) float64 {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == label {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// A folder that disappears (renamed, unmounted) is not an empty folder: the
+// Services stay, the proxy turns unhealthy and says why, and everything
+// resumes when the folder is back.
+func TestManifestFolderThatVanishesKeepsTheLastState(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "manifests")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "web.yaml"), webYAML)
+	var logs bytes.Buffer
+	runSource(t, e, dir, slog.New(slog.NewTextHandler(&logs, nil)))
+	e.eventually("services from the folder", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 2 })
+
+	if err := os.Rename(dir, dir+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("unhealthy while the folder is gone", func() bool { return !e.p.Health.Healthy() })
+	time.Sleep(100 * time.Millisecond) // several source intervals
+	if e.frontends()["10.96.0.10:80/6"].Count != 2 {
+		t.Fatal("a vanished folder removed its Services")
+	}
+	if v := e.gauge("sluice_source_unreadable", "manifests"); v != 1 {
+		t.Fatalf("sluice_source_unreadable = %v while the folder is gone", v)
+	}
+	if !strings.Contains(logs.String(), "manifests folder cannot be read") {
+		t.Fatalf("no log line says the folder is gone:\n%s", logs.String())
+	}
+
+	if err := os.Rename(dir+".moved", dir); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("healthy again", func() bool { return e.p.Health.Healthy() })
+	writeFile(t, filepath.Join(dir, "web.yaml"), strings.Replace(webYAML, `- addresses: ["10.2.0.2"]`, "", 1))
+	e.eventually("changes followed again", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 1 })
+	if v := e.gauge("sluice_source_unreadable", "manifests"); v != 0 {
+		t.Fatalf("sluice_source_unreadable = %v once the folder is back", v)
+	}
+}
+
+// A document that does not parse keeps the objects its file held before:
+// half an edit must not delete live Services.
+func TestManifestFileWithASyntaxErrorKeepsItsObjects(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	dir := t.TempDir()
+	good := strings.TrimSuffix(webYAML, "---\nthis: is: not: yaml\n")
+	writeFile(t, filepath.Join(dir, "web.yaml"), good)
+	runSource(t, e, dir, nil)
+	e.eventually("services from the folder", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 2 })
+
+	// An editor saved half a file: the slice's document is broken.
+	broken := good[:strings.Index(good, "kind: EndpointSlice")] + "kind: EndpointSlice\nmetadata: [unclosed\n"
+	writeFile(t, filepath.Join(dir, "web.yaml"), broken)
+	time.Sleep(100 * time.Millisecond)
+	fe := e.frontends()
+	if _, dns := fe["10.96.0.53:53/17"]; fe["10.96.0.10:80/6"].Count != 2 || !dns {
+		t.Fatalf("objects of a file with a syntax error were removed: %v", fe)
+	}
+	// Fixed, without the slice: now it goes.
+	writeFile(t, filepath.Join(dir, "web.yaml"), good[:strings.Index(good, "---\napiVersion: discovery.k8s.io/v1")])
+	e.eventually("the slice removed once the file parses", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 0 })
+}
+
+// kind: List is expanded; a Service defined in two files is taken from the
+// first file by name and the second definition is logged; a folder that is a
+// symbolic link is followed, edits inside it included.
+func TestManifestListsDuplicatesAndSymlinks(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	target := t.TempDir()
+	link := filepath.Join(t.TempDir(), "current")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(target, "a.yaml"), `apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web}
+  spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080}]
+  endpoints: [{addresses: ["10.2.0.1"]}]
+`)
+	writeFile(t, filepath.Join(target, "b.yaml"), `apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {clusterIP: 10.96.0.99, ports: [{name: http, port: 80}]}
+`)
+	var logs bytes.Buffer
+	runSource(t, e, link, slog.New(slog.NewTextHandler(&logs, nil)))
+	e.eventually("the List's Service", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 1 })
+	if _, ok := e.frontends()["10.96.0.99:80/6"]; ok {
+		t.Fatal("the second definition of a Service was programmed")
+	}
+	if !strings.Contains(logs.String(), "object defined twice") || !strings.Contains(logs.String(), "b.yaml") {
+		t.Fatalf("the duplicate is not logged:\n%s", logs.String())
+	}
+	// An edit inside the linked folder is seen.
+	if err := os.Remove(filepath.Join(target, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("the other definition takes over", func() bool {
+		return e.frontends()["10.96.0.99:80/6"].Count == 0 && e.frontends()["10.96.0.10:80/6"].Count == 0
+	})
+	if _, ok := e.frontends()["10.96.0.99:80/6"]; !ok {
+		t.Fatalf("after the first file went, the second definition should be programmed: %v", e.frontends())
+	}
+}
+
+func TestCheckManifestDir(t *testing.T) {
+	if err := kubeproxy.CheckManifestDir(filepath.Join(t.TempDir(), "missing")); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("missing folder: %v", err)
+	}
+	file := filepath.Join(t.TempDir(), "f.yaml")
+	writeFile(t, file, "")
+	if err := kubeproxy.CheckManifestDir(file); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("a file: %v", err)
+	}
+	if err := kubeproxy.CheckManifestDir(t.TempDir()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -18,6 +18,8 @@ type Metrics struct {
 	SyncErrors         prometheus.Counter
 	ConntrackFlushed   prometheus.Counter
 	MapWrites          prometheus.Counter
+	SourceUnreadable   *prometheus.GaugeVec
+	ManifestErrors     prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -46,8 +48,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "UDP flows flushed because their backend left the service"}),
 		MapWrites: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "nat_map_operations_total",
 			Help: "Map writes and deletes done by syncs"}),
+		SourceUnreadable: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "sluice", Name: "source_unreadable",
+			Help: "1 while a source of objects cannot be read (its last state is kept)"}, []string{"source"}),
+		ManifestErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "manifest_errors_total",
+			Help: "Manifest documents that did not parse, counted each time their file is read"}),
 	}
 	reg.MustRegister(m.SyncDuration, m.LastSync, m.NetworkProgramming, m.EndpointChanges, m.ServiceChanges,
-		m.NoLocalEndpoints, m.Healthz, m.SkippedObjects, m.SyncErrors, m.ConntrackFlushed, m.MapWrites)
+		m.NoLocalEndpoints, m.Healthz, m.SkippedObjects, m.SyncErrors, m.ConntrackFlushed, m.MapWrites,
+		m.SourceUnreadable, m.ManifestErrors)
 	return m
 }

@@ -55,6 +55,14 @@ func TestStartupErrorsSayWhatToDo(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--manifests DIR") {
 		t.Fatalf("no source: %v", err)
 	}
+	pins := t.TempDir()
+	_, err = agent.Start(context.Background(), agent.Config{Manifests: filepath.Join(t.TempDir(), "gone"), PinDir: pins}, log)
+	if err == nil || !strings.Contains(err.Error(), "--manifests") {
+		t.Fatalf("missing manifests folder: %v", err)
+	}
+	if entries, _ := os.ReadDir(pins); len(entries) != 0 {
+		t.Fatalf("a refused start left %d pins behind", len(entries))
+	}
 	_, err = agent.Start(context.Background(), agent.Config{Manifests: t.TempDir(), Cgroup: t.TempDir(), PinDir: t.TempDir()}, log)
 	if err == nil || !strings.Contains(err.Error(), "not a cgroup v2 directory") {
 		t.Fatalf("bad cgroup: %v", err)

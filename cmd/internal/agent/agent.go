@@ -101,6 +101,13 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.Manifests == "" && cfg.Kubeconfig == "" && cfg.Master == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
 		return nil, errors.New("no source of services: give --kubeconfig or --master, run inside a cluster, or use --manifests DIR")
 	}
+	if cfg.Manifests != "" {
+		// A missing folder is not an empty cluster: starting would remove
+		// every Service the node's pins still serve.
+		if err := kubeproxy.CheckManifestDir(cfg.Manifests); err != nil {
+			return nil, fmt.Errorf("--manifests: %w", err)
+		}
+	}
 	if err := CheckPrivileges(); err != nil {
 		return nil, err
 	}
