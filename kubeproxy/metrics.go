@@ -41,7 +41,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Healthz: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubeproxy", Name: "proxy_healthz_total",
 			Help: "Cumulative proxy healthz HTTP status"}, []string{"code"}),
 		SkippedObjects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "skipped_objects_total",
-			Help: "Services and EndpointSlices skipped because they are malformed"}),
+			Help: "Services and EndpointSlices not programmed: malformed, in conflict, or too big for the maps"}),
 		SyncErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "sync_errors_total",
 			Help: "Syncs that failed (retried)"}),
 		ConntrackFlushed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "conntrack_flushed_total",

@@ -218,6 +218,7 @@ func (p *Proxier) Sync() error {
 		if p.metrics != nil {
 			p.metrics.SyncErrors.Inc()
 		}
+		p.log.Error("sync failed; retrying", "err", err)
 		return fmt.Errorf("sync: %w", err) // p.pending keeps the changes for the retry
 	}
 	clear(p.pending)
@@ -309,7 +310,7 @@ func (p *Proxier) reportBad(err error) {
 		return
 	}
 	p.reportedBad[msg] = true
-	p.log.Error("skipping malformed object", "err", msg)
+	p.log.Error("object not programmed; every other one is", "err", msg)
 	if p.metrics != nil {
 		p.metrics.SkippedObjects.Inc()
 	}

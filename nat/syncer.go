@@ -251,9 +251,57 @@ func (s *Syncer) syncOne(pl *planner, name ServicePortName, st State, force bool
 		stats.Errors = append(stats.Errors, err) // keeps what it had, if anything
 		return
 	}
+	if err := s.fits(name, p); err != nil {
+		var full *maps.FullError
+		if errors.As(err, &full) {
+			stats.FullMaps = append(stats.FullMaps, full.Map)
+		}
+		stats.Errors = append(stats.Errors, err) // keeps what it had, if anything
+		return
+	}
 	p.svcIn, p.epsIn, p.generation = svc, eps, s.generation
 	stats.Errors = append(stats.Errors, s.install(name, old, p, stats)...)
 	delete(s.replan, name)
+}
+
+// fits tells whether a plan's new entries fit in the maps beside everything
+// else desired. A service that does not fit is refused on its own, with an
+// error naming it and the map, and keeps what it had: one oversized Service
+// (20,000 loadBalancerSourceRanges, say) must never stop every other sync at
+// the map's first refused write.
+func (s *Syncer) fits(name ServicePortName, p *plan) error {
+	newFE := 0
+	for k := range p.frontends {
+		if _, ok := s.fe.GetDesired(k); !ok {
+			newFE++
+		}
+	}
+	newBE := 0
+	for id, list := range p.backends {
+		newBE += max(0, len(list)-len(s.currentBackends(id)))
+	}
+	newSrc := 0
+	for _, k := range p.srcRanges {
+		if _, ok := s.src.GetDesired(k); !ok {
+			newSrc++
+		}
+	}
+	for _, n := range []struct {
+		m        interface{ DesiredLen() int }
+		name     string
+		capacity uint32
+		add      int
+	}{
+		{s.fe, s.fe.Map().Name(), s.fe.Map().MaxEntries(), newFE},
+		{s.be, s.be.Map().Name(), s.be.Map().MaxEntries(), newBE},
+		{s.src, s.src.Map().Name(), s.src.Map().MaxEntries(), newSrc},
+	} {
+		if inUse := n.m.DesiredLen(); n.add > 0 && inUse+n.add > int(n.capacity) {
+			return fmt.Errorf("service %s: needs %d more entries of map %s, which has %d of %d in use: %w",
+				name, n.add, n.name, inUse, n.capacity, &maps.FullError{Map: n.name, MaxEntries: n.capacity})
+		}
+	}
+	return nil
 }
 
 // planValid validates a service and its endpoints, then plans it.

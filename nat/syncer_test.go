@@ -499,3 +499,56 @@ func TestSyncerRemovesStaleAffinity(t *testing.T) {
 		t.Fatal("affinity of a removed service kept")
 	}
 }
+
+// A Service too big for a map (more loadBalancerSourceRanges than the map has
+// room for) is refused on its own, with an error naming it and the map; every
+// other Service, including one created after it, is programmed.
+func TestServiceTooBigForAMapIsRefusedAlone(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	set, err := maps.Open(maps.OpenOptions{PinDir: dir, Capacity: map[string]uint32{gen.SluiceMapSlSrcrangeV1: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	s, err := nat.NewSyncer(nat.Options{Maps: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := svc("big", "10.96.0.20", 80, func(s *nat.ServicePort) {
+		s.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.20")}
+		for i := range 150 {
+			s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, netip.PrefixFrom(netip.AddrFrom4([4]byte{192, 0, byte(i), 0}), 24))
+		}
+	})
+	small := svc("small", "10.96.0.21", 80)
+	node := nat.Node{Name: "node-a", NodePortIPs: []netip.Addr{nodeIP}, AllNodePortIPs: true}
+	endpoints := map[nat.ServicePortName][]nat.Endpoint{big.Name: eps("10.2.0.1:8080"), small.Name: eps("10.2.0.2:8080")}
+	stats, err := s.Apply(nat.State{Node: node, Services: map[nat.ServicePortName]*nat.ServicePort{big.Name: big, small.Name: small}, Endpoints: endpoints})
+	if err != nil {
+		t.Fatalf("one oversized Service failed the whole sync: %v", err)
+	}
+	if len(stats.Errors) != 1 || !strings.Contains(stats.Errors[0].Error(), "default/big") ||
+		!strings.Contains(stats.Errors[0].Error(), gen.SluiceMapSlSrcrangeV1) || !slices.Contains(stats.FullMaps, gen.SluiceMapSlSrcrangeV1) {
+		t.Fatalf("errors %v, full maps %v: want one error naming the Service and the map", stats.Errors, stats.FullMaps)
+	}
+	fe, err := maps.Frontends.In(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fe.Get(gen.SluiceFeKey{Addr: gen.NetAddr(small.ClusterIP), Port: gen.NetPort(80), Proto: 6}); err != nil {
+		t.Fatalf("the other Service was not programmed: %v", err)
+	}
+	if _, err := fe.Get(gen.SluiceFeKey{Addr: gen.NetAddr(big.ClusterIP), Port: gen.NetPort(80), Proto: 6}); err == nil {
+		t.Fatal("the oversized Service was programmed in part")
+	}
+	// A Service created later is programmed too, and the big one stays out.
+	later := svc("later", "10.96.0.22", 80)
+	endpoints[later.Name] = eps("10.2.0.3:8080")
+	stats, err = s.Apply(nat.State{Node: node, Services: map[nat.ServicePortName]*nat.ServicePort{big.Name: big, small.Name: small, later.Name: later}, Endpoints: endpoints})
+	if err != nil || len(stats.Errors) != 1 {
+		t.Fatalf("second sync: %v, errors %v", err, stats.Errors)
+	}
+	if _, err := fe.Get(gen.SluiceFeKey{Addr: gen.NetAddr(later.ClusterIP), Port: gen.NetPort(80), Proto: 6}); err != nil {
+		t.Fatalf("a Service created after the oversized one was not programmed: %v", err)
+	}
+}
