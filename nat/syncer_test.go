@@ -376,8 +376,9 @@ func TestSyncerFullMapKeepsProgrammedServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := s.Apply(nat.State{Node: node, Services: map[nat.ServicePortName]*nat.ServicePort{a.Name: a, b.Name: b}, Endpoints: e})
-	if !errors.Is(err, maps.ErrFull) || !strings.Contains(err.Error(), "sl_be_v1 is full (4 entries)") {
-		t.Fatalf("apply into a full backend map: %v", err)
+	if err != nil || len(st.Errors) != 1 || !errors.Is(st.Errors[0], maps.ErrFull) ||
+		!strings.Contains(st.Errors[0].Error(), "sl_be_v1 is full (4 entries)") || !strings.Contains(st.Errors[0].Error(), "default/b") {
+		t.Fatalf("apply into a full backend map: %v, errors %v: want the service that does not fit named, the sync done", err, st.Errors)
 	}
 	if !slices.Contains(st.FullMaps, maps.Backends.Name) {
 		t.Fatalf("stats do not name the full map: %+v", st)
