@@ -187,6 +187,7 @@ func (c *Converter) ServicePorts(svc *v1.Service) ([]*nat.ServicePort, error) {
 			ExternalIPs: externalIPs, LoadBalancerIPs: lbIPs, LoadBalancerSourceRanges: ranges,
 			AffinityTimeout: affinity, ExternalPolicy: external, InternalPolicy: internal,
 			HealthCheckNodePort: uint16(svc.Spec.HealthCheckNodePort), TrafficDistribution: distribution,
+			Created: svc.CreationTimestamp.Time,
 		})
 		if err != nil {
 			return nil, err

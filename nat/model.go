@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // Protocol is an IP protocol number.
@@ -94,6 +95,10 @@ type ServicePort struct {
 	// TrafficDistribution is the service's spec.trafficDistribution (informational:
 	// topology is decided by the endpoints' hints, as kube-proxy does).
 	TrafficDistribution string
+	// Created is when the Service was created. When two Services claim the
+	// same frontend (an externalIP:port the API server accepts twice), the
+	// older one has it; the zero time counts as oldest, then names decide.
+	Created time.Time
 }
 
 // NewServicePort validates s and returns a copy with its lists normalised

@@ -106,7 +106,10 @@ type Syncer struct {
 	replan      map[ServicePortName]bool // forced by routes arriving
 	ids         *idAllocator
 	feOwner     map[gen.SluiceFeKey]ServicePortName
-	ipRefs      map[netip.Addr]int
+	// feWaiting: services that claim a frontend another one has; they are
+	// planned again when it lets go.
+	feWaiting map[gen.SluiceFeKey]map[ServicePortName]bool
+	ipRefs    map[netip.Addr]int
 	// affinityDirty: service ids whose backends changed while they use affinity.
 	affinityDirty map[uint32]bool
 }
@@ -120,7 +123,8 @@ func NewSyncer(opts Options) (*Syncer, error) {
 		opts: opts, log: opts.Logger,
 		services: map[ServicePortName]*plan{}, replan: map[ServicePortName]bool{},
 		ids: newIDAllocator(), feOwner: map[gen.SluiceFeKey]ServicePortName{},
-		ipRefs: map[netip.Addr]int{}, affinityDirty: map[uint32]bool{},
+		feWaiting: map[gen.SluiceFeKey]map[ServicePortName]bool{},
+		ipRefs:    map[netip.Addr]int{}, affinityDirty: map[uint32]bool{},
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -196,11 +200,6 @@ func (s *Syncer) Apply(st State) (Stats, error) {
 		for name := range st.Changed {
 			s.syncOne(pl, name, st, true, &stats)
 		}
-		for name := range s.replan {
-			if !st.Changed[name] {
-				s.syncOne(pl, name, st, true, &stats)
-			}
-		}
 	} else {
 		s.generation++
 		for name := range st.Services {
@@ -210,6 +209,20 @@ func (s *Syncer) Apply(st State) (Stats, error) {
 			if old.generation != s.generation {
 				s.install(name, old, nil, &stats)
 			}
+		}
+	}
+	// Services planned again because a frontend they claim changed hands
+	// (a few rounds: each round settles the claims the previous one moved).
+	for round := 0; round < 3 && len(s.replan) > 0; round++ {
+		names := make([]ServicePortName, 0, len(s.replan))
+		for name := range s.replan {
+			names = append(names, name)
+		}
+		for _, name := range names {
+			if _, present := st.Services[name]; present || s.services[name] != nil {
+				s.syncOne(pl, name, st, true, &stats)
+			}
+			delete(s.replan, name)
 		}
 	}
 	s.setHostIPs(st.Node.NodePortIPs)
@@ -422,9 +435,16 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 	if p != nil {
 		for k, v := range p.frontends {
 			if owner, ok := s.feOwner[k]; ok && owner != name {
-				errs = append(errs, fmt.Errorf("service %s: frontend %v:%d/%d already belongs to service %s",
-					name, gen.AddrFromNet(k.Addr), gen.PortFromNet(k.Port), k.Proto, owner))
-				continue
+				if older(p.svc, name, s.services[owner], owner) {
+					// This one takes it; the owner is planned again
+					// without it, and reports the conflict then.
+					s.replan[owner] = true
+				} else {
+					errs = append(errs, fmt.Errorf("frontend %v:%d/%d claimed by services %s and %s: %s is older and has it",
+						gen.AddrFromNet(k.Addr), gen.PortFromNet(k.Port), k.Proto, owner, name, owner))
+					s.wait(k, name)
+					continue
+				}
 			}
 			newFE[k] = v
 		}
@@ -433,11 +453,18 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 		if _, keep := newFE[k]; !keep && s.feOwner[k] == name {
 			s.fe.DeleteDesired(k)
 			delete(s.feOwner, k)
+			for w := range s.feWaiting[k] {
+				s.replan[w] = true // a service that claimed it may have it now
+			}
+			delete(s.feWaiting, k)
 		}
 	}
 	for k, v := range newFE {
 		s.fe.SetDesired(k, v)
 		s.feOwner[k] = name
+		if w := s.feWaiting[k]; w != nil {
+			delete(w, name)
+		}
 	}
 
 	var newBE map[uint32][]gen.SluiceBeValue
@@ -509,6 +536,26 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 		s.services[name] = p
 	}
 	return errs
+}
+
+// older tells whether service a (named an) was created before b: the one that
+// keeps a frontend both claim. Equal times (or none) fall back to the names.
+func older(a *ServicePort, an ServicePortName, bp *plan, bn ServicePortName) bool {
+	if bp == nil || bp.svc == nil {
+		return true
+	}
+	if !a.Created.Equal(bp.svc.Created) {
+		return a.Created.Before(bp.svc.Created)
+	}
+	return an.String() < bn.String()
+}
+
+// wait records that a service claims a frontend another one has.
+func (s *Syncer) wait(k gen.SluiceFeKey, name ServicePortName) {
+	if s.feWaiting[k] == nil {
+		s.feWaiting[k] = map[ServicePortName]bool{}
+	}
+	s.feWaiting[k][name] = true
 }
 
 func svcName(s string) gen.SluiceSvcnameValue {

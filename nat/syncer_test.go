@@ -352,7 +352,7 @@ func TestSyncerBadServiceDoesNotStopOthers(t *testing.T) {
 		t.Fatal("good service not programmed")
 	}
 	st = f.apply([]*nat.ServicePort{good, clash}, map[nat.ServicePortName][]nat.Endpoint{good.Name: eps("10.2.0.1:80")})
-	if len(st.Errors) != 1 || !strings.Contains(st.Errors[0].Error(), "already belongs") {
+	if len(st.Errors) != 1 || !strings.Contains(st.Errors[0].Error(), "claimed by services default/good:p and default/zz-clash:p") {
 		t.Fatalf("frontend clash errors %v", st.Errors)
 	}
 }
@@ -551,5 +551,42 @@ func TestServiceTooBigForAMapIsRefusedAlone(t *testing.T) {
 	}
 	if _, err := fe.Get(gen.SluiceFeKey{Addr: gen.NetAddr(later.ClusterIP), Port: gen.NetPort(80), Proto: 6}); err != nil {
 		t.Fatalf("a Service created after the oversized one was not programmed: %v", err)
+	}
+}
+
+// Two Services claiming one frontend (an externalIP:port the API server
+// accepts twice): the older has it, whatever the order they arrive in; when
+// it goes, the other one is programmed at once, without a restart.
+func TestFrontendConflictOlderWinsAndSurvivorTakesOver(t *testing.T) {
+	now := time.Now()
+	old := svc("old", "10.96.0.60", 80, func(s *nat.ServicePort) {
+		s.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.7")}
+		s.Created = now.Add(-time.Hour)
+	})
+	young := svc("young", "10.96.0.61", 80, func(s *nat.ServicePort) {
+		s.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.7")}
+		s.Created = now
+	})
+	e := map[nat.ServicePortName][]nat.Endpoint{old.Name: eps("10.2.0.1:80"), young.Name: eps("10.2.0.2:80")}
+	shared := "203.0.113.7:80/6"
+	for _, order := range [][]*nat.ServicePort{{young, old}, {old, young}} {
+		f := newFixture(t, nat.Options{})
+		// One at a time, in this order: the second one claims a taken frontend.
+		f.apply(order[:1], e)
+		st := f.apply(order, e)
+		if len(st.Errors) != 1 || !strings.Contains(st.Errors[0].Error(), "default/old:p is older and has it") {
+			t.Fatalf("order %s first: errors %v", order[0].Name, st.Errors)
+		}
+		if got := f.backends(f.frontends()[shared].SvcId); !slices.Equal(got, []string{"10.2.0.1:80"}) {
+			t.Fatalf("order %s first: the shared frontend goes to %v, want the older Service's backend", order[0].Name, got)
+		}
+		// The older one is deleted: the younger takes the frontend over.
+		st = f.apply([]*nat.ServicePort{young}, e)
+		if len(st.Errors) != 0 {
+			t.Fatalf("after the older Service went: errors %v", st.Errors)
+		}
+		if got := f.backends(f.frontends()[shared].SvcId); !slices.Equal(got, []string{"10.2.0.2:80"}) {
+			t.Fatalf("order %s first: after the older Service went, the frontend goes to %v", order[0].Name, got)
+		}
 	}
 }
