@@ -164,3 +164,23 @@ func TestBackendLayoutKeepsOrdinalsOfRemainingEndpoints(t *testing.T) {
 		t.Fatalf("remove: %v -> %v", next, next2)
 	}
 }
+
+// Addresses that are not a service's own — the NodePort wildcard's broadcast
+// address among them — are refused wherever a Service names them.
+func TestSpecialAddressesAreRefused(t *testing.T) {
+	good := ServicePort{Name: ServicePortName{"default", "web", "http"}, ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: TCP}
+	for _, ip := range []string{"255.255.255.255", "240.0.0.1", "0.0.0.0", "0.1.2.3", "127.0.0.1", "169.254.0.9", "224.0.0.5"} {
+		addr := netip.MustParseAddr(ip)
+		for field, mod := range map[string]func(*ServicePort){
+			"clusterIP":               func(s *ServicePort) { s.ClusterIP = addr },
+			"externalIPs":             func(s *ServicePort) { s.ExternalIPs = []netip.Addr{addr} },
+			"loadBalancer ingress IP": func(s *ServicePort) { s.LoadBalancerIPs = []netip.Addr{addr} },
+		} {
+			s := good
+			mod(&s)
+			if _, err := NewServicePort(s); err == nil || !strings.Contains(err.Error(), field) || !strings.Contains(err.Error(), ip) {
+				t.Errorf("%s %s: error %v does not refuse it by name", field, ip, err)
+			}
+		}
+	}
+}

@@ -128,6 +128,9 @@ func (s *ServicePort) Validate() error {
 	if !s.ClusterIP.Is4() {
 		return bad("clusterIP %v: not an IPv4 address", s.ClusterIP)
 	}
+	if why := specialAddr(s.ClusterIP); why != "" {
+		return bad("clusterIP %v: %s", s.ClusterIP, why)
+	}
 	if s.Port == 0 {
 		return bad("port 0: out of range 1-65535")
 	}
@@ -140,10 +143,16 @@ func (s *ServicePort) Validate() error {
 		if !ip.Is4() {
 			return bad("externalIPs: %v is not an IPv4 address", ip)
 		}
+		if why := specialAddr(ip); why != "" {
+			return bad("externalIPs: %v: %s", ip, why)
+		}
 	}
 	for _, ip := range s.LoadBalancerIPs {
 		if !ip.Is4() {
 			return bad("loadBalancer ingress IP %v: not an IPv4 address", ip)
+		}
+		if why := specialAddr(ip); why != "" {
+			return bad("loadBalancer ingress IP %v: %s", ip, why)
 		}
 	}
 	for _, p := range s.LoadBalancerSourceRanges {
@@ -224,4 +233,27 @@ func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.Addr == o.Addr && e.Ready == o.Ready && e.Serving == o.Serving && e.Terminating == o.Terminating &&
 		e.Local == o.Local && e.NodeName == o.NodeName && e.Zone == o.Zone &&
 		slices.Equal(e.ZoneHints, o.ZoneHints) && slices.Equal(e.NodeHints, o.NodeHints)
+}
+
+// reserved is 240.0.0.0/4 (RFC 1112 "future use"), which holds the limited
+// broadcast address 255.255.255.255, the datapath's NodePort wildcard.
+var reserved = netip.MustParsePrefix("240.0.0.0/4")
+
+// specialAddr says why an address cannot be a Service's (as the API server
+// refuses them in externalIPs): it would capture traffic that is not the
+// Service's, or collide with the NodePort wildcard encoding. "" when usable.
+func specialAddr(ip netip.Addr) string {
+	switch {
+	case ip.IsUnspecified() || ip.As4()[0] == 0:
+		return `an address of "this network" (0.0.0.0/8), not a service address`
+	case ip.IsLoopback():
+		return "a loopback address"
+	case ip.IsLinkLocalUnicast():
+		return "a link-local address"
+	case ip.IsMulticast():
+		return "a multicast address"
+	case reserved.Contains(ip):
+		return "a reserved or broadcast address (240.0.0.0/4, 255.255.255.255)"
+	}
+	return ""
 }

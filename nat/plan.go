@@ -124,6 +124,11 @@ func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (
 	if svc.Protocol == SCTP {
 		return nil, fmt.Errorf("service %s: SCTP is not balanced by the datapath (TCP and UDP only)", name)
 	}
+	if slices.Contains(p.node.NodePortIPs, svc.ClusterIP) {
+		// Its frontends would take the node's own ports (SSH answered with a
+		// reset when the Service has no endpoints).
+		return nil, fmt.Errorf("service %s: clusterIP %v is an address of this node", name, svc.ClusterIP)
+	}
 	pl := &plan{
 		svc: svc, eps: eps,
 		ids:       map[netip.Addr]uint32{},

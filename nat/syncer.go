@@ -254,8 +254,9 @@ func (s *Syncer) syncOne(pl *planner, name ServicePortName, st State, force bool
 	eps := st.Endpoints[name]
 	if old != nil {
 		old.generation = s.generation
-		nodeBound := svc.NodePort != 0 || len(svc.LoadBalancerSourceRanges) > 0
-		if !force && !s.replan[name] && !(s.nodeChanged && nodeBound) && old.unchanged(svc, eps) {
+		// Any service depends on the node's addresses (a ClusterIP may not
+		// be one of them); NodePorts and source ranges on more of the node.
+		if !force && !s.replan[name] && !s.nodeChanged && old.unchanged(svc, eps) {
 			return
 		}
 	}

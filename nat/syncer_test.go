@@ -590,3 +590,23 @@ func TestFrontendConflictOlderWinsAndSurvivorTakesOver(t *testing.T) {
 		}
 	}
 }
+
+// A ClusterIP that is one of the node's addresses would take the node's own
+// ports (its port 22 answered with resets when the Service has no
+// endpoints): the Service is refused.
+func TestClusterIPOfTheNodeIsRefused(t *testing.T) {
+	f := newFixture(t, nat.Options{})
+	s := svc("sshy", "10.96.0.70", 22)
+	e := map[nat.ServicePortName][]nat.Endpoint{}
+	st := f.apply([]*nat.ServicePort{svc("onnode", nodeIP.String(), 22)}, e)
+	if len(st.Errors) != 1 || !strings.Contains(st.Errors[0].Error(), "is an address of this node") {
+		t.Fatalf("errors %v", st.Errors)
+	}
+	if _, ok := f.frontends()[nodeIP.String()+":22/6"]; ok {
+		t.Fatal("a frontend on the node's own address was programmed")
+	}
+	f.apply([]*nat.ServicePort{s}, e)
+	if _, ok := f.frontends()["10.96.0.70:22/6"]; !ok {
+		t.Fatal("an ordinary Service was not programmed")
+	}
+}
