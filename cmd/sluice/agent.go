@@ -126,7 +126,7 @@ func runAgent(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("sluice agent", flag.ContinueOnError)
 	cfg := agent.Config{WorkloadPrefixes: []string{"cali", "lxc", "veth", "sl"}}
 	configFile, logLevel := agentFlags(fs, &cfg)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *configFile != "" {

@@ -68,7 +68,7 @@ func subcommand(args []string, sub, usage string) ([]string, error) {
 // a table for people, or JSON with --json.
 func report[T any](name string, args []string, read func(*inspectFlags, *maps.Set) (T, error), print func(T)) error {
 	f := newInspectFlags(name)
-	if err := f.fs.Parse(args); err != nil {
+	if err := parseFlags(f.fs, args); err != nil {
 		return err
 	}
 	set, err := f.open()
@@ -135,8 +135,13 @@ func runCT(args []string) error {
 	service := f.fs.String("service", "", "only flows of this service (namespace/name, or namespace/name:port)")
 	address := f.fs.String("address", "", "only flows with this client, frontend or backend address")
 	proto := f.fs.String("proto", "", "only tcp or udp flows")
-	if err := f.fs.Parse(args[1:]); err != nil {
+	if err := parseFlags(f.fs, args[1:]); err != nil {
 		return err
+	}
+	switch *proto {
+	case "", "tcp", "udp":
+	default:
+		return fmt.Errorf("--proto %q: want tcp or udp", *proto)
 	}
 	set, err := f.open()
 	if err != nil {
@@ -262,13 +267,18 @@ func printUsages(usages []maps.Usage) {
 func runCleanup(args []string) error {
 	fs := flag.NewFlagSet("sluice cleanup", flag.ContinueOnError)
 	pinDir := fs.String("bpf-pin-dir", maps.DefaultPinDir, "bpffs directory of Sluice's pins")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	had := len(agent.Leftovers(*pinDir))
 	if err := agent.Cleanup(*pinDir, ""); err != nil {
 		return err
 	}
-	fmt.Println("removed Sluice's programs, pins and maps from", *pinDir)
+	if had == 0 {
+		fmt.Println("nothing of Sluice's is pinned in", *pinDir)
+		return nil
+	}
+	fmt.Printf("removed Sluice's programs, pins and maps from %s (%d pins)\n", *pinDir, had)
 	return nil
 }
 

@@ -13,6 +13,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -89,4 +90,18 @@ func newLogger(level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// parseFlags parses a command's flags and refuses anything else: the flag
+// package stops at the first word that is not a flag, and every flag after a
+// stray word would be ignored without a word (a `ct flush` that flushes
+// everything, a `cleanup` of the default directory).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected argument %q (flags go after the command, as --name value)", fs.Name(), fs.Arg(0))
+	}
+	return nil
 }

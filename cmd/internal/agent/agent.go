@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -70,6 +72,9 @@ type Agent struct {
 	objs    *gen.SluiceObjects
 	ifaces  *ifacemgr.Manager
 	Proxier *kubeproxy.Proxier
+	// healthLn and metricsLn are bound before the node is touched, so a bad
+	// address fails the start with nothing attached or pinned.
+	healthLn, metricsLn net.Listener
 }
 
 // CheckPrivileges tells, in words a person can act on, why the agent cannot use
@@ -116,27 +121,42 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 			return nil, fmt.Errorf("--cgroup %s is not a cgroup v2 directory (%v): mount cgroup2, or pass --cgroup= to disable socket load balancing", cfg.Cgroup, err)
 		}
 	}
-	// Counters of an older layout carry no connection: drop them, so an
-	// upgrade that only adds counters needs no cleanup.
-	if removed, err := maps.RemoveStaleDisposable(cfg.PinDir); err != nil {
+	healthLn, err := listen("--healthz-bind-address", cfg.HealthzBindAddress)
+	if err != nil {
 		return nil, err
+	}
+	metricsLn, err := listen("--metrics-bind-address", cfg.MetricsBindAddress)
+	if err != nil {
+		closeListener(healthLn)
+		return nil, err
+	}
+	fail := func(err error) (*Agent, error) {
+		closeListener(healthLn)
+		closeListener(metricsLn)
+		return nil, err
+	}
+	// Every flag is checked: from here on the node is touched. Counters of
+	// an older layout carry no connection: drop them, so an upgrade that
+	// only adds counters needs no cleanup.
+	if removed, err := maps.RemoveStaleDisposable(cfg.PinDir); err != nil {
+		return fail(err)
 	} else if len(removed) > 0 {
 		log.Info("removed pins of an older layout that hold only counters", "dir", cfg.PinDir, "maps", removed)
 	}
 	if stale, err := maps.StalePins(cfg.PinDir); err != nil {
-		return nil, err
+		return fail(err)
 	} else if len(stale) > 0 {
-		return nil, fmt.Errorf("pin directory %s holds maps of an older layout %v: run `sluice cleanup --bpf-pin-dir %s` (this drops live connections), then start again", cfg.PinDir, stale, cfg.PinDir)
+		return fail(fmt.Errorf("pin directory %s holds maps of an older layout %v: run `sluice cleanup --bpf-pin-dir %s` (this drops live connections), then start again", cfg.PinDir, stale, cfg.PinDir))
 	}
 	set, err := maps.Open(maps.OpenOptions{PinDir: cfg.PinDir})
 	if err != nil {
 		var le *maps.LayoutError
 		if errors.As(err, &le) {
-			return nil, fmt.Errorf("%w (or run `sluice cleanup`)", err)
+			return fail(fmt.Errorf("%w (or run `sluice cleanup`)", err))
 		}
-		return nil, err
+		return fail(err)
 	}
-	a := &Agent{cfg: cfg, log: log, set: set}
+	a := &Agent{cfg: cfg, log: log, set: set, healthLn: healthLn, metricsLn: metricsLn}
 	if err := a.start(ctx); err != nil {
 		a.Close()
 		return nil, err
@@ -243,17 +263,13 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	go a.Proxier.Run(ctx)
 
-	if cfg.HealthzBindAddress != "" {
-		if err := serve(ctx, cfg.HealthzBindAddress, a.Proxier.Health.Handler(), log); err != nil {
-			return fmt.Errorf("--healthz-bind-address: %w", err)
-		}
+	if a.healthLn != nil {
+		serve(ctx, a.healthLn, a.Proxier.Health.Handler(), log)
 	}
-	if cfg.MetricsBindAddress != "" {
+	if a.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		if err := serve(ctx, cfg.MetricsBindAddress, mux, log); err != nil {
-			return fmt.Errorf("--metrics-bind-address: %w", err)
-		}
+		serve(ctx, a.metricsLn, mux, log)
 	}
 	log.Info("sluice agent running", "node", cfg.NodeName, "pins", cfg.PinDir)
 	return nil
@@ -338,11 +354,26 @@ func (a *Agent) client() (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rc)
 }
 
-func serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+// listen binds an HTTP address given by flag ("" for none).
+func listen(flag, addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
+	return ln, nil
+}
+
+func closeListener(ln net.Listener) {
+	if ln != nil {
+		ln.Close()
+	}
+}
+
+// serve serves h on ln until ctx ends.
+func serve(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -350,10 +381,9 @@ func serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) e
 	}()
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("HTTP server stopped", "addr", addr, "err", err)
+			log.Error("HTTP server stopped", "addr", ln.Addr(), "err", err)
 		}
 	}()
-	return nil
 }
 
 // Ready reports whether every managed interface has its programs and the
@@ -378,6 +408,8 @@ func (a *Agent) Maps() *maps.Set { return a.set }
 
 // Close releases handles; pinned maps and attachments stay.
 func (a *Agent) Close() {
+	closeListener(a.healthLn) // served ones are closed with the context too
+	closeListener(a.metricsLn)
 	if a.ifaces != nil {
 		a.ifaces.Close()
 	}
@@ -387,9 +419,20 @@ func (a *Agent) Close() {
 	a.set.Close()
 }
 
-// Cleanup removes everything Sluice put on the node: attachments (its own
-// only), socket-LB links, interface state, pinned maps and the pin directory.
+// Cleanup removes everything Sluice put on the node whose pins are in pinDir:
+// TC and XDP programs of the namespace netns ("" for the current one), socket
+// LB programs, maps and pins. It only ever removes Sluice's own objects (pins
+// named sl_* and cgroup_*, the links folder), refuses a pinDir that is not a
+// directory on a bpffs, and removes pinDir itself only when it held Sluice's
+// pins. A missing pinDir is nothing to clean. Leftovers tells what is left.
 func Cleanup(pinDir, netns string) error {
+	if _, err := os.Stat(pinDir); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := maps.CheckPinDir(pinDir); err != nil {
+		return err
+	}
+	had := len(Leftovers(pinDir)) > 0
 	var errs []error
 	set, err := maps.Open(maps.OpenOptions{PinDir: pinDir, NoCreate: true})
 	var ifstate *maps.Map[gen.SluiceIfstateKey, gen.SluiceIfstateValue]
@@ -409,11 +452,37 @@ func Cleanup(pinDir, netns string) error {
 		errs = append(errs, set.Unpin())
 		set.Close()
 	}
-	stale, _ := maps.StalePins(pinDir)
-	for _, name := range stale {
-		errs = append(errs, os.Remove(filepath.Join(pinDir, name)))
+	// Whatever is still pinned under Sluice's names — pins of another layout,
+	// same-named maps of another size the set could not open, links of
+	// interfaces that are gone — goes too.
+	for _, path := range Leftovers(pinDir) {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
-	_ = os.Remove(filepath.Join(pinDir, "links"))
-	_ = os.Remove(pinDir)
+	if had {
+		_ = os.Remove(filepath.Join(pinDir, "links"))
+		_ = os.Remove(pinDir) // only when empty: other owners' pins stay
+	}
+	if left := Leftovers(pinDir); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("cleanup of %s left %s", pinDir, strings.Join(left, ", ")))
+	}
 	return errors.Join(errs...)
+}
+
+// Leftovers lists the paths of Sluice's pins under pinDir: maps (sl_*),
+// socket-LB links (cgroup_*) and TC/XDP link pins (links/*).
+func Leftovers(pinDir string) []string {
+	var left []string
+	entries, _ := os.ReadDir(pinDir)
+	for _, e := range entries {
+		if name := e.Name(); !e.IsDir() && (strings.HasPrefix(name, maps.NamePrefix) || strings.HasPrefix(name, "cgroup_")) {
+			left = append(left, filepath.Join(pinDir, name))
+		}
+	}
+	links, _ := os.ReadDir(filepath.Join(pinDir, "links"))
+	for _, e := range links {
+		left = append(left, filepath.Join(pinDir, "links", e.Name()))
+	}
+	return left
 }

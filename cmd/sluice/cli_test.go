@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/maps"
+)
+
+// A word that is not a flag ends the flags for Go's flag package: every flag
+// after it used to be ignored, so `ct flush ... oops --service ns/svc`
+// flushed every flow and `cleanup oops --bpf-pin-dir X` cleaned the default
+// directory. Such commands are refused, as is a --proto that is not one.
+func TestStrayArgumentsAreRefused(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	set, err := maps.Open(maps.OpenOptions{PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	ct, err := maps.Conntrack.In(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := bpftest.CtKey(netip.MustParseAddrPort("10.1.0.5:4000"), netip.MustParseAddrPort("10.96.0.10:80"), bpftest.ProtoTCP)
+	if err := ct.Put(k, gen.SluiceCtValue{Type: gen.SluiceCtTypeCT_FORWARD, Peer: k}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"ct", "flush", "--bpf-pin-dir", dir, "oops", "--service", "ns/svc"},
+		{"ct", "list", "--bpf-pin-dir", dir, "extra"},
+		{"cleanup", "oops", "--bpf-pin-dir", dir},
+		{"nat", "list", "--bpf-pin-dir", dir, "x"},
+		{"maps", "--bpf-pin-dir", dir, "x"},
+		{"agent", "--manifests", t.TempDir(), "stray"},
+	} {
+		err := run(context.Background(), args)
+		if err == nil || !strings.Contains(err.Error(), "unexpected argument") {
+			t.Errorf("%v: %v, want the stray word refused", args, err)
+		}
+	}
+	if err := run(context.Background(), []string{"ct", "flush", "--bpf-pin-dir", dir, "--proto", "bogus"}); err == nil || !strings.Contains(err.Error(), "--proto") {
+		t.Errorf("--proto bogus: %v", err)
+	}
+	if _, err := ct.Get(k); err != nil {
+		t.Fatalf("a refused command flushed a flow: %v", err)
+	}
+}
+
+// cleanup removes only Sluice's own objects, all of them, and says so.
+func TestCleanupIsSafeAndComplete(t *testing.T) {
+	// A regular file, or a directory that is not a bpffs, is refused and kept.
+	file := filepath.Join(t.TempDir(), "precious")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(context.Background(), []string{"cleanup", "--bpf-pin-dir", file}); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("cleanup of a regular file: %v", err)
+	}
+	empty := t.TempDir()
+	if err := run(context.Background(), []string{"cleanup", "--bpf-pin-dir", empty}); err == nil || !strings.Contains(err.Error(), "not on a bpffs") {
+		t.Fatalf("cleanup of a plain directory: %v", err)
+	}
+	for _, p := range []string{file, empty} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("cleanup removed %s: %v", p, err)
+		}
+	}
+
+	// A bpffs directory holding a map of the current name but another size
+	// (the set cannot open it), a pin of an older layout and another
+	// owner's pin: Sluice's go, the other owner's stays.
+	dir := bpftest.PinDir(t)
+	for _, name := range []string{gen.SluiceMapSlFeV1, "sl_fe_v0", "theirs"} {
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if err := m.Pin(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := run(context.Background(), []string{"cleanup", "--bpf-pin-dir", dir}); err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	if left := agent.Leftovers(dir); len(left) != 0 {
+		t.Fatalf("cleanup left %v", left)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "theirs")); err != nil {
+		t.Fatalf("cleanup removed another owner's pin: %v", err)
+	}
+}
+
+// A bad address fails the start before the node is touched: no pin is left.
+func TestBadBindAddressTouchesNothing(t *testing.T) {
+	bpftest.Require(t)
+	pins := filepath.Join(bpftest.PinDir(t), "sluice")
+	_, err := agent.Start(context.Background(), agent.Config{Manifests: t.TempDir(), PinDir: pins,
+		HealthzBindAddress: "256.0.0.1:10256"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "--healthz-bind-address") {
+		t.Fatalf("bad --healthz-bind-address: %v", err)
+	}
+	if _, err := os.Stat(pins); !os.IsNotExist(err) {
+		t.Fatalf("a refused start created the pin directory (%v)", err)
+	}
+}
