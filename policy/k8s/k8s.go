@@ -111,7 +111,11 @@ func (t *translator) direction(pod *v1.Pod, pols []*netv1.NetworkPolicy, typ net
 		}
 		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
 		if err != nil {
-			t.res.Errors = append(t.res.Errors, fmt.Errorf("networkpolicy %s/%s: podSelector: %w", np.Namespace, np.Name, err))
+			// Which pods it isolates is unknown: fail closed, as if it
+			// selected every pod of its namespace and allowed nothing.
+			t.err(fmt.Errorf("networkpolicy %s/%s: podSelector: %w (it isolates every pod of its namespace and allows nothing until fixed)",
+				np.Namespace, np.Name, err))
+			tier.Policies = append(tier.Policies, policy.Policy{Name: np.Namespace + "/" + np.Name})
 			continue
 		}
 		if !sel.Matches(labels.Set(pod.Labels)) {
@@ -123,6 +127,13 @@ func (t *translator) direction(pod *v1.Pod, pols []*netv1.NetworkPolicy, typ net
 		return policy.EndpointPolicy{}
 	}
 	return policy.EndpointPolicy{Tiers: []policy.Tier{tier}}
+}
+
+// err records a translation error once, however many pods it concerns.
+func (t *translator) err(err error) {
+	if !slices.ContainsFunc(t.res.Errors, func(e error) bool { return e.Error() == err.Error() }) {
+		t.res.Errors = append(t.res.Errors, err)
+	}
 }
 
 // ruleID is stable for a rule's position, so counters survive recompiles.
@@ -202,7 +213,7 @@ func (t *translator) peerMatch(np *netv1.NetworkPolicy, peer netv1.NetworkPolicy
 			if err == nil {
 				return r, false // another IP family
 			}
-			t.res.Errors = append(t.res.Errors, fmt.Errorf("networkpolicy %s/%s: ipBlock %q: %w", np.Namespace, np.Name, peer.IPBlock.CIDR, err))
+			t.err(fmt.Errorf("networkpolicy %s/%s: ipBlock %q: %w", np.Namespace, np.Name, peer.IPBlock.CIDR, err))
 			return r, false
 		}
 		setNets([]netip.Prefix{cidr.Masked()})
@@ -211,7 +222,7 @@ func (t *translator) peerMatch(np *netv1.NetworkPolicy, peer netv1.NetworkPolicy
 			for _, e := range peer.IPBlock.Except {
 				p, err := netip.ParsePrefix(e)
 				if err != nil {
-					t.res.Errors = append(t.res.Errors, fmt.Errorf("networkpolicy %s/%s: ipBlock except %q: %w", np.Namespace, np.Name, e, err))
+					t.err(fmt.Errorf("networkpolicy %s/%s: ipBlock except %q: %w", np.Namespace, np.Name, e, err))
 					return r, false
 				}
 				if p.Addr().Is4() {
@@ -239,15 +250,23 @@ func (t *translator) peerMatch(np *netv1.NetworkPolicy, peer netv1.NetworkPolicy
 // selectPods returns the pods a pod/namespace selector peer names.
 func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer) []*v1.Pod {
 	podSel, nsSel := labels.Everything(), labels.Nothing()
+	// A selector that does not parse selects nothing (fail closed): the peer
+	// lets no pod in or out.
 	if peer.PodSelector != nil {
-		if s, err := metav1.LabelSelectorAsSelector(peer.PodSelector); err == nil {
-			podSel = s
+		s, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+		if err != nil {
+			t.err(fmt.Errorf("networkpolicy %s/%s: peer podSelector: %w (the peer matches no pod until fixed)", np.Namespace, np.Name, err))
+			return nil
 		}
+		podSel = s
 	}
 	if peer.NamespaceSelector != nil {
-		if s, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector); err == nil {
-			nsSel = s
+		s, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
+		if err != nil {
+			t.err(fmt.Errorf("networkpolicy %s/%s: peer namespaceSelector: %w (the peer matches no pod until fixed)", np.Namespace, np.Name, err))
+			return nil
 		}
+		nsSel = s
 	}
 	var out []*v1.Pod
 	for _, p := range t.c.Pods {

@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/sluice-net/sluice/policy"
@@ -101,6 +102,49 @@ func TestNetworkPolicyTranslation(t *testing.T) {
 			if err := p.Validate(); err != nil {
 				t.Fatalf("%s/%s: %v", ep.Namespace, ep.Name, err)
 			}
+		}
+	}
+}
+
+// A selector that does not parse (the API server would refuse it; manifests
+// are not checked by one) fails closed, with one error however many pods it
+// concerns: an invalid peer selector lets nobody in, an invalid podSelector
+// isolates its whole namespace.
+func TestInvalidSelectorsFailClosed(t *testing.T) {
+	web := pod("shop", "web", "10.1.0.10", map[string]string{"app": "web"})
+	api := pod("shop", "api", "10.1.0.20", map[string]string{"app": "api"})
+	bad := metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "Sometimes"}}}
+	c := Cluster{
+		Pods:       []*v1.Pod{web, api},
+		Namespaces: []*v1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, {ObjectMeta: metav1.ObjectMeta{Name: "other"}}},
+		Policies: []*netv1.NetworkPolicy{
+			{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "bad-peer"}, Spec: netv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+				Ingress:     []netv1.NetworkPolicyIngressRule{{From: []netv1.NetworkPolicyPeer{{PodSelector: &bad}}}},
+			}},
+		},
+	}
+	res := Translate(c, "node-a")
+	if len(res.Errors) != 1 || !strings.Contains(res.Errors[0].Error(), "shop/bad-peer") {
+		t.Fatalf("errors %v: want one naming the policy", res.Errors)
+	}
+	e := res.Endpoints["shop/web"]
+	if policy.Evaluate(&e.Ingress, res.IPSets, policy.Packet{Src: netip.MustParseAddr(api.Status.PodIP), Dst: e.IP, Protocol: 6, DstPort: 80}).Allow {
+		t.Fatal("an invalid peer selector let a pod in")
+	}
+
+	c.Policies = []*netv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "bad-target"}, Spec: netv1.NetworkPolicySpec{
+		PodSelector: bad,
+		Ingress:     []netv1.NetworkPolicyIngressRule{{}}, // would allow everyone to what it selects
+	}}}
+	res = Translate(c, "node-a")
+	if len(res.Errors) != 1 || !strings.Contains(res.Errors[0].Error(), "shop/bad-target") {
+		t.Fatalf("errors %v: want one naming the policy", res.Errors)
+	}
+	for _, name := range []string{"shop/web", "shop/api"} {
+		e := res.Endpoints[name]
+		if policy.Evaluate(&e.Ingress, res.IPSets, policy.Packet{Src: netip.MustParseAddr("10.9.9.9"), Dst: e.IP, Protocol: 6, DstPort: 80}).Allow {
+			t.Fatalf("%s: a policy with an invalid podSelector left its namespace open", name)
 		}
 	}
 }

@@ -28,6 +28,7 @@ type policyFeed struct {
 	slots   map[int][2]uint32 // ifindex -> ingress, egress slot in use
 	cache   map[string]uint32 // endpoint/direction/content -> slot
 	retired []uint32          // slots to free at the next update
+	logged  map[string]bool   // translation errors already logged
 }
 
 func newPolicyFeed(set *maps.Set, verdict *gen.SluiceObjects, netnsPath, node string, log *slog.Logger) (*policyFeed, error) {
@@ -59,9 +60,15 @@ func contentHash(p *policy.EndpointPolicy) string {
 // to the interface the node routes the pod's IP through.
 func (f *policyFeed) Update(c k8s.Cluster) {
 	res := k8s.Translate(c, f.node)
+	// Each error is logged once while it lasts, not at every update.
+	errs := map[string]bool{}
 	for _, err := range res.Errors {
-		f.log.Error("skipping part of a NetworkPolicy", "err", err)
+		errs[err.Error()] = true
+		if !f.logged[err.Error()] {
+			f.log.Error("NetworkPolicy not translated as written", "err", err)
+		}
 	}
+	f.logged = errs
 	f.mu.Lock()
 	for _, s := range f.retired {
 		f.rt.Remove(s)
