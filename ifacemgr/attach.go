@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -47,23 +48,28 @@ func (a *attacher) pinPath(ifname string, ifindex int, hook Hook) string {
 	return filepath.Join(a.dir, fmt.Sprintf("%d_%s_%s", ifindex, hook, strings.ReplaceAll(ifname, ".", ":")))
 }
 
-// progTag identifies a program's code; a link running a program with the
-// same tag needs no change.
-func progTag(p *ebpf.Program) (string, error) {
-	info, err := p.Info()
-	if err != nil {
-		return "", err
-	}
-	return info.Tag, nil
-}
-
-func tagOfID(id ebpf.ProgramID) (string, error) {
+// sameProgram tells whether the program id runs the code of ours (its tag)
+// on the very maps ours uses. The same code on other maps — an agent
+// restarted after a pin was removed, whose programs read a fresh map while
+// the old ones still read the orphaned one — is not ours to keep.
+func sameProgram(id ebpf.ProgramID, ours *ebpf.ProgramInfo) bool {
 	p, err := ebpf.NewProgramFromID(id)
 	if err != nil {
-		return "", err
+		return false
 	}
 	defer p.Close()
-	return progTag(p)
+	info, err := p.Info()
+	if err != nil || info.Tag != ours.Tag {
+		return false
+	}
+	theirs, ok1 := info.MapIDs()
+	mine, ok2 := ours.MapIDs()
+	if !ok1 || !ok2 {
+		return false
+	}
+	slices.Sort(theirs)
+	slices.Sort(mine)
+	return slices.Equal(theirs, mine)
 }
 
 // ensure makes prog run on the hook. It returns whether it changed anything.
@@ -89,7 +95,7 @@ func (a *attacher) ensure(ifname string, ifindex int, hook Hook, prog *ebpf.Prog
 			if info.Program == progID {
 				return false, nil
 			}
-			if tag, err := tagOfID(info.Program); err == nil && tag == progInfo.Tag && !force {
+			if !force && sameProgram(info.Program, progInfo) {
 				return false, nil
 			}
 			if err := l.Update(prog); err != nil {
@@ -130,6 +136,32 @@ func (a *attacher) ensure(ifname string, ifindex int, hook Hook, prog *ebpf.Prog
 		return false, fmt.Errorf("pin %s: %w", path, err)
 	}
 	return true, nil
+}
+
+// attached tells whether the hook runs prog (or the same code on the same
+// maps), as ensure left it. Legacy TC filters are not pinned and are checked
+// by ensure itself.
+func (a *attacher) attached(ifname string, ifindex int, hook Hook, prog *ebpf.Program) bool {
+	if a.legacy && hook != XDP {
+		return true
+	}
+	l, err := link.LoadPinnedLink(a.pinPath(ifname, ifindex, hook), nil)
+	if err != nil {
+		return false
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil || !linkAlive(info) {
+		return false
+	}
+	ours, err := prog.Info()
+	if err != nil {
+		return false
+	}
+	if id, _ := ours.ID(); info.Program == id {
+		return true
+	}
+	return sameProgram(info.Program, ours)
 }
 
 // linkAlive: the link is still attached to an interface.
@@ -235,7 +267,7 @@ func (a *attacher) ensureLegacy(ifindex int, hook Hook, prog *ebpf.Program) (boo
 	}
 	for _, f := range filters {
 		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Priority == legacyPriority && bf.Handle == legacyHandle {
-			if tag, err := tagOfID(ebpf.ProgramID(bf.Id)); err == nil && tag == info.Tag || bf.Id == int(id) {
+			if bf.Id == int(id) || sameProgram(ebpf.ProgramID(bf.Id), info) {
 				return false, nil
 			}
 		}

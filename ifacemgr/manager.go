@@ -61,7 +61,8 @@ type Options struct {
 	// RetryBase and RetryMax bound the backoff of a failing interface
 	// (defaults 100 ms and 30 s).
 	RetryBase, RetryMax time.Duration
-	// ResyncInterval is how often Run lists every interface (default 1 min).
+	// ResyncInterval is how often Run lists every interface and checks every
+	// attachment, re-attaching what was removed behind its back (default 10 s).
 	ResyncInterval time.Duration
 	Logger         *slog.Logger
 }
@@ -130,7 +131,7 @@ func New(opts Options) (*Manager, error) {
 		opts.RetryMax = 30 * time.Second
 	}
 	if opts.ResyncInterval == 0 {
-		opts.ResyncInterval = time.Minute
+		opts.ResyncInterval = 10 * time.Second
 	}
 	m := &Manager{opts: opts, log: opts.Logger, ns: nsExec{path: opts.Netns},
 		ifaces: map[int]*ifaceState{}, dirty: map[int]bool{}, now: time.Now,
@@ -319,6 +320,31 @@ func (m *Manager) markByName(name string) {
 func (m *Manager) markAll() {
 	for idx := range m.ifaces {
 		m.dirty[idx] = true
+	}
+}
+
+// verifyAttachments marks dirty every ready interface whose attachment is
+// gone or runs another program than the manager's (a link pin removed
+// behind its back detaches the hook), so the next Apply repairs it.
+func (m *Manager) verifyAttachments() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for idx, st := range m.ifaces {
+		if !st.ready || st.gone {
+			continue
+		}
+		want, err := m.hooksFor(st)
+		if err != nil {
+			continue
+		}
+		for hook := range st.hooks {
+			if prog := want[hook]; prog != nil && !m.att.attached(st.name, st.index, hook, prog) {
+				m.log.Warn("attachment missing or replaced; repairing", "iface", st.name, "hook", hook)
+				m.dirty[idx] = true
+				st.ready = false
+				break
+			}
+		}
 	}
 }
 
@@ -653,6 +679,9 @@ func (m *Manager) Run(ctx context.Context) error {
 			if err := m.Resync(); err != nil {
 				m.log.Warn("resync failed", "err", err)
 			}
+			// Check every attachment, not only what netlink reported: a
+			// removed link pin detaches its program without any event.
+			m.verifyAttachments()
 			if _, err := m.CleanupStale(); err != nil {
 				m.log.Warn("clean-up of stale pins failed", "err", err)
 			}

@@ -49,7 +49,7 @@ func (e *mgrEnv) manager(p ifacemgr.Programs) *ifacemgr.Manager {
 	m, err := ifacemgr.New(ifacemgr.Options{
 		Netns: "/run/netns/" + e.node.Name, PinDir: e.pinDir, Programs: p, IfState: e.ifstate, Sysctls: true,
 		Classifier: ifacemgr.Classifier{WorkloadPrefixes: []string{"slv"}, DataIfaces: regexp.MustCompile("^data")},
-		RetryBase:  10 * time.Millisecond,
+		RetryBase:  10 * time.Millisecond, ResyncInterval: 50 * time.Millisecond,
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -235,7 +235,19 @@ func TestRestartKeepsWhatIsRightAndFixesWhatIsWrong(t *testing.T) {
 	for range 3 {
 		vs = append(vs, bpftest.NewVeth(t, e.node, bpftest.NewNetNS(t)))
 	}
-	m1 := e.manager(e.programs(e.d.Objs))
+	// The agent's programs use the pinned maps: a restarted agent loads new
+	// instances of the same code on the same maps.
+	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	objs1, err := gen.Load(gen.LoadOptions{Maps: set.All()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer objs1.Close()
+	m1 := e.manager(e.programs(objs1))
 	if res := m1.Apply(); res.Attached != 6 || len(res.Ready) != 3 {
 		t.Fatalf("first start: %+v", res)
 	}
@@ -243,7 +255,7 @@ func TestRestartKeepsWhatIsRightAndFixesWhatIsWrong(t *testing.T) {
 	m1.Close()
 
 	// A new process: programs loaded again (same code, new instances), same pins.
-	objs2, err := gen.Load(gen.LoadOptions{})
+	objs2, err := gen.Load(gen.LoadOptions{Maps: set.All()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,4 +374,53 @@ func TestDevicesWithoutEthernetGetTheL3Programs(t *testing.T) {
 	if ids := e2.progIDs(tunnel, ebpf.AttachTCXIngress); len(ids) != 0 {
 		t.Fatalf("TUN device got programs %v", ids)
 	}
+}
+
+// Programs with the same code but other maps are not adopted: after a map pin
+// was removed and the agent restarted, the attached programs still read the
+// orphaned map while the agent writes a new one. Every hook is moved to the
+// programs that use the agent's maps.
+func TestRestartReplacesProgramsReadingOtherMaps(t *testing.T) {
+	e := newMgrEnv(t)
+	v := bpftest.NewVeth(t, e.node, bpftest.NewNetNS(t))
+	m1 := e.manager(e.programs(e.d.Objs))
+	if res := m1.Apply(); res.Attached != 2 {
+		t.Fatalf("first start: %+v", res)
+	}
+	m1.Close()
+	fresh, err := gen.Load(gen.LoadOptions{}) // the same code on maps of its own
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	m2 := e.manager(e.programs(fresh))
+	if res := m2.Apply(); res.Attached != 2 || len(res.Failed) != 0 {
+		t.Fatalf("restart on other maps: %+v, want both hooks moved", res)
+	}
+	if ids := e.progIDs(v.Name, ebpf.AttachTCXIngress); !slices.Equal(ids, []ebpf.ProgramID{progID(t, fresh.SlFromWl)}) {
+		t.Fatalf("ingress runs %v, want the program on the agent's maps", ids)
+	}
+}
+
+// A link pin removed behind the manager's back detaches its hook without a
+// netlink event: the periodic check finds it and attaches the program again.
+func TestRemovedLinkPinIsRepaired(t *testing.T) {
+	e := newMgrEnv(t)
+	m := e.manager(e.programs(e.d.Objs))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go m.Run(ctx)
+	v := bpftest.NewVeth(t, e.node, bpftest.NewNetNS(t))
+	fromWl := progID(t, e.d.Objs.SlFromWl)
+	eventually(t, "programs attached", func() bool { return slices.Contains(e.progIDs(v.Name, ebpf.AttachTCXIngress), fromWl) })
+	pin := filepath.Join(e.pinDir, fmt.Sprintf("%d_ingress_%s", e.ifindex(v.Name), v.Name))
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	// Without the pin the link is gone (nothing else holds it); the repair
+	// attaches and pins it again.
+	eventually(t, "the hook repaired and pinned again", func() bool {
+		_, err := os.Stat(pin)
+		return err == nil && slices.Contains(e.progIDs(v.Name, ebpf.AttachTCXIngress), fromWl)
+	})
 }

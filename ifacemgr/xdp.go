@@ -87,11 +87,9 @@ func attachCgroup(path, pinDir, name string, prog *ebpf.Program, at ebpf.AttachT
 		pin = filepath.Join(pinDir, "cgroup_"+name)
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 			info, ierr := l.Info()
-			want, terr := progTag(prog)
-			if ierr == nil && terr == nil {
-				if tag, err := tagOfID(info.Program); err == nil && tag == want {
-					return l, nil
-				}
+			want, perr := prog.Info()
+			if ierr == nil && perr == nil && sameProgram(info.Program, want) {
+				return l, nil
 			}
 			if err := l.Update(prog); err == nil {
 				return l, nil

@@ -59,10 +59,12 @@ func (h *ProxyHealth) SetNodeEligible(ok bool) {
 	h.nodeEligible = ok
 }
 
-// SetSourceError records that a source of objects (the manifests folder)
-// cannot be read, or (nil) that it can. The proxy is unhealthy while any
-// source cannot be read: it serves the last state it read, which may be
-// stale, and a node in that state must not look fine.
+// SetSourceError records that a source of objects (the manifests folder),
+// or a part of the dataplane (the interfaces' programs), is not right, or
+// (nil) that it is again. /healthz answers 503 while any is not, with the
+// reasons in its body: the node serves a state that may be stale or
+// incomplete and must not look fine. /livez does not: restarting the agent
+// would not fix them.
 func (h *ProxyHealth) SetSourceError(source string, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -84,9 +86,12 @@ func (h *ProxyHealth) Healthy() bool {
 }
 
 func (h *ProxyHealth) healthy(now time.Time) bool {
-	if len(h.sourceErrs) > 0 {
-		return false
-	}
+	return len(h.sourceErrs) == 0 && h.live(now)
+}
+
+// live is kube-proxy's rule alone: no update waits too long. /livez uses it:
+// restarting the agent does not bring a missing folder back.
+func (h *ProxyHealth) live(now time.Time) bool {
 	pending := !h.lastQueued.IsZero() && h.lastUpdated.Before(h.lastQueued)
 	return !pending || now.Sub(h.lastQueued) < h.timeout
 }
@@ -105,7 +110,7 @@ func (h *ProxyHealth) Handler() http.Handler {
 		return func(w http.ResponseWriter, r *http.Request) {
 			h.mu.Lock()
 			now := h.now()
-			ok := h.healthy(now)
+			ok := h.live(now)
 			body := healthBody{LastUpdated: h.lastUpdated.String(), CurrentTime: now.String()}
 			if len(h.sourceErrs) > 0 {
 				body.SourceErrors = maps.Clone(h.sourceErrs)
@@ -113,7 +118,7 @@ func (h *ProxyHealth) Handler() http.Handler {
 			if withNode {
 				eligible := h.nodeEligible
 				body.NodeEligible = &eligible
-				ok = ok && eligible
+				ok = ok && eligible && len(h.sourceErrs) == 0
 			}
 			onRequest := h.onRequest
 			h.mu.Unlock()

@@ -20,6 +20,7 @@ type Metrics struct {
 	MapWrites          prometheus.Counter
 	SourceUnreadable   *prometheus.GaugeVec
 	ManifestErrors     prometheus.Counter
+	PinsRepaired       prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -52,9 +53,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while a source of objects cannot be read (its last state is kept)"}, []string{"source"}),
 		ManifestErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "manifest_errors_total",
 			Help: "Manifest documents that did not parse, counted each time their file is read"}),
+		PinsRepaired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "pins_repaired_total",
+			Help: "Map pins removed behind the agent's back and pinned again"}),
 	}
 	reg.MustRegister(m.SyncDuration, m.LastSync, m.NetworkProgramming, m.EndpointChanges, m.ServiceChanges,
 		m.NoLocalEndpoints, m.Healthz, m.SkippedObjects, m.SyncErrors, m.ConntrackFlushed, m.MapWrites,
-		m.SourceUnreadable, m.ManifestErrors)
+		m.SourceUnreadable, m.ManifestErrors, m.PinsRepaired)
 	return m
 }

@@ -3,6 +3,7 @@ package kubeproxy_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -299,6 +300,21 @@ func TestHealthAndHealthCheckNodePort(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(e.metrics.Healthz.WithLabelValues("503")); got != 1 {
 		t.Fatalf("healthz 503 counted %v", got)
+	}
+	// A source that cannot be read, or interfaces without their programs:
+	// /healthz says so, /livez does not (a restart would not help).
+	e.p.OnNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}}}})
+	e.p.Health.SetSourceError("manifests", errors.New("manifests folder /m: no such file or directory"))
+	if code, body := get(h.URL + "/healthz"); code != 503 || !strings.Contains(fmt.Sprint(body["sourceErrors"]), "no such file") {
+		t.Fatalf("healthz with an unreadable source: %d %v", code, body)
+	}
+	if code, _ := get(h.URL + "/livez"); code != 200 {
+		t.Fatalf("livez with an unreadable source: %d", code)
+	}
+	e.p.Health.SetSourceError("manifests", nil)
+	if code, body := get(h.URL + "/healthz"); code != 200 || body["sourceErrors"] != nil {
+		t.Fatalf("healthz once the source is back: %d %v", code, body)
 	}
 
 	// A LoadBalancer service with externalTrafficPolicy Local gets a

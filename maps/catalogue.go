@@ -218,6 +218,57 @@ func (s *Set) Close() error {
 	return errors.Join(errs...)
 }
 
+// RepairPins pins again every map of the set whose pin is missing or names
+// another map (removed or replaced behind the set's back), and returns their
+// names. Programs keep using the set's maps; without the pins, the next start
+// would create new, empty maps that the running programs do not read.
+func (s *Set) RepairPins() ([]string, error) {
+	var repaired []string
+	var errs []error
+	for name, m := range s.maps {
+		path := filepath.Join(s.dir, name)
+		if pinned, err := ebpf.LoadPinnedMap(path, nil); err == nil {
+			same := sameMap(pinned, m)
+			pinned.Close()
+			if same {
+				continue
+			}
+			if err := os.Remove(path); err != nil {
+				errs = append(errs, fmt.Errorf("replace pin %s: %w", path, err))
+				continue
+			}
+		}
+		// A map pinned once keeps its pin path: clear it, then pin anew.
+		if err := pinAgain(m, path); err != nil {
+			errs = append(errs, fmt.Errorf("repin %s: %w", name, err))
+			continue
+		}
+		repaired = append(repaired, name)
+	}
+	slices.Sort(repaired)
+	return repaired, errors.Join(errs...)
+}
+
+func sameMap(a, b *ebpf.Map) bool {
+	ia, errA := a.Info()
+	ib, errB := b.Info()
+	if errA != nil || errB != nil {
+		return false
+	}
+	idA, okA := ia.ID()
+	idB, okB := ib.ID()
+	return okA && okB && idA == idB
+}
+
+// pinAgain pins m at path. cilium/ebpf remembers a map's pin path and treats
+// pinning it there again as done, so the remembered pin is dropped first.
+func pinAgain(m *ebpf.Map, path string) error {
+	if err := m.Unpin(); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return m.Pin(path)
+}
+
 // Unpin removes the pins of every map of the set, so the maps disappear once no
 // program or handle uses them.
 func (s *Set) Unpin() error {

@@ -528,3 +528,44 @@ func TestNoCreateOpensOnlyExistingPins(t *testing.T) {
 	}
 	set.Close()
 }
+
+// A pin removed while the agent runs is pinned again from the map the
+// programs use, not left for the next start to replace with an empty map.
+func TestRepairPinsRestoresRemovedPins(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	set, err := maps.Open(maps.OpenOptions{PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	fe, err := maps.Frontends.In(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := gen.SluiceFeKey{Addr: gen.NetAddr(netip.MustParseAddr("10.96.0.1")), Port: gen.NetPort(80), Proto: 6}
+	if err := fe.Put(k, gen.SluiceFeValue{SvcId: 7}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if repaired, err := set.RepairPins(); err != nil || len(repaired) != 0 {
+		t.Fatalf("nothing to repair: %v %v", repaired, err)
+	}
+	if err := os.Remove(filepath.Join(dir, gen.SluiceMapSlFeV1)); err != nil {
+		t.Fatal(err)
+	}
+	repaired, err := set.RepairPins()
+	if err != nil || !slices.Equal(repaired, []string{gen.SluiceMapSlFeV1}) {
+		t.Fatalf("repaired %v (%v), want the frontends map", repaired, err)
+	}
+	again, err := maps.Open(maps.OpenOptions{PinDir: dir, NoCreate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	fe2, err := maps.Frontends.In(again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := fe2.Get(k); err != nil || v.SvcId != 7 {
+		t.Fatalf("the repaired pin is not the live map: %+v %v", v, err)
+	}
+}

@@ -262,6 +262,7 @@ func (a *Agent) start(ctx context.Context) error {
 		}
 	}
 	go a.Proxier.Run(ctx)
+	go a.guard(ctx, metrics.PinsRepaired)
 
 	if a.healthLn != nil {
 		serve(ctx, a.healthLn, a.Proxier.Health.Handler(), log)
@@ -273,6 +274,45 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	log.Info("sluice agent running", "node", cfg.NodeName, "pins", cfg.PinDir)
 	return nil
+}
+
+// guardInterval is how often the agent checks its pins and attachments.
+const guardInterval = 10 * time.Second
+
+// guard pins the agent's maps again when a pin is removed behind its back
+// (the next start would otherwise create an empty map the running programs
+// do not read), and keeps /healthz unhealthy while a managed interface is not
+// ready, its programs missing or running on other maps; ifacemgr repairs the
+// attachments themselves.
+func (a *Agent) guard(ctx context.Context, repaired prometheus.Counter) {
+	t := time.NewTicker(guardInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		names, err := a.set.RepairPins()
+		if len(names) > 0 {
+			a.log.Warn("map pins were removed; pinned them again", "maps", names)
+			repaired.Add(float64(len(names)))
+		}
+		if err != nil {
+			a.log.Error("repairing map pins", "err", err)
+		}
+		var notReady []string
+		for _, st := range a.ifaces.Statuses() {
+			if !st.Ready {
+				notReady = append(notReady, st.Name)
+			}
+		}
+		if len(notReady) > 0 {
+			a.Proxier.Health.SetSourceError("interfaces", fmt.Errorf("programs not in place on %s", strings.Join(notReady, ", ")))
+		} else {
+			a.Proxier.Health.SetSourceError("interfaces", nil)
+		}
+	}
 }
 
 // setNodeIPs makes the node's first address the SNAT source.
