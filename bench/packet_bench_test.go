@@ -228,7 +228,7 @@ func BenchmarkPacketHot(b *testing.B) {
 	d := bpftest.NewDatapath(b, nodeIP)
 	vip, be := serviceAddr(0), backendAddr(0)
 	for _, p := range [][2]netip.AddrPort{{vip, be}, {be, vip}} {
-		d.Put(d.Objs.SlCtV1, bpftest.CtKey(clientAP, p[0], bpftest.ProtoTCP), gen.SluiceCtValue{
+		d.Put(d.Objs.SlCtV2, bpftest.CtKey(clientAP, p[0], bpftest.ProtoTCP), gen.SluiceCtValue{
 			Created: 1, LastSeen: 1 << 62, Peer: bpftest.CtKey(p[1], clientAP, bpftest.ProtoTCP),
 			NatAddr: gen.NetAddr(p[1].Addr()), NatPort: gen.NetPort(p[1].Port()), SvcId: 1, TcpSeen: 0x12,
 			Type: gen.SluiceCtTypeCT_FORWARD, PolEgress: gen.SluicePolVerdictPOL_ALLOWED, PolIngress: gen.SluicePolVerdictPOL_ALLOWED})

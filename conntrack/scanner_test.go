@@ -39,7 +39,7 @@ func newEnv(t *testing.T, timeouts conntrack.Timeouts) *env {
 	e.dp.AddService(bpftest.Service{ID: 1, Front: vipAP, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
 	e.dp.AddService(bpftest.Service{ID: 2, Front: dnsAP, Proto: bpftest.ProtoUDP, Backends: []bpftest.Backend{{AP: udpBE}}})
 	var err error
-	if e.ct, err = maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](e.dp.Objs.SlCtV1); err != nil {
+	if e.ct, err = maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](e.dp.Objs.SlCtV2); err != nil {
 		t.Fatal(err)
 	}
 	fe, _ := maps.NewMap[gen.SluiceFeKey, gen.SluiceFeValue](e.dp.Objs.SlFeV1)

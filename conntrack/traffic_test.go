@@ -58,7 +58,7 @@ func TestFixedPortUDPClientFollowsReplacedBackend(t *testing.T) {
 		t.Fatalf("answered %q before the flush: the test would not show the remedy", got)
 	}
 
-	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](dp.Objs.SlCtV1)
+	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](dp.Objs.SlCtV2)
 	if err != nil {
 		t.Fatal(err)
 	}

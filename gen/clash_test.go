@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
 )
@@ -130,7 +131,7 @@ func TestClashEndedFlowHoldsItsTupleUntilRemoved(t *testing.T) {
 			// Once the scanner has removed the ended flow, the tuple is free.
 			for _, k := range []gen.SluiceCtKey{bpftest.CtKey(clientAP, vipAP, protoTCP), bpftest.CtKey(be1AP, clientAP, protoTCP),
 				bpftest.CtKey(clientAP, be1AP, protoTCP)} {
-				if err := d.Objs.SlCtV1.Delete(k); err != nil {
+				if err := d.Objs.SlCtV2.Delete(k); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -225,10 +226,60 @@ func TestFlowTrackedBeforeItsServiceExistedIsBalancedOnceItDoes(t *testing.T) {
 		t.Fatalf("untranslated UDP entry %+v (present %v)", v, ok)
 	}
 	v.LastSeen -= uint64(time.Second)
-	d.Put(d.Objs.SlCtV1, key, v)
+	d.Put(d.Objs.SlCtV2, key, v)
 	q = d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(clientAP, vipAP, []byte("later")))
 	wantAP(t, "datagram after the Service was programmed", q.Dst, be1AP)
 	if n := d.Counter(gen.SluiceCounterCNT_FLOW_NOW_SERVICE); n != 2 {
 		t.Fatalf("counted %d flows balanced anew, want 2", n)
 	}
+}
+
+// A flood of new flows fills the conntrack map: new flows are refused and
+// counted, and an established flow is never evicted to make room for them
+// (an LRU map did that: an idle keep-alive connection died under a UDP
+// flood to a ClusterIP).
+func TestFullConntrackRefusesNewFlowsNeverEvictsEstablished(t *testing.T) {
+	spec, err := gen.Spec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctSpec := spec.Maps[gen.SluiceMapSlCtV2].Copy()
+	ctSpec.MaxEntries = 64
+	ct, err := ebpf.NewMap(ctSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ct.Close()
+	objs, err := gen.Load(gen.LoadOptions{Maps: map[string]*ebpf.Map{gen.SluiceMapSlCtV2: ct}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer objs.Close()
+	d := &bpftest.Datapath{TB: t, Objs: objs}
+	d.AddService(webService())
+	d.AddService(bpftest.Service{ID: 2, Front: netip.MustParseAddrPort("10.96.0.53:53"), Proto: protoUDP, Backends: []bpftest.Backend{{AP: be1AP}}})
+
+	// An established keep-alive connection.
+	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
+	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
+	// The flood: UDP flows from ever new ports until the map is full, and on.
+	refused := 0
+	for port := range uint16(200) {
+		src := netip.AddrPortFrom(netip.MustParseAddr("10.1.7.7"), 20000+port)
+		ret, _ := d.Run(d.Objs.SlFromWl, bpftest.UDPPacket(src, netip.MustParseAddrPort("10.96.0.53:53"), []byte("q")))
+		if ret == actShot {
+			refused++
+		}
+	}
+	if refused == 0 || d.Counter(gen.SluiceCounterCNT_DROP_CT_FULL) != uint64(refused) {
+		t.Fatalf("%d new flows refused, %d counted as conntrack-full", refused, d.Counter(gen.SluiceCounterCNT_DROP_CT_FULL))
+	}
+	if d.CTCount() > 64 {
+		t.Fatalf("%d entries in a map of 64", d.CTCount())
+	}
+	// The connection goes on, both ways.
+	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.ACK))
+	wantAP(t, "established flow after the flood", out.Dst, be1AP)
+	r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.ACK))
+	wantAP(t, "its reply", r.Src, vipAP)
 }

@@ -583,7 +583,7 @@ func TestClientPortReusedTowardAnotherServiceIsRemapped(t *testing.T) {
 		t.Fatalf("third flow left as %v while the closed first flow holds the tuple", third.Src)
 	}
 	for _, k := range []gen.SluiceCtKey{bpftest.CtKey(clientAP, vipAP, protoTCP), bpftest.CtKey(be1AP, clientAP, protoTCP)} {
-		if err := d.Objs.SlCtV1.Delete(k); err != nil {
+		if err := d.Objs.SlCtV2.Delete(k); err != nil {
 			t.Fatal(err)
 		}
 	}

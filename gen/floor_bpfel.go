@@ -17,7 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	FloorMapFloorFlows        = "floor_flows"
-	FloorMapSlCtV1            = "sl_ct_v1"
+	FloorMapSlCtV2            = "sl_ct_v2"
 	FloorProgFloorParseLookup = "floor_parse_lookup"
 	FloorProgFloorXdpPass     = "floor_xdp_pass"
 )
@@ -73,7 +73,7 @@ type FloorProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type FloorMapSpecs struct {
 	FloorFlows *ebpf.MapSpec `ebpf:"floor_flows"`
-	SlCtV1     *ebpf.MapSpec `ebpf:"sl_ct_v1"`
+	SlCtV2     *ebpf.MapSpec `ebpf:"sl_ct_v2"`
 }
 
 // FloorVariableSpecs contains global variables before they are loaded into the kernel.
@@ -103,13 +103,13 @@ func (o *FloorObjects) Close() error {
 // It can be passed to LoadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FloorMaps struct {
 	FloorFlows *ebpf.Map `ebpf:"floor_flows"`
-	SlCtV1     *ebpf.Map `ebpf:"sl_ct_v1"`
+	SlCtV2     *ebpf.Map `ebpf:"sl_ct_v2"`
 }
 
 func (m *FloorMaps) Close() error {
 	return _FloorClose(
 		m.FloorFlows,
-		m.SlCtV1,
+		m.SlCtV2,
 	)
 }
 

@@ -39,6 +39,13 @@ func Load(opts LoadOptions) (*SluiceObjects, error) {
 			return nil, fmt.Errorf("load sluice programs: constant %q: %w", name, err)
 		}
 	}
+	// A replacement may have another capacity than the object's default
+	// (maps.OpenOptions.Capacity): the programs take it as it is.
+	for name, m := range opts.Maps {
+		if ms, ok := spec.Maps[name]; ok {
+			ms.MaxEntries = m.MaxEntries()
+		}
+	}
 	var objs SluiceObjects
 	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: opts.Maps})
 	if err != nil {

@@ -94,8 +94,9 @@ const (
 	SluiceCounterCNT_DROP_FRAGMENT_UNKNOWN    SluiceCounter = 19
 	SluiceCounterCNT_TUPLE_REMAPPED           SluiceCounter = 20
 	SluiceCounterCNT_TUPLE_REUSED             SluiceCounter = 21
-	SluiceCounterCNT_FLOW_NOW_SERVICE         SluiceCounter = 22
-	SluiceCounterCNT_MAX                      SluiceCounter = 23
+	SluiceCounterCNT_DROP_CT_FULL             SluiceCounter = 22
+	SluiceCounterCNT_FLOW_NOW_SERVICE         SluiceCounter = 23
+	SluiceCounterCNT_MAX                      SluiceCounter = 24
 )
 
 type SluiceCtFlags uint8
@@ -334,7 +335,7 @@ const (
 	SluiceMapSlBeV1           = "sl_be_v1"
 	SluiceMapSlConfigV1       = "sl_config_v1"
 	SluiceMapSlCountersV2     = "sl_counters_v2"
-	SluiceMapSlCtV1           = "sl_ct_v1"
+	SluiceMapSlCtV2           = "sl_ct_v2"
 	SluiceMapSlFailsafeV1     = "sl_failsafe_v1"
 	SluiceMapSlFeV1           = "sl_fe_v1"
 	SluiceMapSlFragV1         = "sl_frag_v1"
@@ -430,7 +431,7 @@ type SluiceMapSpecs struct {
 	SlBeV1        *ebpf.MapSpec `ebpf:"sl_be_v1"`
 	SlConfigV1    *ebpf.MapSpec `ebpf:"sl_config_v1"`
 	SlCountersV2  *ebpf.MapSpec `ebpf:"sl_counters_v2"`
-	SlCtV1        *ebpf.MapSpec `ebpf:"sl_ct_v1"`
+	SlCtV2        *ebpf.MapSpec `ebpf:"sl_ct_v2"`
 	SlFailsafeV1  *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
 	SlFeV1        *ebpf.MapSpec `ebpf:"sl_fe_v1"`
 	SlFragV1      *ebpf.MapSpec `ebpf:"sl_frag_v1"`
@@ -476,7 +477,7 @@ type SluiceMaps struct {
 	SlBeV1        *ebpf.Map `ebpf:"sl_be_v1"`
 	SlConfigV1    *ebpf.Map `ebpf:"sl_config_v1"`
 	SlCountersV2  *ebpf.Map `ebpf:"sl_counters_v2"`
-	SlCtV1        *ebpf.Map `ebpf:"sl_ct_v1"`
+	SlCtV2        *ebpf.Map `ebpf:"sl_ct_v2"`
 	SlFailsafeV1  *ebpf.Map `ebpf:"sl_failsafe_v1"`
 	SlFeV1        *ebpf.Map `ebpf:"sl_fe_v1"`
 	SlFragV1      *ebpf.Map `ebpf:"sl_frag_v1"`
@@ -498,7 +499,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlBeV1,
 		m.SlConfigV1,
 		m.SlCountersV2,
-		m.SlCtV1,
+		m.SlCtV2,
 		m.SlFailsafeV1,
 		m.SlFeV1,
 		m.SlFragV1,

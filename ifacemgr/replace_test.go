@@ -36,7 +36,7 @@ func TestReplaceUnderTrafficLosesNothing(t *testing.T) {
 	}
 	// A second instance of the programs, sharing the maps: what an upgrade loads.
 	other, err := gen.Load(gen.LoadOptions{Maps: map[string]*ebpf.Map{
-		gen.SluiceMapSlFeV1: e.d.Objs.SlFeV1, gen.SluiceMapSlBeV1: e.d.Objs.SlBeV1, gen.SluiceMapSlCtV1: e.d.Objs.SlCtV1,
+		gen.SluiceMapSlFeV1: e.d.Objs.SlFeV1, gen.SluiceMapSlBeV1: e.d.Objs.SlBeV1, gen.SluiceMapSlCtV2: e.d.Objs.SlCtV2,
 		gen.SluiceMapSlConfigV1: e.d.Objs.SlConfigV1, gen.SluiceMapSlHostipV1: e.d.Objs.SlHostipV1,
 	}})
 	if err != nil {

@@ -2,6 +2,7 @@ package kubeproxy
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluice-net/sluice/conntrack"
 )
 
 // Metrics are kube-proxy's metrics where the meaning is the same (prefix
@@ -21,6 +22,9 @@ type Metrics struct {
 	SourceUnreadable   *prometheus.GaugeVec
 	ManifestErrors     prometheus.Counter
 	PinsRepaired       prometheus.Counter
+	ConntrackEntries   prometheus.Gauge
+	ConntrackCapacity  prometheus.Gauge
+	ConntrackDeleted   *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -55,9 +59,53 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Manifest documents that did not parse, counted each time their file is read"}),
 		PinsRepaired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "pins_repaired_total",
 			Help: "Map pins removed behind the agent's back and pinned again"}),
+		ConntrackEntries: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Name: "conntrack_entries",
+			Help: "Conntrack entries (two per flow) at the last scan"}),
+		ConntrackCapacity: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Name: "conntrack_capacity",
+			Help: "Conntrack map capacity; new flows are refused when it is full"}),
+		ConntrackDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "conntrack_deleted_total",
+			Help: "Flows deleted by the conntrack scanner, by reason"}, []string{"reason"}),
 	}
 	reg.MustRegister(m.SyncDuration, m.LastSync, m.NetworkProgramming, m.EndpointChanges, m.ServiceChanges,
 		m.NoLocalEndpoints, m.Healthz, m.SkippedObjects, m.SyncErrors, m.ConntrackFlushed, m.MapWrites,
-		m.SourceUnreadable, m.ManifestErrors, m.PinsRepaired)
+		m.SourceUnreadable, m.ManifestErrors, m.PinsRepaired, m.ConntrackEntries, m.ConntrackCapacity, m.ConntrackDeleted)
 	return m
+}
+
+// ObserveScan records a conntrack scan.
+func (m *Metrics) ObserveScan(st conntrack.ScanStats) {
+	m.ConntrackEntries.Set(float64(st.Entries))
+	m.ConntrackCapacity.Set(float64(st.Capacity))
+	for reason, n := range st.Deleted {
+		m.ConntrackDeleted.WithLabelValues(string(reason)).Add(float64(n))
+	}
+}
+
+// CounterCollector exports counters read at scrape time, by name, in one
+// family: sluice_datapath_events_total{event="drop_ct_full"}.
+type CounterCollector struct {
+	Read func() (map[string]uint64, error)
+	desc *prometheus.Desc
+}
+
+// NewCounterCollector returns a collector of the datapath's counters.
+func NewCounterCollector(read func() (map[string]uint64, error)) *CounterCollector {
+	return &CounterCollector{Read: read, desc: prometheus.NewDesc("sluice_datapath_events_total",
+		"Datapath verdicts and drops by reason (enum counter in bpf/include/counters.h), summed over CPUs",
+		[]string{"event"}, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *CounterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *CounterCollector) Collect(ch chan<- prometheus.Metric) {
+	values, err := c.Read()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	for name, v := range values {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v), name)
+	}
 }

@@ -59,7 +59,7 @@ var (
 	Backends  = Def[gen.SluiceBeKey, gen.SluiceBeValue]{Name: gen.SluiceMapSlBeV1}
 	SrcRanges = Def[gen.SluiceSrcrangeKey, gen.SluiceSrcrangeValue]{Name: gen.SluiceMapSlSrcrangeV1}
 	Affinity  = Def[gen.SluiceAffKey, gen.SluiceAffValue]{Name: gen.SluiceMapSlAffV1}
-	Conntrack = Def[gen.SluiceCtKey, gen.SluiceCtValue]{Name: gen.SluiceMapSlCtV1}
+	Conntrack = Def[gen.SluiceCtKey, gen.SluiceCtValue]{Name: gen.SluiceMapSlCtV2}
 	Fragments = Def[gen.SluiceFragKey, gen.SluiceFragValue]{Name: gen.SluiceMapSlFragV1}
 	Config    = Def[uint32, gen.SluiceConfig]{Name: gen.SluiceMapSlConfigV1}
 	HostIPs   = Def[gen.SluiceHostipKey, gen.SluiceHostipValue]{Name: gen.SluiceMapSlHostipV1}
@@ -84,7 +84,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlBeV1:        "service backends: {service id, ordinal} -> backend IP:port, local flag",
 	gen.SluiceMapSlSrcrangeV1:  "loadBalancerSourceRanges: LPM {service id, source CIDR}",
 	gen.SluiceMapSlAffV1:       "session affinity: {service id, client IP} -> backend, time chosen (LRU)",
-	gen.SluiceMapSlCtV1:        "conntrack: forward and reverse entry per tracked flow, translated or not (LRU)",
+	gen.SluiceMapSlCtV2:        "conntrack: forward and reverse entry per tracked flow, translated or not (LRU)",
 	gen.SluiceMapSlFragV1:      "IPv4 fragments: {source, destination, IP id, protocol} -> the first fragment's ports (LRU)",
 	gen.SluiceMapSlConfigV1:    "node-wide settings: node IP for SNAT, SNAT port range",
 	gen.SluiceMapSlHostipV1:    "this node's IPv4 addresses (NodePort wildcard matching)",

@@ -569,3 +569,17 @@ func TestRepairPinsRestoresRemovedPins(t *testing.T) {
 		t.Fatalf("the repaired pin is not the live map: %+v %v", v, err)
 	}
 }
+
+// Every counter of the C enum has a name, read from the object's BTF.
+func TestCounterNamesComeFromTheHeader(t *testing.T) {
+	names, err := maps.CounterNames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != int(gen.SluiceCounterCNT_MAX) {
+		t.Fatalf("%d names for %d counters", len(names), gen.SluiceCounterCNT_MAX)
+	}
+	if names[gen.SluiceCounterCNT_DROP_CT_FULL] != "drop_ct_full" || names[gen.SluiceCounterCNT_DROP_MALFORMED] != "drop_malformed" {
+		t.Fatalf("names %v", names)
+	}
+}

@@ -39,6 +39,10 @@ struct icmphdr {
 	} un;
 };
 
+/* What a full hash map's update returns (-E2BIG, asm-generic/errno-base.h);
+ * <linux/errno.h> is not usable from BPF programs here. */
+#define E2BIG			7
+
 #define __always_inline inline __attribute__((always_inline))
 /* A BPF subprogram: its stack frame is its own, so a rare path with large
  * locals does not add to the stack of the common path it branches from. */

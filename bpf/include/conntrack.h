@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Conntrack (sl_ct_v1): an LRU hash holding two entries per NATed flow.
+/* Conntrack (sl_ct_v2): a hash holding two entries per tracked flow.
  *
  *  forward entry: keyed by the flow's first packet as it arrived (client ->
  *                 frontend); says where to DNAT (and SNAT) it.
@@ -76,12 +76,17 @@ struct ct_value {
 };
 ASSERT_SIZE(struct ct_value, 56);
 
+/* A plain hash, not an LRU: when it is full a new flow is refused (counted
+ * in CNT_DROP_CT_FULL) and no established flow is ever evicted to make room,
+ * as netfilter drops new connections when its table is full. The conntrack
+ * scanner expires flows. v2: v1 was an LRU hash, which under a flood of new
+ * flows evicted idle established connections. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_CT_MAX);
 	__type(key, struct ct_key);
 	__type(value, struct ct_value);
-} sl_ct_v1 SEC(".maps");
+} sl_ct_v2 SEC(".maps");
 
 static __always_inline void ct_key_of(const struct packet *p, struct ct_key *k)
 {
@@ -98,7 +103,7 @@ static __always_inline void ct_key_of(const struct packet *p, struct ct_key *k)
  * direction of a flow, on the packet that brings that direction's FIN. */
 __subprog enum ct_seen fin_first(struct ct_key peer)
 {
-	struct ct_value *o = bpf_map_lookup_elem(&sl_ct_v1, &peer);
+	struct ct_value *o = bpf_map_lookup_elem(&sl_ct_v2, &peer);
 
 	return o && (o->tcp_seen & TCP_FLAG_FIN) ? (enum ct_seen)0 : CT_SEEN_FIN_FIRST;
 }

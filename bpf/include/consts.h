@@ -9,7 +9,7 @@
 #define SL_BE_MAX		1048576		/* backends: (service, ordinal) entries */
 #define SL_SRCRANGE_MAX		16384		/* loadBalancerSourceRanges CIDRs */
 #define SL_AFF_MAX		65536		/* session affinity entries (LRU) */
-#define SL_CT_MAX		524288		/* conntrack entries, two per flow (LRU) */
+#define SL_CT_MAX		524288		/* conntrack entries, two per flow */
 #define SL_HOSTIP_MAX		256		/* this node's addresses */
 #define SL_SOCK_MAX		65536		/* socket-LB reverse translations (LRU) */
 #define SL_PREFILTER_MAX	65536		/* XDP deny-list CIDRs */

@@ -34,6 +34,7 @@ enum counter : __u32 {
 					 * by another flow: its source port was remapped */
 	CNT_TUPLE_REUSED,		/* a SYN reopened a closed flow's tuple: the old
 					 * flow was forgotten and the SYN balanced anew */
+	CNT_DROP_CT_FULL,		/* a new flow refused: the conntrack map is full */
 	CNT_FLOW_NOW_SERVICE,		/* a flow tracked untranslated before its
 					 * destination became a frontend is balanced anew */
 	CNT_MAX,

@@ -160,7 +160,7 @@ __subprog int ct_reopened(const struct ct_value *fwd)
 	if (fwd->tcp_seen & (TCP_FLAG_FIN | TCP_FLAG_RST))
 		return 1;
 	struct ct_key peer = fwd->peer;
-	struct ct_value *rev = bpf_map_lookup_elem(&sl_ct_v1, &peer);
+	struct ct_value *rev = bpf_map_lookup_elem(&sl_ct_v2, &peer);
 	return rev && (rev->tcp_seen & TCP_FLAG_RST);
 }
 
@@ -218,7 +218,9 @@ static __always_inline int own_tuple(const struct ct_value *r, const struct pack
  * Service flow or a direct one, in either order. A held key is never taken
  * over from another flow, not even an ended one: two CPUs starting clashing
  * flows at once could both take it. Only the flow itself takes its key back
- * (own_tuple). It returns -1 when no entry could be written. */
+ * (own_tuple). It returns -E2BIG when the map is full (the new flow is
+ * refused; no live flow is evicted for it), -1 when no entry could be written
+ * for another reason. */
 static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 				     const struct be_value *be, __be32 *snat_addr,
 				     const struct config *cfg, __u8 *flags, enum pol_verdict egress,
@@ -236,14 +238,16 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 		.svc_id = svc_id, .type = CT_REVERSE, .flags = *flags, .pol_egress = egress,
 	};
 
-	int remap = 0;
+	int remap = 0, err;
 
 	ct_key_of(p, &fwd_key);
 	rev.peer = fwd_key;
-	if (!*snat_addr && bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_NOEXIST)) {
-		struct ct_value *held = bpf_map_lookup_elem(&sl_ct_v1, &rev_key);
+	if (!*snat_addr && (err = bpf_map_update_elem(&sl_ct_v2, &rev_key, &rev, BPF_NOEXIST))) {
+		if (err == -E2BIG)
+			return -E2BIG;
+		struct ct_value *held = bpf_map_lookup_elem(&sl_ct_v2, &rev_key);
 		if (held && own_tuple(held, p)) {
-			if (bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_ANY))
+			if (bpf_map_update_elem(&sl_ct_v2, &rev_key, &rev, BPF_ANY))
 				return -1;
 		} else {
 			remap = 1;
@@ -258,8 +262,11 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 		 * client: keep the client's port when free, else try random ones. */
 		int i;
 		for (i = 0; i < SNAT_PORT_TRIES; i++) {
-			if (!bpf_map_update_elem(&sl_ct_v1, &rev_key, &rev, BPF_NOEXIST))
+			err = bpf_map_update_elem(&sl_ct_v2, &rev_key, &rev, BPF_NOEXIST);
+			if (!err)
 				break;
+			if (err == -E2BIG)
+				return -E2BIG;
 			rev_key.dport = random_snat_port(cfg, remap);
 		}
 		if (i == SNAT_PORT_TRIES)
@@ -273,12 +280,21 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 		.svc_id = svc_id, .tcp_seen = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK),
 		.type = CT_FORWARD, .flags = *flags, .pol_egress = egress,
 	};
-	if (bpf_map_update_elem(&sl_ct_v1, &fwd_key, &fwd, BPF_ANY)) {
-		bpf_map_delete_elem(&sl_ct_v1, &rev_key);
-		return -1;
+	if ((err = bpf_map_update_elem(&sl_ct_v2, &fwd_key, &fwd, BPF_ANY))) {
+		bpf_map_delete_elem(&sl_ct_v2, &rev_key);
+		return err == -E2BIG ? -E2BIG : -1;
 	}
 	*sport = rev_key.dport;
 	return 0;
+}
+
+/* drop_create_failed drops a new flow whose conntrack entries could not be
+ * written, counted by why. */
+static __always_inline int drop_create_failed(int err, __be32 snat_addr)
+{
+	if (err == -E2BIG)
+		return drop(CNT_DROP_CT_FULL);
+	return drop(snat_addr ? CNT_DROP_SNAT_PORTS : CNT_DROP_CT_CREATE);
 }
 
 /* track_flow tracks a flow that no Service translates, so that its tuple is
@@ -295,9 +311,10 @@ __subprog int track_flow(struct __sk_buff *skb, struct packet *p, __u32 dir, __u
 
 	if (p->l4_absent)
 		return TC_ACT_OK;
-	if (ct_create(p, 0, &self, &snat_addr, config_get(), &flags,
-		      dir == POLICY_DIR_EGRESS && slot != IFSTATE_NO_POLICY ? POL_UNJUDGED : POL_ALLOWED, &sport))
-		return drop(snat_addr ? CNT_DROP_SNAT_PORTS : CNT_DROP_CT_CREATE);
+	int err = ct_create(p, 0, &self, &snat_addr, config_get(), &flags,
+			    dir == POLICY_DIR_EGRESS && slot != IFSTATE_NO_POLICY ? POL_UNJUDGED : POL_ALLOWED, &sport);
+	if (err)
+		return drop_create_failed(err, snat_addr);
 	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
 		return drop(CNT_DROP_MALFORMED);
 	if (slot == IFSTATE_NO_POLICY)
@@ -315,7 +332,7 @@ __subprog int to_workload_new(struct __sk_buff *skb, struct packet *p)
 	struct ct_key rk = {
 		.saddr = p->daddr, .daddr = p->saddr, .sport = p->dport, .dport = p->sport, .proto = p->proto,
 	};
-	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v1, &rk);
+	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v2, &rk);
 
 	if (r && r->type == CT_FORWARD)
 		return TC_ACT_OK;
@@ -390,9 +407,10 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	 * no source workload to judge it. */
 	__u32 slot = from_host ? IFSTATE_NO_POLICY : policy_slot(skb, POLICY_DIR_EGRESS);
 	__be16 sport;
-	if (ct_create(p, fe->svc_id, &be, &snat_addr, cfg, &flags,
-		      slot == IFSTATE_NO_POLICY ? POL_ALLOWED : POL_UNJUDGED, &sport))
-		return drop(snat_addr ? CNT_DROP_SNAT_PORTS : CNT_DROP_CT_CREATE);
+	int err = ct_create(p, fe->svc_id, &be, &snat_addr, cfg, &flags,
+			    slot == IFSTATE_NO_POLICY ? POL_ALLOWED : POL_UNJUDGED, &sport);
+	if (err)
+		return drop_create_failed(err, snat_addr);
 	if (rewrite_dst(skb, p, be.addr, be.port))
 		return drop(CNT_DROP_MALFORMED);
 	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
@@ -481,7 +499,7 @@ __subprog int handled_upstream(struct __sk_buff *skb, struct packet *p, enum hoo
 	struct ct_key rk = {
 		.saddr = p->daddr, .daddr = p->saddr, .sport = p->dport, .dport = p->sport, .proto = p->proto,
 	};
-	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v1, &rk);
+	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v2, &rk);
 	if (r)
 		return r->type == CT_FORWARD ? TC_ACT_OK : enforce(skb, p, r, POLICY_DIR_INGRESS);
 	if (p->l4_absent)
@@ -526,7 +544,7 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 
 	struct ct_key key;
 	ct_key_of(&p, &key);
-	struct ct_value *v = bpf_map_lookup_elem(&sl_ct_v1, &key);
+	struct ct_value *v = bpf_map_lookup_elem(&sl_ct_v2, &key);
 	/* Only a SYN, or a datagram of an untranslated flow, may start a new
 	 * flow over an entry: other packets skip the call. */
 	if (v && v->type == CT_FORWARD &&

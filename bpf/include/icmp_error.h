@@ -57,7 +57,7 @@ static __always_inline int icmp_error_rnat(struct __sk_buff *skb, const struct p
 		.sport = qports[1], .dport = qports[0],
 		.proto = q.protocol,
 	};
-	struct ct_value *v = bpf_map_lookup_elem(&sl_ct_v1, &key);
+	struct ct_value *v = bpf_map_lookup_elem(&sl_ct_v2, &key);
 	if (!v || v->type != CT_REVERSE)
 		return 0;
 

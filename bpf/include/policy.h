@@ -106,12 +106,12 @@ static __always_inline void policy_record(struct __sk_buff *skb, __u32 dir, enum
 		.sport = skb->cb[2] >> 16, .dport = skb->cb[2] & 0xffff,
 		.proto = skb->cb[3] & 0xff,
 	};
-	struct ct_value *rev = bpf_map_lookup_elem(&sl_ct_v1, &rk);
+	struct ct_value *rev = bpf_map_lookup_elem(&sl_ct_v2, &rk);
 
 	if (!rev)
 		return;
 	struct ct_key fk = rev->peer;
-	struct ct_value *fwd = bpf_map_lookup_elem(&sl_ct_v1, &fk);
+	struct ct_value *fwd = bpf_map_lookup_elem(&sl_ct_v2, &fk);
 	if (dir == POLICY_DIR_EGRESS) {
 		rev->pol_egress = verdict;
 		if (fwd)

@@ -339,3 +339,60 @@ func TestAgentClusterCIDRAndMasqueradeAll(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The agent's metrics endpoint exports the datapath's counters by name and
+// the conntrack fill: a connection to a Service without endpoints shows as a
+// reject.
+func TestAgentExportsDatapathMetrics(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	topo, cfg, _ := demoAgentSetup(ctx, t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MetricsBindAddress = ln.Addr().String()
+	ln.Close()
+	cfg.ConntrackScanPeriod = 100 * time.Millisecond
+	a, err := agent.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for deadline := time.Now().Add(10 * time.Second); !a.Ready(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("agent not ready")
+		}
+	}
+	err = ifacemgr.InNetns(topo.ns(topo.pods["client"]), func() error {
+		c, err := net.DialTimeout("tcp4", "10.96.0.99:80", 2*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("connect to a Service without endpoints: %v", err)
+	}
+	scrape := func() string {
+		resp, err := http.Get("http://" + cfg.MetricsBindAddress + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	var body string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if body = scrape(); strings.Contains(body, "sluice_conntrack_capacity 524288") {
+			break
+		}
+	}
+	for _, want := range []string{`sluice_datapath_events_total{event="reject_no_endpoints"} 1`,
+		`sluice_datapath_events_total{event="drop_ct_full"} 0`, "sluice_conntrack_capacity 524288", "sluice_conntrack_entries "} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}

@@ -142,7 +142,7 @@ func (d *Datapath) Counter(c gen.SluiceCounter) uint64 {
 // CT returns the conntrack entry of k.
 func (d *Datapath) CT(k gen.SluiceCtKey) (gen.SluiceCtValue, bool) {
 	var v gen.SluiceCtValue
-	err := d.Objs.SlCtV1.Lookup(k, &v)
+	err := d.Objs.SlCtV2.Lookup(k, &v)
 	return v, err == nil
 }
 
@@ -151,7 +151,7 @@ func (d *Datapath) CTCount() int {
 	n := 0
 	var k gen.SluiceCtKey
 	var v gen.SluiceCtValue
-	it := d.Objs.SlCtV1.Iterate()
+	it := d.Objs.SlCtV2.Iterate()
 	for it.Next(&k, &v) {
 		n++
 	}

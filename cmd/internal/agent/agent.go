@@ -228,7 +228,17 @@ func (a *Agent) start(ctx context.Context) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := kubeproxy.NewMetrics(reg)
+	counters, err := maps.Counters.In(a.set)
+	if err != nil {
+		return err
+	}
+	names, err := maps.CounterNames()
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(kubeproxy.NewCounterCollector(func() (map[string]uint64, error) { return maps.ReadCounters(counters, names) }))
 	scanner, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Logger: log, Interval: cfg.ConntrackScanPeriod,
+		OnScan: metrics.ObserveScan,
 		Scanners: []conntrack.EntryScanner{&conntrack.Liveness{Timeouts: conntrack.DefaultTimeouts()},
 			&conntrack.StaleNAT{Frontends: fe, Backends: be, HostIPs: hip}}})
 	if err != nil {
