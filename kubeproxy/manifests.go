@@ -200,7 +200,10 @@ func (m *ManifestSource) Sync(p *Proxier) {
 	next := m.objects()
 	t := p.Tracker()
 	for key, o := range next {
-		if old, ok := m.seen[key]; ok && equalObjects(old.Obj, o.Obj) {
+		// Objects of files that did not change are the very same values:
+		// comparing pointers first spares marshalling every object of a
+		// large folder when one small file changes.
+		if old, ok := m.seen[key]; ok && (old.Obj == o.Obj || equalObjects(old.Obj, o.Obj)) {
 			continue
 		}
 		switch obj := o.Obj.(type) {

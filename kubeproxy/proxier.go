@@ -158,7 +158,16 @@ func (p *Proxier) OnNode(node *v1.Node) {
 	p.Health.SetNodeEligible(!deleting)
 	p.mu.Lock()
 	p.node.Zone = node.Labels[LabelZone]
+	known := len(p.nodeIPs) > 0
 	p.mu.Unlock()
+	if len(ips) == 0 && known {
+		// A Node without addresses (a manifest that omits them, a status
+		// not written yet) is not a node that lost them: NodePorts and SNAT
+		// keep the last known addresses.
+		p.log.Warn("Node has no IPv4 InternalIP or ExternalIP; keeping its last known addresses", "node", node.Name)
+		p.changed()
+		return
+	}
 	p.SetNodeIPs(ips)
 }
 

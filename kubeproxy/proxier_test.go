@@ -403,3 +403,18 @@ func TestNodePortAddresses(t *testing.T) {
 		return moved && !old
 	})
 }
+
+// A Node object without addresses (a manifest that omits them, a status not
+// written yet) does not take the node's NodePorts away.
+func TestNodeWithoutAddressesKeepsNodePorts(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	e.p.Tracker().OnService(svc("np", "10.96.0.12", func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeNodePort; s.Spec.Ports[0].NodePort = 30012 }), false)
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("NodePort on the node IP", func() bool { _, ok := e.frontends()["10.0.0.1:30012/6"]; return ok })
+	e.p.OnNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})
+	time.Sleep(100 * time.Millisecond) // several sync periods
+	if _, ok := e.frontends()["10.0.0.1:30012/6"]; !ok {
+		t.Fatal("a Node without addresses removed the NodePort")
+	}
+}
