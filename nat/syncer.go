@@ -1,6 +1,7 @@
 package nat
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -540,7 +541,8 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 }
 
 // older tells whether service a (named an) was created before b: the one that
-// keeps a frontend both claim. Equal times (or none) fall back to the names.
+// keeps a frontend both claim. Equal times (or none, as in manifests) fall
+// back to namespace, name and port, in that order.
 func older(a *ServicePort, an ServicePortName, bp *plan, bn ServicePortName) bool {
 	if bp == nil || bp.svc == nil {
 		return true
@@ -548,7 +550,7 @@ func older(a *ServicePort, an ServicePortName, bp *plan, bn ServicePortName) boo
 	if !a.Created.Equal(bp.svc.Created) {
 		return a.Created.Before(bp.svc.Created)
 	}
-	return an.String() < bn.String()
+	return cmp.Or(cmp.Compare(an.Namespace, bn.Namespace), cmp.Compare(an.Name, bn.Name), cmp.Compare(an.Port, bn.Port)) < 0
 }
 
 // wait records that a service claims a frontend another one has.

@@ -4,6 +4,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,6 +53,10 @@ type Config struct {
 	NodeIPs             []netip.Addr // when no Node object says them
 	Netns               string       // the node's network namespace ("" = the agent's own)
 	ConntrackScanPeriod time.Duration
+	// CheckInterval is how often the agent verifies its pins and
+	// attachments and repairs what was removed behind its back (default
+	// 10 s).
+	CheckInterval time.Duration
 	// MasqueradeAll SNATs every balanced flow to the node IP (kube-proxy's
 	// --masquerade-all).
 	MasqueradeAll bool
@@ -193,7 +198,7 @@ func (a *Agent) start(ctx context.Context) error {
 		Netns: cfg.Netns, PinDir: filepath.Join(cfg.PinDir, "links"), Classifier: classifier, IfState: ifstate, Sysctls: true,
 		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost,
 			FromHostL3: o.SlFromHostL3, ToHostL3: o.SlToHostL3, XDP: o.SlXdpPrefilter},
-		Policies: feed, Logger: log,
+		Policies: feed, Logger: log, ResyncInterval: cfg.CheckInterval,
 	})
 	if err != nil {
 		return err
@@ -286,16 +291,13 @@ func (a *Agent) start(ctx context.Context) error {
 	return nil
 }
 
-// guardInterval is how often the agent checks its pins and attachments.
-const guardInterval = 10 * time.Second
-
 // guard pins the agent's maps again when a pin is removed behind its back
 // (the next start would otherwise create an empty map the running programs
 // do not read), and keeps /healthz unhealthy while a managed interface is not
 // ready, its programs missing or running on other maps; ifacemgr repairs the
 // attachments themselves.
 func (a *Agent) guard(ctx context.Context, repaired prometheus.Counter) {
-	t := time.NewTicker(guardInterval)
+	t := time.NewTicker(cmp.Or(a.cfg.CheckInterval, 10*time.Second))
 	defer t.Stop()
 	for {
 		select {

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/ifacemgr"
+)
+
+// syncBuffer is a log sink the agent's goroutines write to while the test
+// reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// One fault after another while a keep-alive TCP connection and a UDP client
+// with a fixed port use Services: the manifests folder disappears and comes
+// back, a map pin and a link pin are removed, a Service too big for its map
+// arrives, and a Service claiming another one's frontend comes and goes. The
+// traffic never breaks, and each fault shows in the log, and where it is a
+// state rather than an event, in /healthz and the metrics.
+func TestFaultsNeverBreakTraffic(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	topo, cfg, manifests := demoAgentSetup(ctx, t)
+	cfg.MetricsBindAddress, cfg.HealthzBindAddress = freeAddr(t), freeAddr(t)
+	cfg.CheckInterval = 200 * time.Millisecond
+	var logs syncBuffer
+	a, err := agent.Start(ctx, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	within := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("not within 5 s: %s\nlog:\n%s", what, logs.String())
+			}
+		}
+	}
+	within("agent ready", a.Ready)
+
+	client := topo.ns(topo.pods["client"])
+	conn := dialKeepAlive(t, client, "10.96.0.10:80")
+	var udp net.Conn
+	if err := ifacemgr.InNetns(client, func() (err error) { udp, err = net.Dial("udp4", "10.96.0.53:53"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	traffic := func(when string) {
+		t.Helper()
+		if _, err := conn.get(); err != nil {
+			t.Fatalf("%s: the keep-alive connection broke: %v", when, err)
+		}
+		udp.SetDeadline(time.Now().Add(2 * time.Second))
+		buf := make([]byte, 512)
+		if _, err := udp.Write([]byte("ping")); err != nil {
+			t.Fatalf("%s: UDP: %v", when, err)
+		}
+		if n, err := udp.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "ping") {
+			t.Fatalf("%s: UDP answer %q: %v", when, buf[:n], err)
+		}
+	}
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	healthz := func() (int, map[string]any) {
+		code, body := get("http://" + cfg.HealthzBindAddress + "/healthz")
+		var m map[string]any
+		json.Unmarshal([]byte(body), &m)
+		return code, m
+	}
+	metrics := func() string { _, body := get("http://" + cfg.MetricsBindAddress + "/metrics"); return body }
+	traffic("before any fault")
+
+	// 1. The manifests folder disappears, and comes back.
+	if err := os.Rename(manifests, manifests+".gone"); err != nil {
+		t.Fatal(err)
+	}
+	within("/healthz 503 naming the manifests", func() bool {
+		code, body := healthz()
+		return code == 503 && strings.Contains(fmt.Sprint(body["sourceErrors"]), "manifests")
+	})
+	if m := metrics(); !strings.Contains(m, `sluice_source_unreadable{source="manifests"} 1`) {
+		t.Fatal("the unreadable folder is not in the metrics")
+	}
+	traffic("with the folder gone")
+	if err := os.Rename(manifests+".gone", manifests); err != nil {
+		t.Fatal(err)
+	}
+	within("/healthz 200 again", func() bool { code, _ := healthz(); return code == 200 })
+	if !strings.Contains(logs.String(), "manifests folder cannot be read") {
+		t.Fatal("the missing folder was not logged")
+	}
+	traffic("with the folder back")
+
+	// 2. A map pin is removed.
+	fePin := filepath.Join(cfg.PinDir, gen.SluiceMapSlFeV1)
+	if err := os.Remove(fePin); err != nil {
+		t.Fatal(err)
+	}
+	within("the map pin restored", func() bool { _, err := os.Stat(fePin); return err == nil })
+	within("the repair counted", func() bool { return strings.Contains(metrics(), "sluice_pins_repaired_total 1") })
+	if !strings.Contains(logs.String(), "map pins were removed") {
+		t.Fatal("the removed map pin was not logged")
+	}
+	traffic("after the map pin was repaired")
+
+	// 3. A link pin is removed: the hook detaches, and is repaired.
+	links, _ := filepath.Glob(filepath.Join(cfg.PinDir, "links", "*_ingress_slwclient*"))
+	if len(links) != 1 {
+		t.Fatalf("link pins of the client's interface: %v", links)
+	}
+	if err := os.Remove(links[0]); err != nil {
+		t.Fatal(err)
+	}
+	within("the link pin restored", func() bool { _, err := os.Stat(links[0]); return err == nil })
+	if !strings.Contains(logs.String(), "attachment missing or replaced; repairing") {
+		t.Fatal("the removed link was not logged")
+	}
+	traffic("after the link was repaired")
+
+	// 4. A Service too big for its map arrives: refused alone, logged and
+	// counted; a Service created with it is programmed.
+	var ranges strings.Builder
+	for i := range 17000 {
+		fmt.Fprintf(&ranges, "  - 10.%d.%d.0/24\n", i/256, i%256)
+	}
+	huge := `apiVersion: v1
+kind: Service
+metadata: {name: huge, namespace: demo}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.80
+  ports: [{name: http, port: 80}]
+  loadBalancerSourceRanges:
+` + ranges.String() + `status: {loadBalancer: {ingress: [{ip: 203.0.113.80}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: small, namespace: demo}
+spec: {clusterIP: 10.96.0.81, ports: [{name: http, port: 80}]}
+`
+	if err := os.WriteFile(filepath.Join(manifests, "huge.yaml"), []byte(huge), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	within("the oversized Service logged by name and map", func() bool {
+		l := logs.String()
+		return strings.Contains(l, "demo/huge") && strings.Contains(l, gen.SluiceMapSlSrcrangeV1)
+	})
+	if !strings.Contains(metrics(), "sluice_skipped_objects_total 1") {
+		t.Fatal("the oversized Service was not counted")
+	}
+	within("the other Service programmed", func() bool {
+		out, err := run2(func() error { return run(ctx, []string{"nat", "list", "--bpf-pin-dir", cfg.PinDir}) })
+		return err == nil && strings.Contains(out, "10.96.0.81:80")
+	})
+	traffic("with the oversized Service refused")
+
+	// 5. A Service claiming web's ClusterIP and port comes and goes.
+	twin := `apiVersion: v1
+kind: Service
+metadata: {name: web-twin, namespace: demo}
+spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}
+`
+	if err := os.WriteFile(filepath.Join(manifests, "twin.yaml"), []byte(twin), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	within("the conflict logged naming both", func() bool {
+		return strings.Contains(logs.String(), "claimed by services demo/web:http and demo/web-twin:http")
+	})
+	traffic("with a conflicting Service")
+	if err := os.Remove(filepath.Join(manifests, "twin.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	traffic("after the conflicting Service went")
+}
+
+// run2 captures what fn prints.
+func run2(fn func() error) (string, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return "", err
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	errc := make(chan error, 1)
+	go func() { errc <- fn(); w.Close() }()
+	out, _ := io.ReadAll(r)
+	os.Stdout = stdout
+	return string(out), <-errc
+}
