@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -187,24 +186,11 @@ func (e *baselineEnv) waitFor(b *testing.B, addr, want string, limit time.Durati
 
 // synRetrans reads TCPSynRetrans of the client's namespace.
 func (e *baselineEnv) synRetrans() float64 {
-	var v float64
-	_ = e.client.Do(func() error {
-		data, err := os.ReadFile("/proc/thread-self/net/netstat")
-		if err != nil {
-			return err
-		}
-		lines := strings.Split(string(data), "\n")
-		for i := 0; i+1 < len(lines); i += 2 {
-			keys, vals := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-			for j, k := range keys {
-				if k == "TCPSynRetrans" && j < len(vals) {
-					v, _ = strconv.ParseFloat(vals[j], 64)
-				}
-			}
-		}
-		return nil
-	})
-	return v
+	v, err := bpftest.Netstat(e.client, "TcpExt", "TCPSynRetrans")
+	if err != nil {
+		return 0
+	}
+	return float64(v["TCPSynRetrans"])
 }
 
 // connectionRate: 4 workers connect and close for d, spread over targets.

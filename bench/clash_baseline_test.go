@@ -73,15 +73,9 @@ func runClashBaseline(b *testing.B, proxy, sluice, kubeProxy string) clashResult
 	}
 	var r clashResult
 	for i, ns := range []*bpftest.NetNS{e.client, external} {
-		before, err := bpftest.Netstat(ns, "TcpExt", "TCPSynRetrans")
-		if err != nil {
-			b.Fatal(err)
-		}
+		client := &baselineEnv{client: ns}
+		before := client.synRetrans()
 		res := bpftest.RunClients(ns, targets, 4, d)
-		after, err := bpftest.Netstat(ns, "TcpExt", "TCPSynRetrans")
-		if err != nil {
-			b.Fatal(err)
-		}
 		if res.Failed > 0 {
 			b.Logf("%s, %s client: %d connections failed, the first with: %v", proxy, []string{"pod", "external"}[i], res.Failed, res.FirstErr)
 			if proxy == "sluice" {
@@ -89,7 +83,7 @@ func runClashBaseline(b *testing.B, proxy, sluice, kubeProxy string) clashResult
 			}
 		}
 		r.rate[i], r.failed[i] = res.Rate(), float64(res.Failed)
-		r.synRetr[i] = float64(after["TCPSynRetrans"] - before["TCPSynRetrans"])
+		r.synRetr[i] = client.synRetrans() - before
 	}
 	return r
 }

@@ -27,16 +27,7 @@ func cpuTime() time.Duration {
 // services × 10 endpoints. ns/op is store-to-maps latency (the runner's
 // min-sync-period wait aside); cpu-ns/sync is the process CPU per sync.
 func BenchmarkEndpointSliceToMaps(b *testing.B) {
-	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer set.Close()
-	syncer, err := nat.NewSyncer(nat.Options{Maps: set})
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := kubeproxy.NewProxier(kubeproxy.Config{NodeName: "node-a"}, syncer, nil, nil, nil)
+	p := benchProxier(b)
 	p.SetNodeIPs([]netip.Addr{netip.MustParseAddr("10.0.0.1")})
 	tr := p.Tracker()
 	for i := range 10_000 {
@@ -72,16 +63,7 @@ func BenchmarkEndpointSliceToMaps(b *testing.B) {
 // syncs. ns/op is the folder sync (list, re-read the changed file, diff);
 // cpu-ns/sync is the process CPU of it.
 func BenchmarkManifestOneFileChanged(b *testing.B) {
-	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer set.Close()
-	syncer, err := nat.NewSyncer(nat.Options{Maps: set})
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := kubeproxy.NewProxier(kubeproxy.Config{NodeName: "node-a"}, syncer, nil, nil, nil)
+	p := benchProxier(b)
 	dir := b.TempDir()
 	manifest := func(i int, backend string) string {
 		return fmt.Sprintf(`apiVersion: v1
@@ -114,4 +96,18 @@ endpoints: [{addresses: ["%s"]}]
 		i++
 	}
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(i), "cpu-ns/sync")
+}
+
+// benchProxier is a proxier on maps of its own, for benchmarks.
+func benchProxier(b *testing.B) *kubeproxy.Proxier {
+	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { set.Close() })
+	syncer, err := nat.NewSyncer(nat.Options{Maps: set})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return kubeproxy.NewProxier(kubeproxy.Config{NodeName: "node-a"}, syncer, nil, nil, nil)
 }

@@ -358,16 +358,7 @@ func TestSyncerBadServiceDoesNotStopOthers(t *testing.T) {
 }
 
 func TestSyncerFullMapKeepsProgrammedServices(t *testing.T) {
-	dir := bpftest.PinDir(t)
-	set, err := maps.Open(maps.OpenOptions{PinDir: dir, Capacity: map[string]uint32{maps.Backends.Name: 4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	s, err := nat.NewSyncer(nat.Options{Maps: set})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set, s := syncerWithCapacity(t, maps.Backends.Name, 4)
 	a := svc("a", "10.96.0.50", 80)
 	b := svc("b", "10.96.0.51", 80)
 	e := map[nat.ServicePortName][]nat.Endpoint{a.Name: eps("10.2.0.1:80", "10.2.0.2:80"), b.Name: eps("10.2.0.3:80", "10.2.0.4:80", "10.2.0.5:80")}
@@ -505,16 +496,7 @@ func TestSyncerRemovesStaleAffinity(t *testing.T) {
 // room for) is refused on its own, with an error naming it and the map; every
 // other Service, including one created after it, is programmed.
 func TestServiceTooBigForAMapIsRefusedAlone(t *testing.T) {
-	dir := bpftest.PinDir(t)
-	set, err := maps.Open(maps.OpenOptions{PinDir: dir, Capacity: map[string]uint32{gen.SluiceMapSlSrcrangeV1: 100}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	s, err := nat.NewSyncer(nat.Options{Maps: set})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set, s := syncerWithCapacity(t, gen.SluiceMapSlSrcrangeV1, 100)
 	big := svc("big", "10.96.0.20", 80, func(s *nat.ServicePort) {
 		s.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.20")}
 		for i := range 150 {
@@ -609,4 +591,20 @@ func TestClusterIPOfTheNodeIsRefused(t *testing.T) {
 	if _, ok := f.frontends()["10.96.0.70:22/6"]; !ok {
 		t.Fatal("an ordinary Service was not programmed")
 	}
+}
+
+// syncerWithCapacity opens the maps with one map's capacity changed, and a
+// syncer on them.
+func syncerWithCapacity(t *testing.T, name string, capacity uint32) (*maps.Set, *nat.Syncer) {
+	t.Helper()
+	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t), Capacity: map[string]uint32{name: capacity}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	s, err := nat.NewSyncer(nat.Options{Maps: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set, s
 }

@@ -103,14 +103,21 @@ func (topo *Topology) Attach(t testing.TB, iface string, ingress, egress *ebpf.P
 	}
 }
 
-// ServeTCP answers each line with "<name> <client address> <line>".
-func ServeTCP(t testing.TB, ns *NetNS, name, addr string) {
+// listenTCP listens on addr inside ns until the test ends.
+func listenTCP(t testing.TB, ns *NetNS, addr string) net.Listener {
 	t.Helper()
 	var ln net.Listener
 	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// ServeTCP answers each line with "<name> <client address> <line>".
+func ServeTCP(t testing.TB, ns *NetNS, name, addr string) {
+	t.Helper()
+	ln := listenTCP(t, ns, addr)
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -189,11 +196,7 @@ func Exchange(ns *NetNS, network, addr, line string) (string, error) {
 // generators' targets).
 func ServeCloseFirst(t testing.TB, ns *NetNS, name, addr string) {
 	t.Helper()
-	var ln net.Listener
-	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	ln := listenTCP(t, ns, addr)
 	go func() {
 		for {
 			c, err := ln.Accept()
