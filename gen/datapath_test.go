@@ -594,3 +594,30 @@ func TestClientPortReusedTowardAnotherServiceIsRemapped(t *testing.T) {
 	r4 := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
 	wantAP(t, "fourth flow's reply source", r4.Src, vip4)
 }
+
+// Session affinity's timeout counts from the client's last new connection
+// (kube-proxy): a client that comes back every 4 s to a Service with a 6 s
+// timeout keeps its backend, however long it keeps doing so.
+func TestSessionAffinityIsRefreshedByEachNewFlow(t *testing.T) {
+	d := newDP(t)
+	s := webService()
+	s.Backends = []bpftest.Backend{{AP: be1AP}, {AP: be2AP}, {AP: netip.MustParseAddrPort("10.2.0.10:8080")}}
+	s.Affinity = 6
+	d.AddService(s)
+	affKey := gen.SluiceAffKey{SvcId: 1, Client: gen.NetAddr(clientAP.Addr())}
+	first := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN)).Dst
+	for i := range uint16(10) {
+		// 4 s pass: move the entry's time back, as the clock would.
+		var a gen.SluiceAffValue
+		if err := d.Objs.SlAffV1.Lookup(affKey, &a); err != nil {
+			t.Fatal(err)
+		}
+		a.Ts -= 4 * 1e9
+		d.Put(d.Objs.SlAffV1, affKey, a)
+		src := netip.AddrPortFrom(clientAP.Addr(), 30000+i)
+		if got := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst; got != first {
+			t.Fatalf("connection %d, %d s after the first and 4 s after the previous one, went to %v: affinity says %v",
+				i+1, 4*(i+1), got, first)
+		}
+	}
+}

@@ -92,7 +92,8 @@ struct aff_key {
 ASSERT_SIZE(struct aff_key, 8);
 
 struct aff_value {
-	__u64 ts;		/* host order: bpf_ktime_get_ns() when chosen */
+	__u64 ts;		/* host order: bpf_ktime_get_ns() of the client's last
+				 * new flow to the service */
 	__be32 addr;		/* network order: the chosen backend */
 	__be16 port;		/* network order */
 	enum be_flags flags;	/* of the backend */
@@ -205,6 +206,11 @@ static __always_inline int pick_backend(const struct fe_value *fe, __be32 client
 		struct aff_value *a = bpf_map_lookup_elem(&sl_aff_v1, &akey);
 		if (a && now - a->ts < (__u64)fe->affinity_timeout * NS_PER_SEC &&
 		    (!local_only || (a->flags & BE_LOCAL))) {
+			/* The timeout counts from the client's last new flow, as
+			 * kube-proxy's (iptables recent --set, nftables update
+			 * @affinity): a client that keeps coming back keeps its
+			 * backend. */
+			a->ts = now;
 			out->addr = a->addr;
 			out->port = a->port;
 			out->flags = a->flags;
