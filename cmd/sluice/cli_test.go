@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/cmd/internal/agent"
@@ -111,5 +112,45 @@ func TestBadBindAddressTouchesNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(pins); !os.IsNotExist(err) {
 		t.Fatalf("a refused start created the pin directory (%v)", err)
+	}
+}
+
+// Under `ip netns exec`, which remounts /sys and hides /sys/fs/bpf, the agent
+// mounts a bpffs itself and says so (in the private mount namespace of that
+// command: the node's own stays untouched); a tool reading pins there says
+// why it finds none.
+func TestAgentUnderIPNetnsExecMountsBPFFS(t *testing.T) {
+	bpftest.Require(t)
+	ns := bpftest.NewNetNS(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinDir := "/sys/fs/bpf/" + bpftest.UniqueName("sltest")
+	var logs syncBuffer
+	cmd := ns.Command(self, "agent", "--manifests", t.TempDir(), "--bpf-pin-dir", pinDir, "--cgroup=",
+		"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address=", "--workload-iface-prefixes", "slw")
+	cmd.Env = append(os.Environ(), "SLUICE_AS_BINARY=1")
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := get("/run/netns/"+ns.Name, "127.0.0.1:10256/healthz", "", time.Second); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent did not come up under ip netns exec:\n%s", logs.String())
+		}
+	}
+	if !strings.Contains(logs.String(), "no bpffs was mounted; mounted one") {
+		t.Fatalf("the mount is not logged:\n%s", logs.String())
+	}
+	tool := ns.Command(self, "maps", "--bpf-pin-dir", pinDir)
+	tool.Env = append(os.Environ(), "SLUICE_AS_BINARY=1") // run as sluice, not as the tests
+	out, err := tool.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "ip netns exec") {
+		t.Fatalf("sluice maps under ip netns exec: %v: %s", err, out)
 	}
 }

@@ -35,8 +35,12 @@ func newInspectFlags(name string) *inspectFlags {
 		asJSON: fs.Bool("json", false, "print JSON for scripts instead of a table")}
 }
 
-// open opens the pinned maps without creating any.
+// open opens the pinned maps without creating any, or says why there are
+// none to open.
 func (f *inspectFlags) open() (*maps.Set, error) {
+	if err := maps.CheckPinsReadable(*f.pinDir); err != nil {
+		return nil, err
+	}
 	return maps.Open(maps.OpenOptions{PinDir: *f.pinDir, NoCreate: true})
 }
 

@@ -140,9 +140,14 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		closeListener(metricsLn)
 		return nil, err
 	}
-	// Every flag is checked: from here on the node is touched. Counters of
-	// an older layout carry no connection: drop them, so an upgrade that
-	// only adds counters needs no cleanup.
+	// Every flag is checked: from here on the node is touched.
+	if mounted, err := maps.PreparePinDir(cfg.PinDir); err != nil {
+		return fail(err)
+	} else if mounted {
+		log.Info("no bpffs was mounted; mounted one", "at", "/sys/fs/bpf")
+	}
+	// Counters of an older layout carry no connection: drop them, so an
+	// upgrade that only adds counters needs no cleanup.
 	if removed, err := maps.RemoveStaleDisposable(cfg.PinDir); err != nil {
 		return fail(err)
 	} else if len(removed) > 0 {
