@@ -54,9 +54,24 @@ var floorNs float64
 // another path.
 func measure(b *testing.B, prog *ebpf.Program, want uint32, frame func(i int) []byte) float64 {
 	b.Helper()
+	return measureNew(b, nil, prog, want, frame)
+}
+
+// newFlowsPerClear is how many new flows a benchmark creates before it
+// empties conntrack: the map refuses new flows when full (it never evicts),
+// and a second of new flows is more than it holds.
+const newFlowsPerClear = 100_000
+
+// measureNew is measure for paths that create flows: d's conntrack is
+// emptied every newFlowsPerClear packets, outside the timed runs.
+func measureNew(b *testing.B, d *bpftest.Datapath, prog *ebpf.Program, want uint32, frame func(i int) []byte) float64 {
+	b.Helper()
 	var total time.Duration
 	i := 0
 	for b.Loop() {
+		if d != nil && i > 0 && i%newFlowsPerClear == 0 {
+			clearConntrack(b, d)
+		}
 		ret, dur, err := prog.Benchmark(frame(i), 1, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -123,21 +138,21 @@ func BenchmarkPacket(b *testing.B) {
 				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(be, clientAP, bpftest.ACK)))
 			})
 			b.Run("new-flow", func(b *testing.B) {
-				measure(b, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(vip))
+				measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(vip))
 			})
 			b.Run("new-flow-affinity", func(b *testing.B) {
 				// Same client address, new ports: the affinity entry decides.
 				sticky := netip.MustParseAddrPort("10.127.0.1:80")
 				d.AddService(bpftest.Service{ID: 900_001, Front: sticky, Proto: bpftest.ProtoTCP, Affinity: 600,
 					Backends: []bpftest.Backend{{AP: backendAddr(1)}, {AP: backendAddr(2)}}})
-				measure(b, d.Objs.SlFromWl, bpftest.ActOK, func(i int) []byte {
+				measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, func(i int) []byte {
 					return bpftest.TCPPacket(netip.AddrPortFrom(clientAP.Addr(), uint16(1024+i%60000)), sticky, bpftest.SYN)
 				})
 			})
 			b.Run("nodeport-new-flow", func(b *testing.B) {
 				d.AddService(bpftest.Service{ID: 900_002, Front: netip.MustParseAddrPort("255.255.255.255:30080"), Proto: bpftest.ProtoTCP,
 					Backends: []bpftest.Backend{{AP: be, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
-				measure(b, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return NodePortSYN(nodeIP, 30080, i) })
+				measureNew(b, d, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return NodePortSYN(nodeIP, 30080, i) })
 			})
 			// Untranslated (pod to pod) traffic is tracked too, for the clash
 			// check: its established packets against the untracked path they
@@ -153,7 +168,7 @@ func BenchmarkPacket(b *testing.B) {
 				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(clientAP, other, bpftest.ACK)))
 			})
 			b.Run("direct-new-flow", func(b *testing.B) {
-				measure(b, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(peer))
+				measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(peer))
 			})
 			b.Run("fragment", func(b *testing.B) {
 				// A later fragment of a datagram whose first fragment set up
@@ -244,4 +259,21 @@ func BenchmarkPacketHot(b *testing.B) {
 	b.Run("direct-untracked", func(b *testing.B) {
 		measureHot(b, d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, netip.MustParseAddrPort("10.1.9.10:8080"), bpftest.ACK))
 	})
+}
+
+// clearConntrack deletes every conntrack entry of d.
+func clearConntrack(b *testing.B, d *bpftest.Datapath) {
+	var keys []gen.SluiceCtKey
+	var k gen.SluiceCtKey
+	var v gen.SluiceCtValue
+	it := d.Objs.SlCtV2.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return
+	}
+	if _, err := d.Objs.SlCtV2.BatchDelete(keys, nil); err != nil {
+		b.Fatal(err)
+	}
 }
