@@ -108,6 +108,17 @@ __subprog enum ct_seen fin_first(struct ct_key peer)
 	return o && (o->tcp_seen & TCP_FLAG_FIN) ? (enum ct_seen)0 : CT_SEEN_FIN_FIRST;
 }
 
+/* ct_lookup_reversed finds the entry keyed by a packet's reversed tuple: for
+ * a packet already translated on this node, its flow's reverse entry (the
+ * forward direction) or forward entry (a reply). */
+static __always_inline struct ct_value *ct_lookup_reversed(const struct packet *p)
+{
+	struct ct_key rk = {
+		.saddr = p->daddr, .daddr = p->saddr, .sport = p->dport, .dport = p->sport, .proto = p->proto,
+	};
+	return bpf_map_lookup_elem(&sl_ct_v2, &rk);
+}
+
 /* ct_touch records a packet on its entry: cheap enough for every packet. */
 static __always_inline void ct_touch(struct ct_value *v, const struct packet *p)
 {

@@ -329,10 +329,7 @@ __subprog int track_flow(struct __sk_buff *skb, struct packet *p, __u32 dir, __u
  * starts a flow the ingress policy judges. */
 __subprog int to_workload_new(struct __sk_buff *skb, struct packet *p)
 {
-	struct ct_key rk = {
-		.saddr = p->daddr, .daddr = p->saddr, .sport = p->dport, .dport = p->sport, .proto = p->proto,
-	};
-	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v2, &rk);
+	struct ct_value *r = ct_lookup_reversed(p);
 
 	if (r && r->type == CT_FORWARD)
 		return TC_ACT_OK;
@@ -496,10 +493,7 @@ __subprog int handled_upstream(struct __sk_buff *skb, struct packet *p, enum hoo
 {
 	if (hook != HOOK_TO_WL)
 		return TC_ACT_OK;
-	struct ct_key rk = {
-		.saddr = p->daddr, .daddr = p->saddr, .sport = p->dport, .dport = p->sport, .proto = p->proto,
-	};
-	struct ct_value *r = bpf_map_lookup_elem(&sl_ct_v2, &rk);
+	struct ct_value *r = ct_lookup_reversed(p);
 	if (r)
 		return r->type == CT_FORWARD ? TC_ACT_OK : enforce(skb, p, r, POLICY_DIR_INGRESS);
 	if (p->l4_absent)
