@@ -78,6 +78,16 @@ func (h *ProxyHealth) SetSourceError(source string, err error) {
 	h.sourceErrs[source] = err.Error()
 }
 
+// Live reports kube-proxy's own rule alone (no update waits too long),
+// without the source errors: what the Services' health-check NodePorts
+// report, since traffic still flows from the last good state and one pod's
+// interface must not take a node out of every load balancer.
+func (h *ProxyHealth) Live() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.live(h.now())
+}
+
 // Healthy reports the proxy's health, as of now.
 func (h *ProxyHealth) Healthy() bool {
 	h.mu.Lock()
@@ -218,7 +228,7 @@ func (s *ServiceHealth) handler(l *svcListener) http.Handler {
 		s.mu.Lock()
 		local := l.local
 		s.mu.Unlock()
-		healthy := s.proxy.Healthy()
+		healthy := s.proxy.Live()
 		code := http.StatusServiceUnavailable
 		if local > 0 && healthy {
 			code = http.StatusOK

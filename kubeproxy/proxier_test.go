@@ -337,6 +337,13 @@ func TestHealthAndHealthCheckNodePort(t *testing.T) {
 		svcBody["namespace"] != "default" || svcBody["name"] != "lb" {
 		t.Fatalf("health check %d %v", code, body)
 	}
+	// One interface without its programs (a source error) must not take
+	// the node out of the load balancer: traffic still flows.
+	e.p.Health.SetSourceError("interfaces", errors.New("programs not in place on slw1"))
+	if code, body := get("http://127.0.0.1:32140/"); code != 200 || body["serviceProxyHealthy"] != true {
+		t.Fatalf("health check with a source error: %d %v", code, body)
+	}
+	e.p.Health.SetSourceError("interfaces", nil)
 	tr.OnEndpointSlice(endpointSlice("lb", "lb-1", "10.2.0.3"), false)
 	e.eventually("no local endpoints: 503", func() bool { c, _ := get("http://127.0.0.1:32140/"); return c == 503 })
 	tr.OnService(lb, true)
