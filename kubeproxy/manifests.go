@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -230,13 +231,7 @@ func (m *ManifestSource) Sync(p *Proxier) {
 	}
 	m.seen = next
 	if m.OnObjects != nil {
-		m.OnObjects(slices.Collect(func(yield func(Object) bool) {
-			for _, o := range next {
-				if !yield(o) {
-					return
-				}
-			}
-		}))
+		m.OnObjects(slices.Collect(maps.Values(next)))
 	}
 }
 
@@ -305,13 +300,7 @@ func (m *ManifestSource) readFolder(p *Proxier) (string, error) {
 // document that does not parse keeps the objects it held before.
 func (m *ManifestSource) objects() map[string]Object {
 	next := map[string]Object{}
-	for _, rel := range slices.Sorted(func(yield func(string) bool) {
-		for rel := range m.files {
-			if !yield(rel) {
-				return
-			}
-		}
-	}) {
+	for _, rel := range slices.Sorted(maps.Keys(m.files)) {
 		f := m.files[rel]
 		objs := f.objs
 		for _, o := range objs {
