@@ -142,9 +142,17 @@ func CheckManifestDir(dir string) error {
 // before until it parses again. Only files whose size or time changed are
 // read again.
 type ManifestSource struct {
-	Dir      string
-	Interval time.Duration // how often the folder is checked (default 1 s)
-	Log      *slog.Logger
+	Dir string
+	// Interval is how often the folder is checked when inotify cannot watch
+	// it (default 1 s).
+	Interval time.Duration
+	// Recheck is how often the folder is checked anyway while inotify
+	// watches it, for changes inotify does not see, such as those made on
+	// another host of a network filesystem (default 30 s).
+	Recheck time.Duration
+	// Poll turns inotify off: the folder is checked every Interval.
+	Poll bool
+	Log  *slog.Logger
 	// OnObjects, if set, receives every object read (the agent takes Nodes,
 	// Pods, Namespaces and NetworkPolicies from it).
 	OnObjects func([]Object)
@@ -162,23 +170,66 @@ type manifestFile struct {
 	errs  []error
 }
 
+// settleTime lets a burst of inotify events (an editor's save, a ConfigMap
+// swap, a copy of many files) end before the folder is read.
+const settleTime = 20 * time.Millisecond
+
 // Run reads the folder, tells the proxier that Services and EndpointSlices are
 // listed, and re-reads it whenever a file changes, until ctx ends.
 func (m *ManifestSource) Run(ctx context.Context, p *Proxier) {
 	if m.Interval == 0 {
 		m.Interval = time.Second
 	}
+	if m.Recheck == 0 {
+		m.Recheck = 30 * time.Second
+	}
 	m.Sync(p)
 	p.OnServicesSynced()
 	p.OnEndpointSlicesSynced()
-	t := time.NewTicker(m.Interval)
+
+	var watch *folderWatch
+	var changed <-chan struct{}
+	period := m.Interval
+	if !m.Poll {
+		w, err := newFolderWatch(m.Dir)
+		if err != nil {
+			m.log().Warn("cannot watch the manifests folder with inotify; checking it every interval instead",
+				"dir", m.Dir, "interval", m.Interval, "err", err)
+		} else {
+			defer w.Close()
+			watch, changed, period = w, w.changed, max(m.Recheck, m.Interval)
+			m.Sync(p) // whatever changed between the first read and the watch
+		}
+	}
+	t := time.NewTicker(period)
 	defer t.Stop()
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	var partial error // inotify could not watch every folder (logged once)
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-changed:
+			settle.Reset(settleTime)
+		case <-settle.C:
+			m.Sync(p)
 		case <-t.C:
 			m.Sync(p)
+		}
+		if watch == nil {
+			continue
+		}
+		// A folder that came back or is new has no watch yet, and what
+		// changed in it before the watch was not seen: look once more.
+		added, err := watch.refresh()
+		if err != nil && partial == nil {
+			m.log().Warn("inotify cannot watch every manifests folder; some changes are seen only at the next check",
+				"dir", m.Dir, "recheck", period, "err", err)
+		}
+		partial = err
+		if added {
+			settle.Reset(0)
 		}
 	}
 }
@@ -251,10 +302,24 @@ func (m *ManifestSource) readFolder(p *Proxier) (string, error) {
 	type file struct{ rel, stamp string }
 	var list []file
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !isManifest(path) {
+		if err != nil {
 			return err
 		}
-		info, err := d.Info()
+		// Hidden entries are not manifests: editors' swap files, and a
+		// ConfigMap volume's "..data" link and timestamped folder (its
+		// files are read through their links in the folder itself).
+		if path != root && strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() || !isManifest(path) {
+			return nil
+		}
+		// A file that is a symbolic link is stamped by what it points to,
+		// so that an edit of the target, or the link swapped, is seen.
+		info, err := os.Stat(path)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil // removed while listing
 		}

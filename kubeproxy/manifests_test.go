@@ -69,7 +69,8 @@ func TestManifestFolderSource(t *testing.T) {
 	write("web.yaml", webYAML)
 	write("dns.json", dnsJSON)
 	write("README.txt", "not a manifest")
-	src := &kubeproxy.ManifestSource{Dir: dir, Interval: 20 * time.Millisecond}
+	// Polling, as where inotify is not available.
+	src := &kubeproxy.ManifestSource{Dir: dir, Interval: 20 * time.Millisecond, Poll: true}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go src.Run(ctx, e.p)
@@ -101,9 +102,11 @@ func TestReadManifestsReportsBadDocuments(t *testing.T) {
 }
 
 // runSource starts a manifest source on dir with a fast interval.
+// runSource runs a source on dir that sees changes only through inotify.
 func runSource(t *testing.T, e *env, dir string, log *slog.Logger) {
 	t.Helper()
-	src := &kubeproxy.ManifestSource{Dir: dir, Interval: 10 * time.Millisecond, Log: log}
+	// Checks far apart: what a test sees in time, inotify told.
+	src := &kubeproxy.ManifestSource{Dir: dir, Interval: time.Hour, Recheck: time.Hour, Log: log}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go src.Run(ctx, e.p)
@@ -263,5 +266,58 @@ func TestCheckManifestDir(t *testing.T) {
 	}
 	if err := kubeproxy.CheckManifestDir(t.TempDir()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The folder is watched with inotify: a file in a new subfolder is seen, and
+// so is a ConfigMap volume's update (new timestamped folder, "..data" link
+// swapped), whose hidden entries are not read as manifests of their own.
+func TestManifestFolderWatch(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	dir := t.TempDir()
+	// A ConfigMap volume: web.yaml -> ..data/web.yaml, ..data -> ..<time>.
+	version := func(name, content string) {
+		writeFile(t, filepath.Join(dir, name, "web.yaml"), content)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "..2026_12_01_a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	version("..2026_12_01_a", webYAML)
+	for old, link := range map[string]string{"..2026_12_01_a": "..data", "..data/web.yaml": "web.yaml"} {
+		if err := os.Symlink(old, filepath.Join(dir, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var logs bytes.Buffer
+	runSource(t, e, dir, slog.New(slog.NewTextHandler(&logs, nil)))
+	e.eventually("services from the ConfigMap", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 2 })
+
+	// The kubelet's update: a new folder, a new link renamed over ..data.
+	if err := os.Mkdir(filepath.Join(dir, "..2026_12_01_b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	version("..2026_12_01_b", strings.Replace(webYAML, `- addresses: ["10.2.0.2"]`, "", 1))
+	if err := os.Symlink("..2026_12_01_b", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "..2026_12_01_a")); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("the ConfigMap's update", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 1 })
+
+	// A subfolder made after the start, and a file in it.
+	if err := os.Mkdir(filepath.Join(dir, "more"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "more", "dns.json"), dnsJSON)
+	e.eventually("a file in a new subfolder", func() bool { return e.frontends()["10.96.0.53:53/17"].Count == 1 })
+	writeFile(t, filepath.Join(dir, "more", "dns.json"), strings.Replace(dnsJSON, `"10.2.0.53"`, `"10.2.0.53"]},{"addresses":["10.2.0.54"`, 1))
+	e.eventually("an edit in the new subfolder", func() bool { return e.frontends()["10.96.0.53:53/17"].Count == 2 })
+
+	if strings.Contains(logs.String(), "defined twice") || strings.Contains(logs.String(), "..2026") {
+		t.Fatalf("hidden ConfigMap entries were read as manifests:\n%s", logs.String())
 	}
 }
