@@ -20,7 +20,7 @@ import (
 type folderWatch struct {
 	dir     string // as configured (may be a symbolic link)
 	inotify *os.File
-	fd      int // inotify's descriptor: os.File.Fd would make reads blocking
+	fd      int           // inotify's descriptor: os.File.Fd would make reads blocking
 	changed chan struct{} // one pending notice is enough
 
 	mu     sync.Mutex
