@@ -64,7 +64,10 @@ type Options struct {
 	// ResyncInterval is how often Run lists every interface and checks every
 	// attachment, re-attaching what was removed behind its back (default 10 s).
 	ResyncInterval time.Duration
-	Logger         *slog.Logger
+	// OnRepair, if set, hears of every attachment found missing or running
+	// another program (then repaired), for metrics and health.
+	OnRepair func(iface string, hook Hook)
+	Logger   *slog.Logger
 }
 
 // Status is one managed interface as last applied.
@@ -340,6 +343,9 @@ func (m *Manager) verifyAttachments() {
 		for hook := range st.hooks {
 			if prog := want[hook]; prog != nil && !m.att.attached(st.name, st.index, hook, prog) {
 				m.log.Warn("attachment missing or replaced; repairing", "iface", st.name, "hook", hook)
+				if m.opts.OnRepair != nil {
+					m.opts.OnRepair(st.name, hook)
+				}
 				m.dirty[idx] = true
 				st.ready = false
 				break

@@ -26,6 +26,7 @@ type ProxyHealth struct {
 	lastUpdated  time.Time
 	nodeEligible bool
 	sourceErrs   map[string]string // source -> why it cannot be read
+	repairs      map[string]repairBody
 	now          func() time.Time
 	onRequest    func(path string, code int)
 }
@@ -78,6 +79,23 @@ func (h *ProxyHealth) SetSourceError(source string, err error) {
 	h.sourceErrs[source] = err.Error()
 }
 
+// Repaired records that a part of the dataplane removed behind the agent's
+// back (a map pin, an interface's attachment) was put back. /healthz stays
+// 200, since the node is whole again, but lists every kind of repair with its
+// count, its last time and what it was, so that tampering shows there and not
+// only in the log.
+func (h *ProxyHealth) Repaired(kind, what string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.repairs == nil {
+		h.repairs = map[string]repairBody{}
+	}
+	r := h.repairs[kind]
+	r.Count++
+	r.Last, r.What = h.now().String(), what
+	h.repairs[kind] = r
+}
+
 // Live reports kube-proxy's own rule alone (no update waits too long),
 // without the source errors: what the Services' health-check NodePorts
 // report, since traffic still flows from the last good state and one pod's
@@ -107,10 +125,17 @@ func (h *ProxyHealth) live(now time.Time) bool {
 }
 
 type healthBody struct {
-	LastUpdated  string            `json:"lastUpdated"`
-	CurrentTime  string            `json:"currentTime"`
-	NodeEligible *bool             `json:"nodeEligible,omitempty"`
-	SourceErrors map[string]string `json:"sourceErrors,omitempty"`
+	LastUpdated  string                `json:"lastUpdated"`
+	CurrentTime  string                `json:"currentTime"`
+	NodeEligible *bool                 `json:"nodeEligible,omitempty"`
+	SourceErrors map[string]string     `json:"sourceErrors,omitempty"`
+	Repairs      map[string]repairBody `json:"repairs,omitempty"`
+}
+
+type repairBody struct {
+	Count int    `json:"count"`
+	Last  string `json:"last"`
+	What  string `json:"what"`
 }
 
 // Handler serves /healthz and /livez.
@@ -124,6 +149,9 @@ func (h *ProxyHealth) Handler() http.Handler {
 			body := healthBody{LastUpdated: h.lastUpdated.String(), CurrentTime: now.String()}
 			if len(h.sourceErrs) > 0 {
 				body.SourceErrors = maps.Clone(h.sourceErrs)
+			}
+			if len(h.repairs) > 0 {
+				body.Repairs = maps.Clone(h.repairs)
 			}
 			if withNode {
 				eligible := h.nodeEligible

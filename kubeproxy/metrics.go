@@ -8,23 +8,24 @@ import (
 // Metrics are kube-proxy's metrics where the meaning is the same (prefix
 // kubeproxy_), plus Sluice's own (prefix sluice_).
 type Metrics struct {
-	SyncDuration       prometheus.Histogram
-	LastSync           prometheus.Gauge
-	NetworkProgramming prometheus.Histogram
-	EndpointChanges    prometheus.Counter
-	ServiceChanges     prometheus.Counter
-	NoLocalEndpoints   *prometheus.GaugeVec
-	Healthz            *prometheus.CounterVec
-	SkippedObjects     prometheus.Counter
-	SyncErrors         prometheus.Counter
-	ConntrackFlushed   prometheus.Counter
-	MapWrites          prometheus.Counter
-	SourceUnreadable   *prometheus.GaugeVec
-	ManifestErrors     prometheus.Counter
-	PinsRepaired       prometheus.Counter
-	ConntrackEntries   prometheus.Gauge
-	ConntrackCapacity  prometheus.Gauge
-	ConntrackDeleted   *prometheus.CounterVec
+	SyncDuration        prometheus.Histogram
+	LastSync            prometheus.Gauge
+	NetworkProgramming  prometheus.Histogram
+	EndpointChanges     prometheus.Counter
+	ServiceChanges      prometheus.Counter
+	NoLocalEndpoints    *prometheus.GaugeVec
+	Healthz             *prometheus.CounterVec
+	SkippedObjects      prometheus.Counter
+	SyncErrors          prometheus.Counter
+	ConntrackFlushed    prometheus.Counter
+	MapWrites           prometheus.Counter
+	SourceUnreadable    *prometheus.GaugeVec
+	ManifestErrors      prometheus.Counter
+	PinsRepaired        prometheus.Counter
+	AttachmentsRepaired prometheus.Counter
+	ConntrackEntries    prometheus.Gauge
+	ConntrackCapacity   prometheus.Gauge
+	ConntrackDeleted    *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -59,6 +60,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Manifest documents that did not parse, counted each time their file is read"}),
 		PinsRepaired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "pins_repaired_total",
 			Help: "Map pins removed behind the agent's back and pinned again"}),
+		AttachmentsRepaired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "attachments_repaired_total",
+			Help: "Interface hooks found detached or running another program, and attached again"}),
 		ConntrackEntries: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Name: "conntrack_entries",
 			Help: "Conntrack entries (two per flow) at the last scan"}),
 		ConntrackCapacity: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Name: "conntrack_capacity",
@@ -68,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.SyncDuration, m.LastSync, m.NetworkProgramming, m.EndpointChanges, m.ServiceChanges,
 		m.NoLocalEndpoints, m.Healthz, m.SkippedObjects, m.SyncErrors, m.ConntrackFlushed, m.MapWrites,
-		m.SourceUnreadable, m.ManifestErrors, m.PinsRepaired, m.ConntrackEntries, m.ConntrackCapacity, m.ConntrackDeleted)
+		m.SourceUnreadable, m.ManifestErrors, m.PinsRepaired, m.AttachmentsRepaired, m.ConntrackEntries, m.ConntrackCapacity, m.ConntrackDeleted)
 	return m
 }
 

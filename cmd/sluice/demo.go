@@ -137,12 +137,23 @@ func (t *demoTopology) serveBackends(ctx context.Context) error {
 }
 
 // get fetches http://addr/ (or addr "host:port/path") from a namespace over a
-// new connection, optionally
-// from a given source address. The socket is created on the thread that
+// new connection, optionally from a given source address, and fails unless
+// the answer is 200.
+func get(ns, addr, source string, timeout time.Duration) (string, error) {
+	code, body, err := fetchIn(ns, addr, source, timeout)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("%s: %d %s", addr, code, http.StatusText(code))
+	}
+	return body, err
+}
+
+// fetchIn fetches http://addr/ (or addr "host:port/path") from a namespace
+// and returns the status and body. The socket is created on the thread that
 // entered the namespace (net/http's transport would dial from another
 // goroutine, and so from another namespace), then HTTP/1.0 is spoken over it.
-func get(ns, addr, source string, timeout time.Duration) (string, error) {
+func fetchIn(ns, addr, source string, timeout time.Duration) (int, string, error) {
 	var body string
+	var code int
 	path := "/"
 	if i := strings.Index(addr, "/"); i >= 0 {
 		addr, path = addr[:i], addr[i:]
@@ -167,13 +178,10 @@ func get(ns, addr, source string, timeout time.Duration) (string, error) {
 		}
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: %s", addr, resp.Status)
-		}
-		body = strings.TrimSpace(string(b))
+		code, body = resp.StatusCode, strings.TrimSpace(string(b))
 		return err
 	})
-	return body, err
+	return code, body, err
 }
 
 func backendOf(body string) string { return strings.Fields(body + " ?")[0] }

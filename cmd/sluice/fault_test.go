@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-net/sluice/cmd/internal/agent"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/ifacemgr"
 )
@@ -40,42 +37,61 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // One fault after another while a keep-alive TCP connection and a UDP client
 // with a fixed port use Services: the manifests folder disappears and comes
 // back, a map pin and a link pin are removed, a Service too big for its map
 // arrives, and a Service claiming another one's frontend comes and goes. The
-// traffic never breaks, and each fault shows in the log, and where it is a
-// state rather than an event, in /healthz and the metrics.
+// agent runs as its own process in the node's namespace. The traffic never
+// breaks, and each fault shows in the log, the metrics and /healthz (as a
+// failure while it lasts, or as a repair once mended).
 func TestFaultsNeverBreakTraffic(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	topo, cfg, manifests := demoAgentSetup(ctx, t)
-	cfg.MetricsBindAddress, cfg.HealthzBindAddress = freeAddr(t), freeAddr(t)
-	cfg.CheckInterval = 200 * time.Millisecond
-	var logs syncBuffer
-	a, err := agent.Start(ctx, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
+	const healthz, metricsAddr = "127.0.0.1:10256", "127.0.0.1:10249"
+	node := topo.ns(topo.node)
+	agentProc := startAgentProc(t, topo.node, logFile, "--manifests", manifests, "--hostname-override", cfg.NodeName,
+		"--bpf-pin-dir", cfg.PinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", cfg.DataIfaces, "--cgroup=",
+		"--healthz-bind-address", healthz, "--metrics-bind-address", metricsAddr,
+		"--min-sync-period", "50ms", "--check-interval", "200ms")
+	defer func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", agentProc.logs())
+		}
+	}()
 	within := func(what string, cond func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("not within 5 s: %s\nlog:\n%s", what, logs.String())
+				t.Fatalf("not within 5 s: %s", what)
 			}
 		}
 	}
-	within("agent ready", a.Ready)
+	health := func() (int, map[string]any) {
+		code, body, err := fetchIn(node, healthz+"/healthz", "", time.Second)
+		var m map[string]any
+		if err == nil {
+			err = json.Unmarshal([]byte(body), &m)
+		}
+		if err != nil {
+			return 0, nil
+		}
+		return code, m
+	}
+	metrics := func() string { _, body, _ := fetchIn(node, metricsAddr+"/metrics", "", time.Second); return body }
+	natList := func() string {
+		out, _ := run2(func() error { return run(ctx, []string{"nat", "list", "--bpf-pin-dir", cfg.PinDir}) })
+		return out
+	}
+	within("agent healthy with every Service and interface in place", func() bool {
+		code, _ := health()
+		ifaces, _ := run2(func() error { return run(ctx, []string{"iface", "list", "--bpf-pin-dir", cfg.PinDir}) })
+		return code == 200 && strings.Contains(natList(), "10.96.0.10:80") && strings.Count(ifaces, "true") == 5
+	})
 
 	client := topo.ns(topo.pods["client"])
 	conn := dialKeepAlive(t, client, "10.96.0.10:80")
@@ -98,22 +114,6 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 			t.Fatalf("%s: UDP answer %q: %v", when, buf[:n], err)
 		}
 	}
-	get := func(url string) (int, string) {
-		resp, err := http.Get(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	healthz := func() (int, map[string]any) {
-		code, body := get("http://" + cfg.HealthzBindAddress + "/healthz")
-		var m map[string]any
-		json.Unmarshal([]byte(body), &m)
-		return code, m
-	}
-	metrics := func() string { _, body := get("http://" + cfg.MetricsBindAddress + "/metrics"); return body }
 	traffic("before any fault")
 
 	// 1. The manifests folder disappears, and comes back.
@@ -121,7 +121,7 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	within("/healthz 503 naming the manifests", func() bool {
-		code, body := healthz()
+		code, body := health()
 		return code == 503 && strings.Contains(fmt.Sprint(body["sourceErrors"]), "manifests")
 	})
 	if m := metrics(); !strings.Contains(m, `sluice_source_unreadable{source="manifests"} 1`) {
@@ -131,8 +131,8 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 	if err := os.Rename(manifests+".gone", manifests); err != nil {
 		t.Fatal(err)
 	}
-	within("/healthz 200 again", func() bool { code, _ := healthz(); return code == 200 })
-	if !strings.Contains(logs.String(), "manifests folder cannot be read") {
+	within("/healthz 200 again", func() bool { code, _ := health(); return code == 200 })
+	if !strings.Contains(agentProc.logs(), "manifests folder cannot be read") {
 		t.Fatal("the missing folder was not logged")
 	}
 	traffic("with the folder back")
@@ -144,8 +144,11 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 	}
 	within("the map pin restored", func() bool { _, err := os.Stat(fePin); return err == nil })
 	within("the repair counted", func() bool { return strings.Contains(metrics(), "sluice_pins_repaired_total 1") })
-	if !strings.Contains(logs.String(), "map pins were removed") {
+	if !strings.Contains(agentProc.logs(), "map pins were removed") {
 		t.Fatal("the removed map pin was not logged")
+	}
+	if _, body := health(); !strings.Contains(fmt.Sprint(body["repairs"]), gen.SluiceMapSlFeV1) {
+		t.Fatalf("/healthz does not show the pin repair: %v", body)
 	}
 	traffic("after the map pin was repaired")
 
@@ -158,8 +161,12 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	within("the link pin restored", func() bool { _, err := os.Stat(links[0]); return err == nil })
-	if !strings.Contains(logs.String(), "attachment missing or replaced; repairing") {
+	if !strings.Contains(agentProc.logs(), "attachment missing or replaced; repairing") {
 		t.Fatal("the removed link was not logged")
+	}
+	within("the reattachment counted", func() bool { return strings.Contains(metrics(), "sluice_attachments_repaired_total 1") })
+	if _, body := health(); !strings.Contains(fmt.Sprint(body["repairs"]), "slwclient") {
+		t.Fatalf("/healthz does not show the reattachment: %v", body)
 	}
 	traffic("after the link was repaired")
 
@@ -188,16 +195,13 @@ spec: {clusterIP: 10.96.0.81, ports: [{name: http, port: 80}]}
 		t.Fatal(err)
 	}
 	within("the oversized Service logged by name and map", func() bool {
-		l := logs.String()
+		l := agentProc.logs()
 		return strings.Contains(l, "demo/huge") && strings.Contains(l, gen.SluiceMapSlSrcrangeV1)
 	})
 	if !strings.Contains(metrics(), "sluice_skipped_objects_total 1") {
 		t.Fatal("the oversized Service was not counted")
 	}
-	within("the other Service programmed", func() bool {
-		out, err := run2(func() error { return run(ctx, []string{"nat", "list", "--bpf-pin-dir", cfg.PinDir}) })
-		return err == nil && strings.Contains(out, "10.96.0.81:80")
-	})
+	within("the other Service programmed", func() bool { return strings.Contains(natList(), "10.96.0.81:80") })
 	traffic("with the oversized Service refused")
 
 	// 5. A Service claiming web's ClusterIP and port comes and goes.
@@ -210,7 +214,7 @@ spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}
 		t.Fatal(err)
 	}
 	within("the conflict logged naming both", func() bool {
-		return strings.Contains(logs.String(), "claimed by services demo/web:http and demo/web-twin:http")
+		return strings.Contains(agentProc.logs(), "claimed by services demo/web:http and demo/web-twin:http")
 	})
 	traffic("with a conflicting Service")
 	if err := os.Remove(filepath.Join(manifests, "twin.yaml")); err != nil {

@@ -5,10 +5,8 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,7 +34,7 @@ type cluster struct {
 type clusterNode struct {
 	name, ns, ip, pinDir, manifests string
 	pods                            map[string]string // pod name -> namespace
-	agent                           *exec.Cmd
+	agent                           *agentProc
 	log                             *os.File
 }
 
@@ -175,23 +173,15 @@ func (c *cluster) writeManifests(services string) {
 // startAgent runs `sluice agent` as its own process inside the node.
 func (c *cluster) startAgent(node string) {
 	n := c.nodes[node]
-	self, _ := os.Executable()
 	var err error
 	if n.log == nil {
 		if n.log, err = os.Create(filepath.Join(c.dir, node+".log")); err != nil {
 			c.t.Fatal(err)
 		}
 	}
-	cmd := exec.Command("ip", "netns", "exec", n.ns, self, "agent", "--manifests", n.manifests, "--hostname-override", n.name,
+	n.agent = startAgentProc(c.t, n.ns, n.log, "--manifests", n.manifests, "--hostname-override", n.name,
 		"--bpf-pin-dir", n.pinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", "^sldata", "--cgroup=",
 		"--healthz-bind-address", n.ip+":10256", "--metrics-bind-address=", "--min-sync-period", "50ms")
-	cmd.Env = append(os.Environ(), "SLUICE_AS_BINARY=1")
-	cmd.Stdout, cmd.Stderr = n.log, n.log
-	if err := cmd.Start(); err != nil {
-		c.t.Fatal(err)
-	}
-	n.agent = cmd
-	c.t.Cleanup(func() { c.stopAgent(node) })
 	// Ready when its health endpoint answers 200 after a sync.
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -199,7 +189,7 @@ func (c *cluster) startAgent(node string) {
 			break
 		}
 		if time.Now().After(deadline) {
-			logs, _ := os.ReadFile(n.log.Name())
+			logs := n.agent.logs()
 			c.t.Fatalf("agent on %s not healthy: %v\n%s", node, err, logs)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -207,7 +197,7 @@ func (c *cluster) startAgent(node string) {
 	// Programmed: the pins show every interface ready and the services in place.
 	for !c.programmed(n) {
 		if time.Now().After(deadline) {
-			logs, _ := os.ReadFile(n.log.Name())
+			logs := n.agent.logs()
 			c.t.Fatalf("agent on %s did not program its node\n%s", node, logs)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -239,19 +229,10 @@ func (c *cluster) programmed(n *clusterNode) bool {
 
 func (c *cluster) stopAgent(node string) {
 	n := c.nodes[node]
-	if n.agent == nil {
-		return
+	if n.agent != nil {
+		n.agent.stop()
+		n.agent = nil
 	}
-	_ = n.agent.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = n.agent.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = n.agent.Process.Kill()
-		<-done
-	}
-	n.agent = nil
 }
 
 const multiNodeServices = `apiVersion: v1
@@ -367,18 +348,7 @@ func TestMultiNode(t *testing.T) {
 			t.Fatal("node without a local endpoint served an externalTrafficPolicy Local service")
 		}
 		code := func(node string) int {
-			var status int
-			err := ifacemgr.InNetns(ext, func() error {
-				conn, err := net.DialTimeout("tcp4", node+":32101", time.Second)
-				if err != nil {
-					return err
-				}
-				defer conn.Close()
-				fmt.Fprintf(conn, "GET / HTTP/1.0\r\n\r\n")
-				conn.SetReadDeadline(time.Now().Add(time.Second))
-				_, err = fmt.Fscanf(conn, "HTTP/1.0 %d", &status)
-				return err
-			})
+			status, _, err := fetchIn(ext, node+":32101", "", time.Second)
 			if err != nil {
 				t.Fatalf("health check on %s: %v", node, err)
 			}

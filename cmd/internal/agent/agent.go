@@ -80,6 +80,9 @@ type Agent struct {
 	// healthLn and metricsLn are bound before the node is touched, so a bad
 	// address fails the start with nothing attached or pinned.
 	healthLn, metricsLn net.Listener
+	// reattached carries the attachments the interface manager repaired to
+	// the guard, which counts them and shows them in /healthz.
+	reattached chan string
 }
 
 // CheckPrivileges tells, in words a person can act on, why the agent cannot use
@@ -166,7 +169,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		}
 		return fail(err)
 	}
-	a := &Agent{cfg: cfg, log: log, set: set, healthLn: healthLn, metricsLn: metricsLn}
+	a := &Agent{cfg: cfg, log: log, set: set, healthLn: healthLn, metricsLn: metricsLn, reattached: make(chan string, 64)}
 	if err := a.start(ctx); err != nil {
 		a.Close()
 		return nil, err
@@ -204,6 +207,12 @@ func (a *Agent) start(ctx context.Context) error {
 		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost,
 			FromHostL3: o.SlFromHostL3, ToHostL3: o.SlToHostL3, XDP: o.SlXdpPrefilter},
 		Policies: feed, Logger: log, ResyncInterval: cfg.CheckInterval,
+		OnRepair: func(iface string, hook ifacemgr.Hook) {
+			select {
+			case a.reattached <- fmt.Sprintf("%s %s", iface, hook):
+			default: // the guard is behind: the log has it
+			}
+		},
 	})
 	if err != nil {
 		return err
@@ -282,7 +291,7 @@ func (a *Agent) start(ctx context.Context) error {
 		}
 	}
 	go a.Proxier.Run(ctx)
-	go a.guard(ctx, metrics.PinsRepaired)
+	go a.guard(ctx, metrics)
 
 	if a.healthLn != nil {
 		serve(ctx, a.healthLn, a.Proxier.Health.Handler(), log)
@@ -301,19 +310,24 @@ func (a *Agent) start(ctx context.Context) error {
 // do not read), and keeps /healthz unhealthy while a managed interface is not
 // ready, its programs missing or running on other maps; ifacemgr repairs the
 // attachments themselves.
-func (a *Agent) guard(ctx context.Context, repaired prometheus.Counter) {
+func (a *Agent) guard(ctx context.Context, metrics *kubeproxy.Metrics) {
 	t := time.NewTicker(cmp.Or(a.cfg.CheckInterval, 10*time.Second))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case what := <-a.reattached:
+			metrics.AttachmentsRepaired.Inc()
+			a.Proxier.Health.Repaired("attachments", what)
+			continue
 		case <-t.C:
 		}
 		names, err := a.set.RepairPins()
 		if len(names) > 0 {
 			a.log.Warn("map pins were removed; pinned them again", "maps", names)
-			repaired.Add(float64(len(names)))
+			metrics.PinsRepaired.Add(float64(len(names)))
+			a.Proxier.Health.Repaired("pins", strings.Join(names, " "))
 		}
 		if err != nil {
 			a.log.Error("repairing map pins", "err", err)
