@@ -22,6 +22,9 @@ const (
 	ReasonStaleNAT Reason = "stale-nat"
 	ReasonOrphan   Reason = "orphan"  // one entry whose peer is gone
 	ReasonFlushed  Reason = "flushed" // FlushBackends
+	// ReasonEarlyDrop: the map is under pressure and the flow was never
+	// answered (a flood's, most often), as netfilter's early_drop.
+	ReasonEarlyDrop Reason = "early-drop"
 )
 
 // EntryScanner is one link of the scanner's chain: it judges flows.
@@ -61,6 +64,14 @@ type Options struct {
 	// MinInterval (default 1 s), and doubles while fewer than 5% do, up to
 	// MaxInterval (default 1 min).
 	Interval, MinInterval, MaxInterval time.Duration
+	// PressureFill is the fill ratio above which the map is under pressure
+	// (default 0.9): the next scan comes after MinInterval, and deletes the
+	// flows that were never answered (see Pair.Assured) and are older than
+	// UnansweredGrace (default 1 s), so that a flood of new flows, which
+	// can fill the map but never evict an established flow, does not lock
+	// out the next legitimate ones until its entries expire.
+	PressureFill    float64
+	UnansweredGrace time.Duration
 	// OnScan, if set, receives every scan's statistics (metrics).
 	OnScan func(ScanStats)
 	Logger *slog.Logger
@@ -99,6 +110,8 @@ type Scanner struct {
 	peerKey  gen.SluiceCtKey
 	toDelete []gen.SluiceCtKey
 	reasons  []Reason
+	// pressure: the last scan found the map fuller than PressureFill.
+	pressure bool
 }
 
 // NewScanner checks opts and fills in defaults.
@@ -117,6 +130,12 @@ func NewScanner(opts Options) (*Scanner, error) {
 	}
 	if opts.MinInterval == 0 {
 		opts.MinInterval = time.Second
+	}
+	if opts.PressureFill == 0 {
+		opts.PressureFill = fillWarning
+	}
+	if opts.UnansweredGrace == 0 {
+		opts.UnansweredGrace = time.Second
 	}
 	if opts.MaxInterval == 0 {
 		opts.MaxInterval = time.Minute
@@ -168,13 +187,17 @@ func (s *Scanner) Scan() (ScanStats, error) {
 		if v.Type == gen.SluiceCtTypeCT_FORWARD {
 			st.Forward++
 			*p = Pair{FwdKey: k, Fwd: v, HasFwd: true, RevKey: v.Peer}
-			readRev := s.needsReverse(p, now)
+			readRev := s.pressure || s.needsReverse(p, now)
 			if readRev {
 				if walkErr = s.lookupOwnReverse(p); walkErr != nil {
 					return false
 				}
 			}
-			if reason := s.judge(p, now); reason != "" {
+			reason := s.judge(p, now)
+			if reason == "" && s.pressure && !p.Assured() && now-p.Created() > s.opts.UnansweredGrace {
+				reason = ReasonEarlyDrop
+			}
+			if reason != "" {
 				s.delete(k, reason)
 				if !readRev {
 					if walkErr = s.lookupOwnReverse(p); walkErr != nil {
@@ -213,10 +236,12 @@ func (s *Scanner) Scan() (ScanStats, error) {
 	}
 	st.FillRatio = float64(st.Entries) / float64(max(st.Capacity, 1))
 	st.Duration = time.Since(start)
-	if st.FillRatio > fillWarning {
-		s.log.Warn("conntrack map nearly full", "map", s.opts.Conntrack.Name(),
-			"entries", st.Entries, "capacity", st.Capacity, "fill", fmt.Sprintf("%.0f%%", 100*st.FillRatio))
+	if st.FillRatio > fillWarning || st.Deleted[ReasonEarlyDrop] > 0 {
+		s.log.Warn("conntrack map nearly full: new flows are refused when it is full, established ones are kept, and flows never answered are dropped first",
+			"map", s.opts.Conntrack.Name(), "entries", st.Entries, "capacity", st.Capacity,
+			"fill", fmt.Sprintf("%.0f%%", 100*st.FillRatio), "unanswered_dropped", st.Deleted[ReasonEarlyDrop])
 	}
+	s.pressure = st.FillRatio > s.opts.PressureFill
 	if s.opts.OnScan != nil {
 		s.opts.OnScan(st)
 	}
@@ -337,10 +362,14 @@ func (s *Scanner) Run(ctx context.Context) {
 	}
 }
 
-// NextInterval is the adaptive rule: halve while more than 25% of the entries
+// NextInterval is the adaptive rule: MinInterval while the map is under
+// pressure (see Options.PressureFill); otherwise halve while more than 25% of the entries
 // were deleted, double while fewer than 5% were, within [MinInterval,
 // MaxInterval].
 func (s *Scanner) NextInterval(cur time.Duration, st ScanStats) time.Duration {
+	if st.FillRatio > s.opts.PressureFill {
+		return s.opts.MinInterval // under pressure
+	}
 	if st.Entries == 0 {
 		return min(cur*2, s.opts.MaxInterval)
 	}

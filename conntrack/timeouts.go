@@ -59,6 +59,9 @@ const (
 	tcpACK = 0x10
 	// finFirst marks the direction whose FIN came first (enum ct_seen).
 	finFirst = uint32(gen.SluiceCtSeenCT_SEEN_FIN_FIRST)
+	// seenPacket marks an entry a packet matched after the flow's creation:
+	// on the reverse entry, an answer.
+	seenPacket = uint32(gen.SluiceCtSeenCT_SEEN_PACKET)
 )
 
 const (
@@ -113,6 +116,19 @@ func (p *Pair) State() State {
 		return StateEstablished
 	}
 	return StateSynSent
+}
+
+// Assured tells whether the destination answered: a TCP flow whose server
+// sent its SYN-ACK, another flow with a reply seen (netfilter's assured).
+// Under pressure, the scanner drops flows that are not assured first.
+func (p *Pair) Assured() bool {
+	if !p.HasRev {
+		return false
+	}
+	if p.proto() == protoTCP {
+		return p.Rev.TcpSeen&(tcpSYN|tcpACK) == tcpSYN|tcpACK
+	}
+	return p.Rev.TcpSeen&seenPacket != 0
 }
 
 // LastSeen is the later of the two entries' last packets (kernel monotonic).

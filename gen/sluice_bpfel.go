@@ -121,6 +121,7 @@ type SluiceCtSeen uint32
 
 const (
 	SluiceCtSeenCT_SEEN_FIN_FIRST SluiceCtSeen = 256
+	SluiceCtSeenCT_SEEN_PACKET    SluiceCtSeen = 512
 )
 
 type SluiceCtType uint8

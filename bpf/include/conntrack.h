@@ -45,6 +45,11 @@ enum ct_seen : __u32 {
 	/* This direction sent its FIN before the other did: this side closed
 	 * first and holds the tuple in TIME_WAIT. */
 	CT_SEEN_FIN_FIRST = 1 << 8,
+	/* A packet matched this entry after the flow was created. On a reverse
+	 * entry: the destination answered, so a non-TCP flow is assured (as
+	 * netfilter's IPS_ASSURED); a scanner under pressure drops flows that
+	 * were never answered first. */
+	CT_SEEN_PACKET = 1 << 9,
 };
 
 enum ct_flags : __u8 {
@@ -133,5 +138,7 @@ static __always_inline void ct_touch(struct ct_value *v, const struct packet *p)
 				f |= fin_first(v->peer);
 			__sync_fetch_and_or(&v->tcp_seen, f);
 		}
+	} else if (!(v->tcp_seen & CT_SEEN_PACKET)) {
+		__sync_fetch_and_or(&v->tcp_seen, CT_SEEN_PACKET);
 	}
 }

@@ -33,8 +33,15 @@ type Datapath struct {
 // (SNAT source and NodePort wildcard match).
 func NewDatapath(tb testing.TB, nodeIP netip.Addr) *Datapath {
 	tb.Helper()
+	return NewDatapathWithMaps(tb, nodeIP, nil)
+}
+
+// NewDatapathWithMaps is NewDatapath with some maps given by name (e.g. a
+// small conntrack map, to fill it).
+func NewDatapathWithMaps(tb testing.TB, nodeIP netip.Addr, m map[string]*ebpf.Map) *Datapath {
+	tb.Helper()
 	Require(tb)
-	objs, err := gen.Load(gen.LoadOptions{})
+	objs, err := gen.Load(gen.LoadOptions{Maps: m})
 	if err != nil {
 		tb.Fatalf("%+v", err)
 	}
