@@ -16,7 +16,8 @@ import (
 
 // RunInformers feeds the proxier from the API server with shared informers, as
 // kube-proxy does: Services without the service-proxy-name label,
-// EndpointSlices without the headless label, and this Node. It returns once
+// EndpointSlices without the headless label, and this Node (every Node too,
+// when Config.Routes is set). It returns once
 // the informers have started; they stop with ctx.
 func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, resync time.Duration) error {
 	noProxyName := informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -49,7 +50,17 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 	})); err != nil {
 		return err
 	}
-	for _, f := range []informers.SharedInformerFactory{svcFactory, sliceFactory, nodeFactory} {
+	factories := []informers.SharedInformerFactory{svcFactory, sliceFactory, nodeFactory}
+	if routes := p.cfg.Routes; routes != nil {
+		// Every Node, for the route lookup (the factory above sees this
+		// node only).
+		all := informers.NewSharedInformerFactory(client, resync)
+		if _, err := all.Core().V1().Nodes().Informer().AddEventHandler(handler(routes.OnNode)); err != nil {
+			return err
+		}
+		factories = append(factories, all)
+	}
+	for _, f := range factories {
 		f.Start(ctx.Done())
 	}
 	go func() {

@@ -281,6 +281,15 @@ func (m *ManifestSource) Sync(p *Proxier) {
 		}
 	}
 	m.seen = next
+	if p.cfg.Routes != nil {
+		var nodes []*v1.Node
+		for _, o := range next {
+			if n, ok := o.Obj.(*v1.Node); ok {
+				nodes = append(nodes, n)
+			}
+		}
+		p.cfg.Routes.SetNodes(nodes)
+	}
 	if m.OnObjects != nil {
 		m.OnObjects(slices.Collect(maps.Values(next)))
 	}

@@ -35,6 +35,10 @@ type Config struct {
 	// OnNodeIPs, if set, is called with the node's addresses whenever they
 	// change (the agent writes the SNAT address from them).
 	OnNodeIPs func([]netip.Addr)
+	// Routes, if set, is fed every Node of the cluster by the sources (an
+	// informer on all Nodes, or the manifests), for the NAT syncer's route
+	// lookup.
+	Routes *NodeRoutes
 }
 
 // Flusher removes conntrack flows of backends that left their service
@@ -120,6 +124,10 @@ func (p *Proxier) Runs() int { return p.runner.Runs() }
 // Applied counts the syncs that programmed the dataplane: after the first,
 // every Service and EndpointSlice listed at start is in the maps.
 func (p *Proxier) Applied() int64 { return p.applied.Load() }
+
+// RequestSync asks for a sync (within the sync periods), e.g. when routes
+// resolved endpoints the last one could not place (nat.Options.Trigger).
+func (p *Proxier) RequestSync() { p.changed() }
 
 func (p *Proxier) changed() {
 	p.Health.QueuedUpdate()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -159,13 +160,18 @@ func (c *cluster) serveHTTP(ns, name string) {
 	}()
 }
 
-// writeManifests gives each node the shared services and its own Node object.
+// writeManifests gives each node the shared services and every Node object
+// (node-a's pods are in 10.1.0.0/16, node-b's in 10.2.0.0/16).
 func (c *cluster) writeManifests(services string) {
+	var nodes strings.Builder
+	for i, name := range []string{"node-a", "node-b"} {
+		fmt.Fprintf(&nodes, "---\napiVersion: v1\nkind: Node\nmetadata: {name: %s}\nspec: {podCIDR: 10.%d.0.0/16}\n"+
+			"status: {addresses: [{type: InternalIP, address: %s}]}\n", name, i+1, c.nodes[name].ip)
+	}
 	for _, n := range c.nodes {
 		n.manifests = filepath.Join(c.dir, n.name)
 		os.MkdirAll(n.manifests, 0o755)
-		node := fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\nstatus:\n  addresses:\n  - type: InternalIP\n    address: %s\n", n.name, n.ip)
-		os.WriteFile(filepath.Join(n.manifests, "node.yaml"), []byte(node), 0o644)
+		os.WriteFile(filepath.Join(n.manifests, "nodes.yaml"), []byte(nodes.String()), 0o644)
 		os.WriteFile(filepath.Join(n.manifests, "services.yaml"), []byte(services), 0o644)
 	}
 }
@@ -227,6 +233,17 @@ func (c *cluster) programmed(n *clusterNode) bool {
 	return err == nil && len(fes) >= 5
 }
 
+// natList is `sluice nat list` on a node's pins.
+func (c *cluster) natList(node string) string {
+	out, err := run2(func() error {
+		return run(context.Background(), []string{"nat", "list", "--bpf-pin-dir", c.nodes[node].pinDir})
+	})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return out
+}
+
 func (c *cluster) stopAgent(node string) {
 	n := c.nodes[node]
 	if n.agent != nil {
@@ -271,9 +288,10 @@ apiVersion: v1
 kind: Service
 metadata: {name: both}
 spec:
+  type: NodePort
   clusterIP: 10.96.1.3
   internalTrafficPolicy: Local
-  ports: [{name: http, port: 80}]
+  ports: [{name: http, port: 80, nodePort: 30104}]
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -364,6 +382,21 @@ func TestMultiNode(t *testing.T) {
 			body, err := get(clientA, "10.96.1.3:80", "", 2*time.Second)
 			if err != nil || !strings.HasPrefix(body, "a1 ") {
 				t.Fatalf("answer %q %v: want the local a1 only", body, err)
+			}
+		}
+	})
+
+	t.Run("internalTrafficPolicy Local NodePort of another node reaches that node's pods", func(t *testing.T) {
+		// node-a places node-b's endpoints by node-b's pod CIDR and programs
+		// node-b's NodePort with them: the pod's packets go straight to
+		// b1, not SNATed, and never to a1.
+		if !strings.Contains(c.natList("node-a"), "10.210.0.2:30104") {
+			t.Fatalf("node-a has no entry for node-b's NodePort:\n%s", c.natList("node-a"))
+		}
+		for range 10 {
+			body, err := get(clientA, "10.210.0.2:30104", "", 2*time.Second)
+			if err != nil || body != "b1 10.1.9.2" {
+				t.Fatalf("answer %q %v: want b1, seeing the pod's own address", body, err)
 			}
 		}
 	})

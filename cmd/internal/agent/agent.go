@@ -233,7 +233,12 @@ func (a *Agent) start(ctx context.Context) error {
 		s.Close() // pinned: the programs stay attached
 	}
 
-	syncer, err := nat.NewSyncer(nat.Options{Maps: a.set, Logger: log})
+	// The route lookup places other nodes' endpoints for the
+	// internalTrafficPolicy Local NodePort expansion; the sources feed it
+	// every Node.
+	routes := &kubeproxy.NodeRoutes{}
+	syncer, err := nat.NewSyncer(nat.Options{Maps: a.set, Logger: log, Routes: routes.Lookup,
+		Trigger: func() { a.Proxier.RequestSync() }})
 	if err != nil {
 		return err
 	}
@@ -270,7 +275,8 @@ func (a *Agent) start(ctx context.Context) error {
 		minSync = -1 // --min-sync-period=0: no minimum (kubeproxy's zero means its default)
 	}
 	a.Proxier = kubeproxy.NewProxier(kubeproxy.Config{NodeName: cfg.NodeName, NodePortAddresses: cfg.NodePortAddresses,
-		MinSyncPeriod: minSync, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs}, syncer, scanner, metrics, log)
+		MinSyncPeriod: minSync, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs, Routes: routes}, syncer, scanner, metrics, log)
+	routes.OnChange = syncer.RoutesChanged
 	if len(cfg.NodeIPs) > 0 {
 		a.Proxier.SetNodeIPs(cfg.NodeIPs)
 	}
