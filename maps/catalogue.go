@@ -84,7 +84,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlBeV1:        "service backends: {service id, ordinal} -> backend IP:port, local flag",
 	gen.SluiceMapSlSrcrangeV1:  "loadBalancerSourceRanges: LPM {service id, source CIDR}",
 	gen.SluiceMapSlAffV1:       "session affinity: {service id, client IP} -> backend, time chosen (LRU)",
-	gen.SluiceMapSlCtV2:        "conntrack: forward and reverse entry per tracked flow, translated or not (LRU)",
+	gen.SluiceMapSlCtV2:        "conntrack: forward and reverse entry per tracked flow, translated or not (full: new flows refused)",
 	gen.SluiceMapSlFragV1:      "IPv4 fragments: {source, destination, IP id, protocol} -> the first fragment's ports (LRU)",
 	gen.SluiceMapSlConfigV1:    "node-wide settings: node IP for SNAT, SNAT port range",
 	gen.SluiceMapSlHostipV1:    "this node's IPv4 addresses (NodePort wildcard matching)",
@@ -150,14 +150,21 @@ type OpenOptions struct {
 	// Capacity overrides the default capacity of maps by name.
 	Capacity map[string]uint32
 	// NoCreate opens only maps already pinned (inspection tools): a missing
-	// pin is an error rather than a new, empty map.
+	// pin is an error rather than a new, empty map, and a map of any
+	// capacity is taken.
 	NoCreate bool
+	// Migrate moves the entries of a pin of another capacity, or of an
+	// older layout listed in Upgrades, into a new map instead of refusing
+	// it (see Migration). The caller calls FinishMigrations once its
+	// programs use the new maps.
+	Migrate bool
 }
 
 // Set is the catalogue's maps, open and pinned.
 type Set struct {
-	dir  string
-	maps map[string]*ebpf.Map
+	dir        string
+	maps       map[string]*ebpf.Map
+	migrations []*Migration
 }
 
 // Open creates or reuses every catalogue map pinned under opts.PinDir.
@@ -179,9 +186,15 @@ func Open(opts OpenOptions) (*Set, error) {
 		}
 		var m *ebpf.Map
 		var err error
-		if opts.NoCreate {
+		switch {
+		case opts.NoCreate:
 			m, err = openExisting(dir, spec)
-		} else {
+		case opts.Migrate:
+			var mig *Migration
+			if m, mig, err = openMigrating(dir, spec); mig != nil {
+				s.migrations = append(s.migrations, mig)
+			}
+		default:
 			m, err = OpenPinned(dir, spec)
 		}
 		if err != nil {
@@ -214,6 +227,12 @@ func (s *Set) Close() error {
 	var errs []error
 	for _, m := range s.maps {
 		errs = append(errs, m.Close())
+	}
+	for _, mig := range s.migrations {
+		if mig.old != nil {
+			errs = append(errs, mig.old.Close())
+			mig.old = nil
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -328,7 +347,11 @@ func openExisting(dir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
 	if err != nil {
 		return nil, fmt.Errorf("map %s: open pin %s: %w", spec.Name, path, err)
 	}
-	if err := checkPinned(m, spec, path); err != nil {
+	// A tool reads the map whatever its capacity (the agent may have sized
+	// it with its flags).
+	sized := spec.Copy()
+	sized.MaxEntries = m.MaxEntries()
+	if err := checkPinned(m, sized, path); err != nil {
 		m.Close()
 		return nil, err
 	}

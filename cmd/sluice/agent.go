@@ -41,6 +41,9 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.StringVar(&cfg.DataIfaces, "data-ifaces", "", "regex of node data interfaces (default: those holding a default route)")
 	fs.StringVar(&cfg.Cgroup, "cgroup", "/sys/fs/cgroup", "cgroup v2 for socket-level load balancing (empty disables it)")
 	fs.DurationVar(&cfg.CheckInterval, "check-interval", 10*time.Second, "how often pins and attachments are verified and repaired")
+	fs.IntVar(&cfg.ConntrackMaxPerCore, "conntrack-max-per-core", 0,
+		"flows tracked per CPU, as kube-proxy's: the table holds max(conntrack-min, this × CPUs) flows (0: the built-in 262,144 flows)")
+	fs.IntVar(&cfg.ConntrackMin, "conntrack-min", 131072, "least flows tracked whatever the CPU count, with --conntrack-max-per-core")
 	fs.DurationVar(&cfg.ConntrackScanPeriod, "conntrack-scan-period", 10*time.Second, "first conntrack scan interval (it adapts)")
 	fs.BoolVar(&cfg.MasqueradeAll, "masquerade-all", false, "SNAT every Service flow to the node IP")
 	fs.Func("cluster-cidr", "the pods' IPv4 CIDR: ClusterIP traffic from outside it is SNATed to the node IP", func(s string) error {

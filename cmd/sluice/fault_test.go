@@ -87,11 +87,8 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 		out, _ := run2(func() error { return run(ctx, []string{"nat", "list", "--bpf-pin-dir", cfg.PinDir}) })
 		return out
 	}
-	within("agent healthy with every Service and interface in place", func() bool {
-		code, _ := health()
-		ifaces, _ := run2(func() error { return run(ctx, []string{"iface", "list", "--bpf-pin-dir", cfg.PinDir}) })
-		return code == 200 && strings.Contains(natList(), "10.96.0.10:80") && strings.Count(ifaces, "true") == 5
-	})
+	agentProc.waitProgrammed(t, cfg.PinDir, "10.96.0.10:80", 5)
+	within("agent healthy", func() bool { code, _ := health(); return code == 200 })
 
 	client := topo.ns(topo.pods["client"])
 	conn := dialKeepAlive(t, client, "10.96.0.10:80")

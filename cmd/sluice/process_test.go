@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -12,8 +14,9 @@ import (
 // namespace, as on a node: `ip netns exec` (which also remounts /sys) runs
 // this test binary as the sluice command.
 type agentProc struct {
-	cmd *exec.Cmd
-	log *os.File
+	cmd  *exec.Cmd
+	log  *os.File
+	from int64 // where this process's output starts in log
 }
 
 // startAgentProc starts the agent in namespace ns with args after "agent",
@@ -28,18 +31,22 @@ func startAgentProc(t *testing.T, ns string, log *os.File, args ...string) *agen
 	// Without it, the test binary would run the whole suite again.
 	cmd.Env = append(os.Environ(), "SLUICE_AS_BINARY=1")
 	cmd.Stdout, cmd.Stderr = log, log
+	info, err := log.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &agentProc{cmd: cmd, log: log}
+	p := &agentProc{cmd: cmd, log: log, from: info.Size()}
 	t.Cleanup(p.stop)
 	return p
 }
 
-// logs is everything the agent wrote so far.
+// logs is everything this agent process wrote so far.
 func (p *agentProc) logs() string {
 	b, _ := os.ReadFile(p.log.Name())
-	return string(b)
+	return string(b[min(p.from, int64(len(b))):])
 }
 
 // stop ends the agent as a service manager would: SIGTERM, then SIGKILL
@@ -58,4 +65,22 @@ func (p *agentProc) stop() {
 		<-done
 	}
 	p.cmd = nil
+}
+
+// waitProgrammed waits until the agent runs and its pins show the frontend
+// programmed and the given number of interfaces ready (/healthz answers 200
+// from the start, before the first sync; pins outlive an earlier agent).
+func (p *agentProc) waitProgrammed(t *testing.T, pinDir, frontend string, ifaces int) {
+	t.Helper()
+	ctx := context.Background()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		nat, _ := run2(func() error { return run(ctx, []string{"nat", "list", "--bpf-pin-dir", pinDir}) })
+		list, _ := run2(func() error { return run(ctx, []string{"iface", "list", "--bpf-pin-dir", pinDir}) })
+		if strings.Contains(p.logs(), "sluice agent running") && strings.Contains(nat, frontend) && strings.Count(list, "true") == ifaces {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent did not program %s and %d interfaces:\n%s\n%s\n%s", frontend, ifaces, nat, list, p.logs())
+		}
+	}
 }

@@ -16,6 +16,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -63,6 +65,22 @@ type Config struct {
 	// ClusterCIDR, when set, SNATs ClusterIP traffic arriving from outside it
 	// (kube-proxy's --cluster-cidr). IPv4 only.
 	ClusterCIDR netip.Prefix
+	// ConntrackMaxPerCore and ConntrackMin size the conntrack table as
+	// kube-proxy sizes nf_conntrack_max (see ConntrackEntries); a
+	// MaxPerCore of 0 keeps the built-in size.
+	ConntrackMaxPerCore, ConntrackMin int
+}
+
+// ConntrackEntries is the conntrack map's capacity for kube-proxy's sizing
+// flags: room for max(min, maxPerCore × CPUs) flows, two entries each (a
+// netfilter conntrack holds both directions in one entry; Sluice has a
+// forward and a reverse entry). 0: maxPerCore is 0, keep the built-in size.
+func ConntrackEntries(maxPerCore, minFlows, cpus int) uint32 {
+	if maxPerCore <= 0 {
+		return 0
+	}
+	flows := max(minFlows, maxPerCore*cpus)
+	return uint32(min(2*flows, 1<<30))
 }
 
 // DefaultFailsafePorts are never dropped by the XDP prefilter (SSH, API
@@ -121,6 +139,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 			return nil, fmt.Errorf("--manifests: %w", err)
 		}
 	}
+	if cfg.ConntrackMaxPerCore < 0 || cfg.ConntrackMin < 0 {
+		return nil, fmt.Errorf("--conntrack-max-per-core %d, --conntrack-min %d: must not be negative", cfg.ConntrackMaxPerCore, cfg.ConntrackMin)
+	}
 	if err := CheckPrivileges(); err != nil {
 		return nil, err
 	}
@@ -156,18 +177,32 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	} else if len(removed) > 0 {
 		log.Info("removed pins of an older layout that hold only counters", "dir", cfg.PinDir, "maps", removed)
 	}
+	// Older layouts this build can convert are migrated by Open; others
+	// need a cleanup.
 	if stale, err := maps.StalePins(cfg.PinDir); err != nil {
 		return fail(err)
-	} else if len(stale) > 0 {
+	} else if stale = slices.DeleteFunc(stale, maps.CanUpgrade); len(stale) > 0 {
 		return fail(fmt.Errorf("pin directory %s holds maps of an older layout %v: run `sluice cleanup --bpf-pin-dir %s` (this drops live connections), then start again", cfg.PinDir, stale, cfg.PinDir))
 	}
-	set, err := maps.Open(maps.OpenOptions{PinDir: cfg.PinDir})
+	var capacity map[string]uint32
+	if n := ConntrackEntries(cfg.ConntrackMaxPerCore, cfg.ConntrackMin, runtime.NumCPU()); n > 0 {
+		capacity = map[string]uint32{maps.Conntrack.Name: n}
+	}
+	// A conntrack table sized anew, or a map of an older layout, is
+	// migrated: its entries move into the new map, and what the programs
+	// still attached add meanwhile is copied once the new ones replace them
+	// (start), so no connection is lost.
+	set, err := maps.Open(maps.OpenOptions{PinDir: cfg.PinDir, Capacity: capacity, Migrate: true})
 	if err != nil {
 		var le *maps.LayoutError
 		if errors.As(err, &le) {
 			return fail(fmt.Errorf("%w (or run `sluice cleanup`)", err))
 		}
 		return fail(err)
+	}
+	for _, mig := range set.Migrations() {
+		log.Info("migrating a map's entries into a new map", "from", mig.From, "to", mig.To,
+			"from_capacity", mig.FromCapacity, "to_capacity", mig.ToCapacity, "entries", mig.Copied)
 	}
 	a := &Agent{cfg: cfg, log: log, set: set, healthLn: healthLn, metricsLn: metricsLn, reattached: make(chan string, 64)}
 	if err := a.start(ctx); err != nil {
@@ -231,6 +266,17 @@ func (a *Agent) start(ctx context.Context) error {
 			return err
 		}
 		s.Close() // pinned: the programs stay attached
+	}
+	// Every hook now runs the new programs (an interface whose attach
+	// failed is retried and keeps the old ones meanwhile): copy what the
+	// old programs added to the old maps since Open.
+	if migs := a.set.Migrations(); len(migs) > 0 {
+		if err := a.set.FinishMigrations(); err != nil {
+			log.Error("finishing map migrations", "err", err)
+		}
+		for _, mig := range migs {
+			log.Info("map migrated", "from", mig.From, "to", mig.To, "entries", mig.Copied+mig.Added, "added_at_finish", mig.Added)
+		}
 	}
 
 	// The route lookup places other nodes' endpoints for the
@@ -547,13 +593,15 @@ func Cleanup(pinDir, netns string) error {
 	return errors.Join(errs...)
 }
 
-// Leftovers lists the paths of Sluice's pins under pinDir: maps (sl_*),
-// socket-LB links (cgroup_*) and TC/XDP link pins (links/*).
+// Leftovers lists the paths of Sluice's pins under pinDir: maps (sl_*, and
+// migrating-sl_* left by a failed migration), socket-LB links (cgroup_*) and
+// TC/XDP link pins (links/*).
 func Leftovers(pinDir string) []string {
 	var left []string
 	entries, _ := os.ReadDir(pinDir)
 	for _, e := range entries {
-		if name := e.Name(); !e.IsDir() && (strings.HasPrefix(name, maps.NamePrefix) || strings.HasPrefix(name, "cgroup_")) {
+		if name := e.Name(); !e.IsDir() && (strings.HasPrefix(name, maps.NamePrefix) || strings.HasPrefix(name, "cgroup_") ||
+			strings.HasPrefix(name, maps.MigratingPrefix)) {
 			left = append(left, filepath.Join(pinDir, name))
 		}
 	}
