@@ -97,8 +97,13 @@ func (s ScanStats) DeletedTotal() int {
 	return n
 }
 
-// fillWarning is the fill ratio above which a scan logs a warning.
-const fillWarning = 0.9
+// fillWarning is the fill ratio above which a scan logs a warning, before
+// the map comes under pressure (pressureFill) and well before it refuses
+// new flows.
+const (
+	fillWarning  = 0.8
+	pressureFill = 0.9
+)
 
 // Scanner walks the conntrack map and deletes flows the chain rejects.
 type Scanner struct {
@@ -132,7 +137,7 @@ func NewScanner(opts Options) (*Scanner, error) {
 		opts.MinInterval = time.Second
 	}
 	if opts.PressureFill == 0 {
-		opts.PressureFill = fillWarning
+		opts.PressureFill = pressureFill
 	}
 	if opts.UnansweredGrace == 0 {
 		opts.UnansweredGrace = time.Second
