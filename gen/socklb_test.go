@@ -175,3 +175,27 @@ func TestSocketLBHostNamespaceOnly(t *testing.T) {
 		t.Fatalf("socket LB not applied in the host namespace: %v", f)
 	}
 }
+
+// loadBalancerSourceRanges hold on the socket path: a host socket is balanced
+// at connect() only if the node's address is inside the ranges; otherwise it
+// is left to the TC path, which judges the packet's real source.
+func TestSocketLBHonoursSourceRanges(t *testing.T) {
+	e := newSocklbEnv(t)
+	b1 := netip.MustParseAddrPort("127.0.0.2:8080")
+	bpftest.ServeTCP(t, e.ns, "b1", b1.String())
+	lb := netip.MustParseAddrPort("203.0.113.80:80")
+	e.d.AddService(bpftest.Service{ID: 1, Front: lb, Proto: protoTCP, Backends: []bpftest.Backend{{AP: b1}},
+		Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_SRC_RANGES})
+	allow := func(p netip.Prefix) {
+		e.d.Put(e.d.Objs.SlSrcrangeV1, gen.SluiceSrcrangeKey{Prefixlen: uint32(32 + p.Bits()), SvcId: gen.NetUint32(1),
+			Src: gen.NetAddr(p.Addr())}, gen.SluiceSrcrangeValue{})
+	}
+	allow(netip.MustParsePrefix("192.0.2.0/24")) // not the node
+	if out := e.cg.RunHelper(e.ns, "tcp", lb.String()); !strings.Contains(out[0], "network is unreachable") {
+		t.Fatalf("a host socket outside the source ranges was balanced: %q", out)
+	}
+	allow(netip.PrefixFrom(nodeIP, 32))
+	if f := fields(e.cg.RunHelper(e.ns, "tcp", lb.String())[0]); f["answer"] != "b1" {
+		t.Fatalf("a host socket inside the source ranges was not balanced: %v", f)
+	}
+}

@@ -42,3 +42,22 @@ func (n nsExec) do(fn func() error) error {
 	}()
 	return <-errc
 }
+
+// NetnsCookie returns the cookie of the network namespace at path ("" for the
+// current one): what bpf_get_netns_cookie gives a socket there, so the
+// socket-LB programs can tell the host's sockets from pods'.
+func NetnsCookie(path string) (uint64, error) {
+	var cookie uint64
+	err := InNetns(path, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE); err != nil {
+			return fmt.Errorf("SO_NETNS_COOKIE (Linux 5.14+): %w", err)
+		}
+		return nil
+	})
+	return cookie, err
+}

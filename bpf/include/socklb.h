@@ -77,6 +77,11 @@ static __always_inline int socklb_translate(struct bpf_sock_addr *ctx)
 	 * their packets would with kube-proxy; external policy Local does not
 	 * apply to host traffic (it goes to every endpoint). */
 	__be32 client = cfg ? cfg->node_ip : 0;
+	/* loadBalancerSourceRanges hold on this path too: a socket is balanced
+	 * here only if the node's address may use the frontend; otherwise its
+	 * packets leave as they are, and the TC path judges their real source. */
+	if (!src_allowed(fe, client))
+		return 1;
 	switch (pick_backend(fe, client, fe->flags & FE_INT_LOCAL, &be, &ordinal)) {
 	case PICK_NO_ENDPOINTS:
 		count(CNT_SOCK_REJECT_NO_ENDPOINTS);

@@ -433,6 +433,15 @@ func (a *Agent) writeNodeConfig() error {
 		return err
 	}
 	var nc gen.SluiceConfig
+	// Socket LB serves the host's own sockets only: a pod's connect() takes
+	// the TC path, which sees the pod's address (its affinity identity, its
+	// source ranges) rather than the node's.
+	cookie, err := ifacemgr.NetnsCookie(a.cfg.Netns)
+	if err != nil {
+		return fmt.Errorf("socket LB: the node's network namespace: %w", err)
+	}
+	nc.HostNetnsCookie = cookie
+	nc.Flags |= gen.SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY
 	if a.cfg.MasqueradeAll {
 		nc.Flags |= gen.SluiceConfigFlagsCFG_MASQUERADE_ALL
 	}
