@@ -67,6 +67,7 @@ type SluiceConfigFlags uint32
 const (
 	SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY SluiceConfigFlags = 1
 	SluiceConfigFlagsCFG_MASQUERADE_ALL   SluiceConfigFlags = 2
+	SluiceConfigFlagsCFG_LOCAL_BY_IFACE   SluiceConfigFlags = 4
 )
 
 type SluiceCounter uint32
@@ -233,10 +234,11 @@ type SluiceIfStatsKey struct {
 type SluiceIfstateFlags uint32
 
 const (
-	SluiceIfstateFlagsIFS_WORKLOAD SluiceIfstateFlags = 1
-	SluiceIfstateFlagsIFS_DATA     SluiceIfstateFlags = 2
-	SluiceIfstateFlagsIFS_L3       SluiceIfstateFlags = 4
-	SluiceIfstateFlagsIFS_READY    SluiceIfstateFlags = 8
+	SluiceIfstateFlagsIFS_WORKLOAD      SluiceIfstateFlags = 1
+	SluiceIfstateFlagsIFS_DATA          SluiceIfstateFlags = 2
+	SluiceIfstateFlagsIFS_L3            SluiceIfstateFlags = 4
+	SluiceIfstateFlagsIFS_READY         SluiceIfstateFlags = 8
+	SluiceIfstateFlagsIFS_LOCAL_TRAFFIC SluiceIfstateFlags = 16
 )
 
 type SluiceIfstateKey struct {

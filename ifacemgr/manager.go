@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,6 +65,10 @@ type Options struct {
 	// ResyncInterval is how often Run lists every interface and checks every
 	// attachment, re-attaching what was removed behind its back (default 10 s).
 	ResyncInterval time.Duration
+	// LocalTrafficPrefix marks managed interfaces whose name starts with it
+	// IFS_LOCAL_TRAFFIC: traffic entering them is the cluster's own
+	// (kube-proxy's --detect-local-mode=InterfaceNamePrefix).
+	LocalTrafficPrefix string
 	// OnRepair, if set, hears of every attachment found missing or running
 	// another program (then repaired), for metrics and health.
 	OnRepair func(iface string, hook Hook)
@@ -528,6 +533,9 @@ func (m *Manager) writeIfState(st *ifaceState, ingress, egress uint32) error {
 	}
 	if st.ready {
 		v.Flags |= gen.SluiceIfstateFlagsIFS_READY
+	}
+	if p := m.opts.LocalTrafficPrefix; p != "" && strings.HasPrefix(st.name, p) {
+		v.Flags |= gen.SluiceIfstateFlagsIFS_LOCAL_TRAFFIC
 	}
 	for i := 0; i < len(st.name) && i < len(v.Name)-1; i++ {
 		v.Name[i] = int8(st.name[i])

@@ -35,6 +35,10 @@ type Config struct {
 	// OnNodeIPs, if set, is called with the node's addresses whenever they
 	// change (the agent writes the SNAT address from them).
 	OnNodeIPs func([]netip.Addr)
+	// OnPodCIDRs, if set, is called with this Node's IPv4 pod CIDRs
+	// (spec.podCIDRs) whenever the Node is seen (the agent's
+	// --detect-local-mode=NodeCIDR).
+	OnPodCIDRs func([]netip.Prefix)
 	// Routes, if set, is fed every Node of the cluster by the sources (an
 	// informer on all Nodes, or the manifests), for the NAT syncer's route
 	// lookup.
@@ -164,6 +168,15 @@ func (p *Proxier) OnNode(node *v1.Node) {
 		return t.Key == "ToBeDeletedByClusterAutoscaler"
 	})
 	p.Health.SetNodeEligible(!deleting)
+	if p.cfg.OnPodCIDRs != nil {
+		var cidrs []netip.Prefix
+		for _, c := range cmpOrSlice(node.Spec.PodCIDRs, node.Spec.PodCIDR) {
+			if pfx, err := netip.ParsePrefix(c); err == nil && pfx.Addr().Is4() {
+				cidrs = append(cidrs, pfx.Masked())
+			}
+		}
+		p.cfg.OnPodCIDRs(cidrs)
+	}
 	p.mu.Lock()
 	p.node.Zone = node.Labels[LabelZone]
 	known := len(p.nodeIPs) > 0
@@ -177,6 +190,15 @@ func (p *Proxier) OnNode(node *v1.Node) {
 		return
 	}
 	p.SetNodeIPs(ips)
+}
+
+// cmpOrSlice is list, or the single value when the list is empty (a Node's
+// spec.podCIDRs, and the older spec.podCIDR).
+func cmpOrSlice(list []string, single string) []string {
+	if len(list) == 0 && single != "" {
+		return []string{single}
+	}
+	return list
 }
 
 // SetNodeIPs sets this node's addresses (the agent does when there is no Node

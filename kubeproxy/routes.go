@@ -102,11 +102,7 @@ func routesOf(n *v1.Node) []nodeRoute {
 	for _, a := range addrs {
 		out = append(out, nodeRoute{netip.PrefixFrom(a, 32), nodeIP})
 	}
-	cidrs := n.Spec.PodCIDRs
-	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
-		cidrs = []string{n.Spec.PodCIDR}
-	}
-	for _, c := range cidrs {
+	for _, c := range cmpOrSlice(n.Spec.PodCIDRs, n.Spec.PodCIDR) {
 		if p, err := netip.ParsePrefix(c); err == nil && p.Addr().Is4() {
 			out = append(out, nodeRoute{p.Masked(), nodeIP})
 		}

@@ -13,6 +13,10 @@ enum config_flags : __u32 {
 	CFG_SOCKLB_HOST_ONLY = 1 << 0,
 	/* --masquerade-all: every balanced flow leaves with the node IP. */
 	CFG_MASQUERADE_ALL = 1 << 1,
+	/* --detect-local-mode=InterfaceNamePrefix: traffic is the cluster's own
+	 * when it entered an interface marked IFS_LOCAL_TRAFFIC, rather than
+	 * when its source is inside cluster_net/cluster_mask. */
+	CFG_LOCAL_BY_IFACE = 1 << 2,
 };
 
 struct config {
@@ -25,10 +29,11 @@ struct config {
 	__u64 host_netns_cookie; /* host order: the host network namespace's cookie */
 	enum config_flags flags; /* host order */
 	__u32 pad;		/* 0 */
-	__be32 cluster_net;	/* network order: --cluster-cidr's address; with
-				 * cluster_mask 0 the CIDR is unset */
-	__be32 cluster_mask;	/* network order: --cluster-cidr's mask. ClusterIP
-				 * traffic from outside it is SNATed (kube-proxy) */
+	__be32 cluster_net;	/* network order: the cluster's (or with
+				 * --detect-local-mode=NodeCIDR, this node's) pod
+				 * CIDR; with cluster_mask 0 it is unset */
+	__be32 cluster_mask;	/* network order: its mask. ClusterIP traffic from
+				 * outside it is SNATed (kube-proxy) */
 };
 ASSERT_SIZE(struct config, 32);
 

@@ -346,6 +346,17 @@ __subprog int to_workload_new(struct __sk_buff *skb, struct packet *p)
 	return track_flow(skb, p, POLICY_DIR_INGRESS, policy_slot(skb, POLICY_DIR_INGRESS));
 }
 
+/* cluster_local is kube-proxy's local-traffic detector: whether a packet is
+ * the cluster's own (no masquerade to a ClusterIP), by the interface it came
+ * in on (CFG_LOCAL_BY_IFACE) or by its source in the pod CIDR. Without a
+ * CIDR, as kube-proxy without --cluster-cidr, every source is local. */
+static __always_inline int cluster_local(struct __sk_buff *skb, const struct packet *p, const struct config *cfg)
+{
+	if (cfg->flags & CFG_LOCAL_BY_IFACE)
+		return entered_local_iface(skb);
+	return !cfg->cluster_mask || (p->saddr & cfg->cluster_mask) == cfg->cluster_net;
+}
+
 /* new_flow balances a new flow to a frontend. */
 __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, const struct fe_value *fe)
 {
@@ -392,10 +403,10 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	    ((from_host && (fe->flags & FE_EXTERNAL) && !(be.flags & BE_LOCAL)) ||
 	     (!from_host && be.addr == p->saddr) ||
 	     (cfg->flags & CFG_MASQUERADE_ALL) ||
-	     /* kube-proxy's --cluster-cidr rule: ClusterIP traffic from outside
-	      * the cluster is masqueraded. */
-	     (from_host && !(fe->flags & FE_EXTERNAL) && cfg->cluster_mask &&
-	      (p->saddr & cfg->cluster_mask) != cfg->cluster_net))) {
+	     /* kube-proxy's rule: ClusterIP traffic that is not the cluster's
+	      * own (--detect-local-mode) is masqueraded, whatever interface it
+	      * came in on. */
+	     (!(fe->flags & FE_EXTERNAL) && !cluster_local(skb, p, cfg)))) {
 		snat_addr = cfg->node_ip;
 		flags |= CT_SNAT;
 	}

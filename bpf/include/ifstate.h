@@ -17,6 +17,10 @@ enum ifstate_flags : __u32 {
 	IFS_DATA = 1 << 1,	/* a node data interface */
 	IFS_L3 = 1 << 2,	/* an L3 / tunnel device */
 	IFS_READY = 1 << 3,	/* every program is attached */
+	/* --detect-local-mode=InterfaceNamePrefix: the name starts with
+	 * --pod-interface-name-prefix, so traffic entering here is the
+	 * cluster's own (kube-proxy's "local" traffic) */
+	IFS_LOCAL_TRAFFIC = 1 << 4,
 };
 
 struct ifstate_key {
@@ -51,4 +55,17 @@ static __always_inline int entered_managed(struct __sk_buff *skb)
 		return 0;
 	v = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
 	return v && (v->flags & IFS_READY);
+}
+
+/* entered_local_iface tells whether a packet entered through an interface
+ * marked IFS_LOCAL_TRAFFIC (0 for what the node itself sends). */
+static __always_inline int entered_local_iface(struct __sk_buff *skb)
+{
+	struct ifstate_key k = { .ifindex = skb->ingress_ifindex };
+	struct ifstate_value *v;
+
+	if (!k.ifindex)
+		return 0;
+	v = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
+	return v && (v->flags & IFS_LOCAL_TRAFFIC);
 }

@@ -41,21 +41,27 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.StringVar(&cfg.DataIfaces, "data-ifaces", "", "regex of node data interfaces (default: those holding a default route)")
 	fs.StringVar(&cfg.Cgroup, "cgroup", "/sys/fs/cgroup", "cgroup v2 for socket-level load balancing (empty disables it)")
 	fs.DurationVar(&cfg.CheckInterval, "check-interval", 10*time.Second, "how often pins and attachments are verified and repaired")
+	fs.StringVar(&cfg.DetectLocalMode, "detect-local-mode", "",
+		"what traffic is the cluster's own, not masqueraded to a ClusterIP: ClusterCIDR (default: sources in --cluster-cidr), NodeCIDR (in this Node's pod CIDR) or InterfaceNamePrefix")
+	fs.StringVar(&cfg.PodInterfaceNamePrefix, "pod-interface-name-prefix", "",
+		"with --detect-local-mode=InterfaceNamePrefix: traffic entering interfaces named so is local")
 	fs.IntVar(&cfg.ConntrackMaxPerCore, "conntrack-max-per-core", 0,
 		"flows tracked per CPU, as kube-proxy's: the table holds max(conntrack-min, this × CPUs) flows (0: the built-in 262,144 flows)")
 	fs.IntVar(&cfg.ConntrackMin, "conntrack-min", 131072, "least flows tracked whatever the CPU count, with --conntrack-max-per-core")
 	fs.DurationVar(&cfg.ConntrackScanPeriod, "conntrack-scan-period", 10*time.Second, "first conntrack scan interval (it adapts)")
 	fs.BoolVar(&cfg.MasqueradeAll, "masquerade-all", false, "SNAT every Service flow to the node IP")
-	fs.Func("cluster-cidr", "the pods' IPv4 CIDR: ClusterIP traffic from outside it is SNATed to the node IP", func(s string) error {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return err
+	fs.Func("cluster-cidr", "the pods' CIDR: ClusterIP traffic from outside it is SNATed to the node IP (comma-separated: the IPv4 one is used)", func(s string) error {
+		for _, f := range splitComma(s) {
+			p, err := netip.ParsePrefix(f)
+			if err != nil {
+				return err
+			}
+			if p.Addr().Is4() {
+				cfg.ClusterCIDR = p
+				return nil
+			}
 		}
-		if !p.Addr().Is4() {
-			return fmt.Errorf("%s is not IPv4: the datapath is IPv4-only", s)
-		}
-		cfg.ClusterCIDR = p
-		return nil
+		return fmt.Errorf("%s holds no IPv4 CIDR: the datapath is IPv4-only", s)
 	})
 	logLevel = fs.String("log-level", "info", "debug, info, warn or error")
 	configFile = fs.String("config", "", "a YAML or JSON file with the same keys as the flags (flags win)")

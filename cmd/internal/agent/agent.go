@@ -65,6 +65,13 @@ type Config struct {
 	// ClusterCIDR, when set, SNATs ClusterIP traffic arriving from outside it
 	// (kube-proxy's --cluster-cidr). IPv4 only.
 	ClusterCIDR netip.Prefix
+	// DetectLocalMode tells the cluster's own traffic (not masqueraded to a
+	// ClusterIP) from the rest, as kube-proxy's --detect-local-mode:
+	// ClusterCIDR (the default: sources in ClusterCIDR), NodeCIDR (sources
+	// in this Node's spec.podCIDRs), InterfaceNamePrefix (traffic entering
+	// a managed interface named PodInterfaceNamePrefix...).
+	DetectLocalMode        string
+	PodInterfaceNamePrefix string
 	// ConntrackMaxPerCore and ConntrackMin size the conntrack table as
 	// kube-proxy sizes nf_conntrack_max (see ConntrackEntries); a
 	// MaxPerCore of 0 keeps the built-in size.
@@ -138,6 +145,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		if err := kubeproxy.CheckManifestDir(cfg.Manifests); err != nil {
 			return nil, fmt.Errorf("--manifests: %w", err)
 		}
+	}
+	if err := checkDetectLocal(cfg); err != nil {
+		return nil, err
 	}
 	if cfg.ConntrackMaxPerCore < 0 || cfg.ConntrackMin < 0 {
 		return nil, fmt.Errorf("--conntrack-max-per-core %d, --conntrack-min %d: must not be negative", cfg.ConntrackMaxPerCore, cfg.ConntrackMin)
@@ -242,6 +252,7 @@ func (a *Agent) start(ctx context.Context) error {
 		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost,
 			FromHostL3: o.SlFromHostL3, ToHostL3: o.SlToHostL3, XDP: o.SlXdpPrefilter},
 		Policies: feed, Logger: log, ResyncInterval: cfg.CheckInterval,
+		LocalTrafficPrefix: localTrafficPrefix(cfg),
 		OnRepair: func(iface string, hook ifacemgr.Hook) {
 			select {
 			case a.reattached <- fmt.Sprintf("%s %s", iface, hook):
@@ -321,7 +332,8 @@ func (a *Agent) start(ctx context.Context) error {
 		minSync = -1 // --min-sync-period=0: no minimum (kubeproxy's zero means its default)
 	}
 	a.Proxier = kubeproxy.NewProxier(kubeproxy.Config{NodeName: cfg.NodeName, NodePortAddresses: cfg.NodePortAddresses,
-		MinSyncPeriod: minSync, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs, Routes: routes}, syncer, scanner, metrics, log)
+		MinSyncPeriod: minSync, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs, OnPodCIDRs: a.setPodCIDRs,
+		Routes: routes}, syncer, scanner, metrics, log)
 	routes.OnChange = syncer.RoutesChanged
 	if len(cfg.NodeIPs) > 0 {
 		a.Proxier.SetNodeIPs(cfg.NodeIPs)
@@ -416,6 +428,71 @@ func (a *Agent) setNodeIPs(ips []netip.Addr) {
 	}
 }
 
+// kube-proxy's --detect-local-mode values that apply without a CNI of
+// Sluice's own.
+const (
+	LocalModeClusterCIDR         = "ClusterCIDR"
+	LocalModeNodeCIDR            = "NodeCIDR"
+	LocalModeInterfaceNamePrefix = "InterfaceNamePrefix"
+)
+
+// localTrafficPrefix is the interface prefix of local traffic, in the
+// InterfaceNamePrefix mode only.
+func localTrafficPrefix(cfg Config) string {
+	if cfg.DetectLocalMode == LocalModeInterfaceNamePrefix {
+		return cfg.PodInterfaceNamePrefix
+	}
+	return ""
+}
+
+// checkDetectLocal validates --detect-local-mode and what it needs.
+func checkDetectLocal(cfg Config) error {
+	switch cfg.DetectLocalMode {
+	case "", LocalModeClusterCIDR:
+		if c := cfg.ClusterCIDR; c.IsValid() && !c.Addr().Is4() {
+			return fmt.Errorf("--cluster-cidr %s: the datapath is IPv4-only", c)
+		}
+	case LocalModeNodeCIDR:
+	case LocalModeInterfaceNamePrefix:
+		if cfg.PodInterfaceNamePrefix == "" {
+			return errors.New("--detect-local-mode=InterfaceNamePrefix needs --pod-interface-name-prefix")
+		}
+	case "BridgeInterface":
+		return errors.New("--detect-local-mode=BridgeInterface is not supported: use InterfaceNamePrefix with the pods' interface prefix, ClusterCIDR or NodeCIDR")
+	default:
+		return fmt.Errorf("--detect-local-mode %q: want ClusterCIDR, NodeCIDR or InterfaceNamePrefix", cfg.DetectLocalMode)
+	}
+	return nil
+}
+
+// setPodCIDRs writes this Node's first IPv4 pod CIDR as the local-traffic
+// CIDR (--detect-local-mode=NodeCIDR).
+func (a *Agent) setPodCIDRs(cidrs []netip.Prefix) {
+	if a.cfg.DetectLocalMode != LocalModeNodeCIDR {
+		return
+	}
+	if len(cidrs) == 0 {
+		a.log.Warn("--detect-local-mode=NodeCIDR: the Node has no IPv4 pod CIDR yet; ClusterIP traffic is not masqueraded until it has", "node", a.cfg.NodeName)
+		return
+	}
+	cfgMap, err := maps.Config.In(a.set)
+	if err == nil {
+		var nc gen.SluiceConfig
+		if nc, err = cfgMap.Get(0); err == nil {
+			net, mask := gen.NetAddr(cidrs[0].Addr()), gen.NetAddr(prefixMask(cidrs[0].Bits()))
+			if nc.ClusterNet == net && nc.ClusterMask == mask {
+				return
+			}
+			nc.ClusterNet, nc.ClusterMask = net, mask
+			err = cfgMap.Put(0, nc, ebpf.UpdateAny)
+			a.log.Info("local traffic is the Node's pod CIDR", "cidr", cidrs[0])
+		}
+	}
+	if err != nil {
+		a.log.Error("writing the Node's pod CIDR", "err", err)
+	}
+}
+
 // prefixMask is the IPv4 netmask of a prefix length.
 func prefixMask(bits int) netip.Addr {
 	var m [4]byte
@@ -445,12 +522,16 @@ func (a *Agent) writeNodeConfig() error {
 	if a.cfg.MasqueradeAll {
 		nc.Flags |= gen.SluiceConfigFlagsCFG_MASQUERADE_ALL
 	}
-	if c := a.cfg.ClusterCIDR; c.IsValid() {
-		if !c.Addr().Is4() {
-			return fmt.Errorf("cluster CIDR %s: the datapath is IPv4-only", c)
+	switch a.cfg.DetectLocalMode {
+	case LocalModeInterfaceNamePrefix:
+		nc.Flags |= gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE
+	case LocalModeNodeCIDR:
+		// Written when the Node tells its pod CIDR (setPodCIDRs); until
+		// then every source counts as local, as with no CIDR at all.
+	default:
+		if c := a.cfg.ClusterCIDR; c.IsValid() {
+			nc.ClusterNet, nc.ClusterMask = gen.NetAddr(c.Masked().Addr()), gen.NetAddr(prefixMask(c.Bits()))
 		}
-		nc.ClusterNet = gen.NetAddr(c.Masked().Addr())
-		nc.ClusterMask = gen.NetAddr(prefixMask(c.Bits()))
 	}
 	if err := cfgMap.Put(0, nc, ebpf.UpdateAny); err != nil {
 		return err

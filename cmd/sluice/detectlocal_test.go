@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// kube-proxy's --detect-local-mode through the agent: a pod's request to a
+// ClusterIP keeps the pod's address when the mode counts it as the
+// cluster's own, and is masqueraded to the node IP (10.210.0.1) otherwise.
+func TestDetectLocalModes(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	topo, cfg, manifests := demoAgentSetup(ctx, t)
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	setPodCIDR := func(cidr string) {
+		node := "apiVersion: v1\nkind: Node\nmetadata: {name: sluice-demo}\nspec: {podCIDR: " + cidr + "}\n" +
+			"status: {addresses: [{type: InternalIP, address: 10.210.0.1}]}\n"
+		if err := os.WriteFile(filepath.Join(manifests, "000-node.yaml"), []byte(node), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The client pod is 10.200.0.2 behind slwclient.
+	for _, c := range []struct {
+		name    string
+		podCIDR string
+		flags   []string
+		seen    string
+	}{
+		{"ClusterCIDR inside", "", []string{"--cluster-cidr", "10.200.0.0/16"}, "10.200.0.2"},
+		{"ClusterCIDR outside", "", []string{"--cluster-cidr", "10.100.0.0/16"}, "10.210.0.1"},
+		{"NodeCIDR inside", "10.200.0.0/24", []string{"--detect-local-mode", "NodeCIDR"}, "10.200.0.2"},
+		{"NodeCIDR outside", "10.201.0.0/24", []string{"--detect-local-mode", "NodeCIDR"}, "10.210.0.1"},
+		{"InterfaceNamePrefix matching", "", []string{"--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "slw"}, "10.200.0.2"},
+		{"InterfaceNamePrefix other", "", []string{"--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "cali"}, "10.210.0.1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.podCIDR != "" {
+				setPodCIDR(c.podCIDR)
+				defer os.Remove(filepath.Join(manifests, "000-node.yaml"))
+			}
+			p := startAgentProc(t, topo.node, logFile, append([]string{"--manifests", manifests, "--hostname-override", cfg.NodeName,
+				"--bpf-pin-dir", cfg.PinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", cfg.DataIfaces, "--cgroup=",
+				"--healthz-bind-address=", "--metrics-bind-address=", "--min-sync-period", "50ms"}, c.flags...)...)
+			defer p.stop()
+			p.waitProgrammed(t, cfg.PinDir, "10.96.0.10:80", 5)
+			if c.podCIDR != "" {
+				for deadline := time.Now().Add(5 * time.Second); !strings.Contains(p.logs(), "local traffic is the Node's pod CIDR"); time.Sleep(20 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("the pod CIDR was never applied:\n%s", p.logs())
+					}
+				}
+			}
+			body, err := get(topo.ns(topo.pods["client"]), "10.96.0.10:80", "", 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(body, "saw client "+c.seen+":") {
+				t.Fatalf("answer %q: the backend should see %s", body, c.seen)
+			}
+		})
+	}
+}
