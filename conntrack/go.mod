@@ -1,11 +1,16 @@
 module github.com/sluice-net/sluice/conntrack
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/sluice-net/sluice/gen v0.0.0
 	github.com/sluice-net/sluice/maps v0.0.0
-	golang.org/x/sys v0.43.0
+	golang.org/x/sys v0.48.0
+)
+
+require (
+	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
 )
 
 require (

@@ -1,3 +1,3 @@
 module github.com/sluice-net/sluice/examples
 
-go 1.26
+go 1.26.0

@@ -24,6 +24,9 @@ type Config struct {
 	// NodePortAddresses restricts NodePorts to node IPs in these CIDRs
 	// (--nodeport-addresses); empty: every node IP, plus the wildcard entry.
 	NodePortAddresses []netip.Prefix
+	// NodePortPrimary adds this node's primary IP (its first InternalIP,
+	// else ExternalIP) to NodePortAddresses (kube-proxy's "primary").
+	NodePortPrimary bool
 	// NodePortMin and NodePortMax bound valid NodePorts (default 30000-32767).
 	NodePortMin, NodePortMax uint16
 	// MinSyncPeriod (default 1 s when zero; negative: none, every change
@@ -96,7 +99,7 @@ func NewProxier(cfg Config, syncer *nat.Syncer, flusher Flusher, metrics *Metric
 		cfg: cfg, log: log, syncer: syncer, flusher: flusher, metrics: metrics,
 		conv:        Converter{NodeName: cfg.NodeName, NodePortMin: cfg.NodePortMin, NodePortMax: cfg.NodePortMax},
 		Health:      NewProxyHealth(2 * cfg.SyncPeriod),
-		node:        nat.Node{Name: cfg.NodeName, AllNodePortIPs: len(cfg.NodePortAddresses) == 0},
+		node:        nat.Node{Name: cfg.NodeName, AllNodePortIPs: len(cfg.NodePortAddresses) == 0 && !cfg.NodePortPrimary},
 		ports:       map[nat.ServicePortName]*nat.ServicePort{},
 		eps:         map[nat.ServicePortName][]nat.Endpoint{},
 		portsBySvc:  map[types.NamespacedName][]nat.ServicePortName{},
@@ -155,13 +158,14 @@ func (p *Proxier) setSynced(f func()) {
 // OnNode records this Node: its IPs (NodePort addresses after
 // --nodeport-addresses), its zone, and whether it is being deleted.
 func (p *Proxier) OnNode(node *v1.Node) {
+	// InternalIPs first: the first address is the primary one (the SNAT
+	// source, and NodePortPrimary's address).
 	var ips []netip.Addr
-	for _, a := range node.Status.Addresses {
-		if a.Type != v1.NodeInternalIP && a.Type != v1.NodeExternalIP {
-			continue
-		}
-		if ip, err := ParseIPSloppy(a.Address); err == nil && ip.Is4() {
-			ips = append(ips, ip)
+	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, a := range node.Status.Addresses {
+			if ip, err := ParseIPSloppy(a.Address); a.Type == typ && err == nil && ip.Is4() {
+				ips = append(ips, ip)
+			}
 		}
 	}
 	deleting := node.DeletionTimestamp != nil || slices.ContainsFunc(node.Spec.Taints, func(t v1.Taint) bool {
@@ -207,8 +211,9 @@ func (p *Proxier) SetNodeIPs(ips []netip.Addr) {
 	p.mu.Lock()
 	p.nodeIPs = slices.Clone(ips)
 	var np []netip.Addr
-	for _, ip := range ips {
-		if len(p.cfg.NodePortAddresses) == 0 || slices.ContainsFunc(p.cfg.NodePortAddresses, func(c netip.Prefix) bool { return c.Contains(ip) }) {
+	for i, ip := range ips {
+		if p.node.AllNodePortIPs || (p.cfg.NodePortPrimary && i == 0) ||
+			slices.ContainsFunc(p.cfg.NodePortAddresses, func(c netip.Prefix) bool { return c.Contains(ip) }) {
 			np = append(np, ip)
 		}
 	}

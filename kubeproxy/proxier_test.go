@@ -411,6 +411,26 @@ func TestNodePortAddresses(t *testing.T) {
 	})
 }
 
+// kube-proxy's "primary" keyword: NodePorts on the Node's primary IP (its
+// first InternalIP, whatever the order of its addresses) and no other.
+func TestNodePortAddressesPrimary(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{NodePortPrimary: true})
+	e.p.OnNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
+		{Type: v1.NodeExternalIP, Address: "203.0.113.7"}, {Type: v1.NodeInternalIP, Address: "10.0.0.5"},
+		{Type: v1.NodeInternalIP, Address: "10.0.0.6"}}}})
+	e.p.Tracker().OnService(svc("np", "10.96.0.13", func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeNodePort; s.Spec.Ports[0].NodePort = 30013 }), false)
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("NodePort on the primary IP only", func() bool {
+		fe := e.frontends()
+		_, primary := fe["10.0.0.5:30013/6"]
+		_, second := fe["10.0.0.6:30013/6"]
+		_, external := fe["203.0.113.7:30013/6"]
+		_, wild := fe["255.255.255.255:30013/6"]
+		return primary && !second && !external && !wild
+	})
+}
+
 // A Node object without addresses (a manifest that omits them, a status not
 // written yet) does not take the node's NodePorts away.
 func TestNodeWithoutAddressesKeepsNodePorts(t *testing.T) {

@@ -1,10 +1,18 @@
 module github.com/sluice-net/sluice/nat
 
-go 1.26
+go 1.26.0
 
 require (
+	github.com/cilium/ebpf v0.22.0
 	github.com/sluice-net/sluice/gen v0.0.0
 	github.com/sluice-net/sluice/maps v0.0.0
+	golang.org/x/sys v0.48.0
+)
+
+require (
+	github.com/google/gopacket v1.1.19 // indirect
+	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
 )
 
 replace (

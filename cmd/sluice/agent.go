@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
@@ -23,9 +24,41 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.StringVar(&cfg.Master, "master", "", "address of the Kubernetes API server (overrides the kubeconfig)")
 	fs.StringVar(&cfg.Manifests, "manifests", "", "a folder of Service/EndpointSlice/Node manifests to use instead of an API server")
 	fs.StringVar(&cfg.NodeName, "hostname-override", host, "this node's name")
-	fs.Func("nodeport-addresses", "comma-separated CIDRs: NodePorts only on node IPs inside them (default: every node IP)", func(s string) error {
-		return parseList(s, &cfg.NodePortAddresses, netip.ParsePrefix)
+	fs.Func("nodeport-addresses", "comma-separated CIDRs, or primary (the Node's primary IP), or all: NodePorts only on node IPs inside them (default: all)", func(s string) error {
+		cfg.NodePortAddresses, cfg.NodePortPrimary = nil, false
+		all := false
+		defer func() {
+			if all { // every node IP, with the wildcard entry, as with no list
+				cfg.NodePortAddresses, cfg.NodePortPrimary = nil, false
+			}
+		}()
+		for _, f := range splitComma(s) {
+			switch f {
+			case "all":
+				all = true
+			case "primary":
+				cfg.NodePortPrimary = true
+			case "localhost":
+				return errors.New("localhost: NodePorts on loopback are not supported")
+			default:
+				p, err := netip.ParsePrefix(f)
+				if err != nil {
+					return err
+				}
+				cfg.NodePortAddresses = append(cfg.NodePortAddresses, p)
+			}
+		}
+		return nil
 	})
+	fs.Func("kube-api-qps", "queries per second to the API server (default client-go's)", func(s string) error {
+		v, err := strconv.ParseFloat(s, 32)
+		cfg.KubeAPIQPS = float32(v)
+		return err
+	})
+	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", 0, "burst of queries to the API server (default client-go's)")
+	fs.StringVar(&cfg.KubeAPIContentType, "kube-api-content-type", "", "content type of requests to the API server")
+	fs.DurationVar(&cfg.ConntrackTCPEstablished, "conntrack-tcp-timeout-established", 0, "idle established TCP flows expire after this (0: 1h)")
+	fs.DurationVar(&cfg.ConntrackUDP, "conntrack-udp-timeout", 0, "idle UDP flows expire after this (0: 60s)")
 	fs.Func("node-ips", "comma-separated node IPs, when no Node object gives them (manifests)", func(s string) error {
 		return parseList(s, &cfg.NodeIPs, netip.ParseAddr)
 	})
@@ -91,45 +124,60 @@ func parseList[T any](s string, out *[]T, parse func(string) (T, error)) error {
 }
 
 // applyConfigFile sets every flag the file names that the command line did
-// not set.
-func applyConfigFile(fs *flag.FlagSet, path string) error {
+// not set. The file is kube-proxy's KubeProxyConfiguration, or a YAML or JSON
+// map of the agent's flag names. It returns the kube-proxy fields that were
+// set but mean nothing to Sluice, for a warning.
+func applyConfigFile(fs *flag.FlagSet, path string) (ignored []string, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var values map[string]any
 	if err := yaml.Unmarshal(data, &values); err != nil {
-		return fmt.Errorf("config file %s: %w", path, err)
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	flags := map[string]string{}
+	if values["kind"] == kubeProxyConfigKind {
+		if flags, ignored, err = fromKubeProxyConfig(data); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", path, err)
+		}
+	} else {
+		for key, v := range values {
+			if fs.Lookup(key) == nil {
+				return nil, fmt.Errorf("config file %s: unknown key %q", path, key)
+			}
+			flags[key] = flagValue(v)
+		}
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for key, v := range values {
-		if fs.Lookup(key) == nil {
-			return fmt.Errorf("config file %s: unknown key %q", path, key)
-		}
+	for key, v := range flags {
 		if set[key] || key == "config" {
 			continue
 		}
-		var s string
-		switch x := v.(type) {
-		case []any:
-			parts := make([]string, len(x))
-			for i, p := range x {
-				parts[i] = fmt.Sprint(p)
-			}
-			s = strings.Join(parts, ",")
-		case float64:
-			s = strconv.FormatFloat(x, 'f', -1, 64)
-		case nil:
-			s = ""
-		default:
-			s = fmt.Sprint(x)
-		}
-		if err := fs.Set(key, s); err != nil {
-			return fmt.Errorf("config file %s: %s: %w", path, key, err)
+		if err := fs.Set(key, v); err != nil {
+			return nil, fmt.Errorf("config file %s: %s: %w", path, key, err)
 		}
 	}
-	return nil
+	return ignored, nil
+}
+
+// flagValue is a decoded YAML value as a flag's text: lists comma-separated.
+func flagValue(v any) string {
+	switch x := v.(type) {
+	case []any:
+		parts := make([]string, len(x))
+		for i, p := range x {
+			parts[i] = fmt.Sprint(p)
+		}
+		return strings.Join(parts, ",")
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(x)
+	}
 }
 
 func runAgent(ctx context.Context, args []string) error {
@@ -139,14 +187,19 @@ func runAgent(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	var ignored []string
 	if *configFile != "" {
-		if err := applyConfigFile(fs, *configFile); err != nil {
+		var err error
+		if ignored, err = applyConfigFile(fs, *configFile); err != nil {
 			return err
 		}
 	}
 	log, err := newLogger(*logLevel)
 	if err != nil {
 		return err
+	}
+	if len(ignored) > 0 {
+		log.Warn("kube-proxy configuration fields that do not apply to Sluice are ignored", "file", *configFile, "fields", ignored)
 	}
 	return agent.Run(ctx, cfg, log)
 }

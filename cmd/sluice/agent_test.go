@@ -36,14 +36,14 @@ func TestConfigFileAndFlags(t *testing.T) {
 	if err := fs.Parse([]string{"--bpf-pin-dir=/from-flag"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := applyConfigFile(fs, path); err != nil {
+	if _, err := applyConfigFile(fs, path); err != nil {
 		t.Fatal(err)
 	}
 	if cfg.MinSyncPeriod != 5*time.Second || len(cfg.NodePortAddresses) != 2 || cfg.PinDir != "/from-flag" {
 		t.Fatalf("config %+v: file values apply, flags win", cfg)
 	}
 	os.WriteFile(path, []byte("no-such-flag: 1\n"), 0o600)
-	if err := applyConfigFile(fs, path); err == nil || !strings.Contains(err.Error(), `unknown key "no-such-flag"`) {
+	if _, err := applyConfigFile(fs, path); err == nil || !strings.Contains(err.Error(), `unknown key "no-such-flag"`) {
 		t.Fatalf("unknown key: %v", err)
 	}
 }

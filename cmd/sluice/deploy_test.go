@@ -66,8 +66,8 @@ func checkConfigFile(t *testing.T, content string) {
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	var cfg agent.Config
 	agentFlags(fs, &cfg)
-	if err := applyConfigFile(fs, path); err != nil {
-		t.Fatalf("the ConfigMap's config file: %v", err)
+	if ignored, err := applyConfigFile(fs, path); err != nil || len(ignored) > 0 {
+		t.Fatalf("the ConfigMap's config file: %v (ignored %v)", err, ignored)
 	}
 	if cfg.PinDir != "/sys/fs/bpf/sluice" || len(cfg.WorkloadPrefixes) != 3 {
 		t.Fatalf("config file not applied: %+v", cfg)

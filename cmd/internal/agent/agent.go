@@ -43,6 +43,16 @@ type Config struct {
 	Manifests           string // a folder of manifests instead of an API server
 	NodeName            string
 	NodePortAddresses   []netip.Prefix
+	NodePortPrimary     bool // --nodeport-addresses primary: the Node's primary IP too
+	// KubeAPIQPS, KubeAPIBurst and KubeAPIContentType tune the API client
+	// (0 or "": client-go's defaults).
+	KubeAPIQPS         float32
+	KubeAPIBurst       int
+	KubeAPIContentType string
+	// ConntrackTCPEstablished and ConntrackUDP replace the scanner's
+	// timeouts of idle established TCP and UDP flows (0: conntrack's
+	// defaults, 1 h and 60 s).
+	ConntrackTCPEstablished, ConntrackUDP time.Duration
 	HealthzBindAddress  string
 	MetricsBindAddress  string
 	MinSyncPeriod       time.Duration
@@ -320,7 +330,7 @@ func (a *Agent) start(ctx context.Context) error {
 	reg.MustRegister(kubeproxy.NewCounterCollector(func() (map[string]uint64, error) { return maps.ReadCounters(counters, names) }))
 	scanner, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Logger: log, Interval: cfg.ConntrackScanPeriod,
 		OnScan: metrics.ObserveScan,
-		Scanners: []conntrack.EntryScanner{&conntrack.Liveness{Timeouts: conntrack.DefaultTimeouts()},
+		Scanners: []conntrack.EntryScanner{&conntrack.Liveness{Timeouts: a.timeouts()},
 			&conntrack.StaleNAT{Frontends: fe, Backends: be, HostIPs: hip}}})
 	if err != nil {
 		return err
@@ -332,6 +342,7 @@ func (a *Agent) start(ctx context.Context) error {
 		minSync = -1 // --min-sync-period=0: no minimum (kubeproxy's zero means its default)
 	}
 	a.Proxier = kubeproxy.NewProxier(kubeproxy.Config{NodeName: cfg.NodeName, NodePortAddresses: cfg.NodePortAddresses,
+		NodePortPrimary: cfg.NodePortPrimary,
 		MinSyncPeriod: minSync, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs, OnPodCIDRs: a.setPodCIDRs,
 		Routes: routes}, syncer, scanner, metrics, log)
 	routes.OnChange = syncer.RoutesChanged
@@ -564,7 +575,28 @@ func (a *Agent) client() (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("API server configuration: %w", err)
 	}
+	if a.cfg.KubeAPIQPS > 0 {
+		rc.QPS = a.cfg.KubeAPIQPS
+	}
+	if a.cfg.KubeAPIBurst > 0 {
+		rc.Burst = a.cfg.KubeAPIBurst
+	}
+	if a.cfg.KubeAPIContentType != "" {
+		rc.ContentType = a.cfg.KubeAPIContentType
+	}
 	return kubernetes.NewForConfig(rc)
+}
+
+// timeouts are conntrack's defaults with the configured replacements.
+func (a *Agent) timeouts() conntrack.Timeouts {
+	t := conntrack.DefaultTimeouts()
+	if a.cfg.ConntrackTCPEstablished > 0 {
+		t.TCPEstablished = a.cfg.ConntrackTCPEstablished
+	}
+	if a.cfg.ConntrackUDP > 0 {
+		t.UDP = a.cfg.ConntrackUDP
+	}
+	return t
 }
 
 // listen binds an HTTP address given by flag ("" for none).
