@@ -325,6 +325,15 @@ func (m *Manager) markByName(name string) {
 	}
 }
 
+// PoliciesChanged marks every interface dirty, so the next Apply asks the
+// PolicyProvider again for each: a provider that kept interfaces' slots as
+// they were until it knew the policies (after a restart) calls it then.
+func (m *Manager) PoliciesChanged() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.markAll()
+}
+
 func (m *Manager) markAll() {
 	for idx := range m.ifaces {
 		m.dirty[idx] = true

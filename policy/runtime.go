@@ -67,6 +67,12 @@ func (r *Runtime) Install(name string, p *EndpointPolicy) (uint32, error) {
 		delete(r.used, first)
 		return 0, err
 	}
+	for _, spec := range specs {
+		if spec.Name, err = codeName(spec); err != nil {
+			delete(r.used, first)
+			return 0, err
+		}
+	}
 	for i := len(specs) - 1; i >= 0; i-- {
 		prog, err := ebpf.NewProgram(specs[i])
 		if err != nil {
@@ -100,4 +106,95 @@ func (r *Runtime) remove(first uint32) {
 		_ = r.compiler.Maps.Programs.Delete(first + i)
 	}
 	delete(r.used, first)
+}
+
+// Adopt takes over the slots a previous runtime filled: the program array is
+// pinned and outlives the agent, and live interfaces still point into it.
+// Each slot in firsts (the entry slots the interfaces use) starts a policy
+// whose programs run up to the next such slot or the first empty slot; those
+// slots stay reserved until Remove, so no Install overwrites a policy an
+// interface still uses. Programs outside such runs belong to no interface
+// and are deleted; a policy nothing points to right after one in use cannot
+// be told from its tail and is freed with it. Call it before the first
+// Install.
+func (r *Runtime) Adopt(firsts []uint32) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	starts := map[uint32]bool{}
+	for _, f := range firsts {
+		if f > 0 && f < r.capacity {
+			starts[f] = true
+		}
+	}
+	var errs []error
+	current := uint32(0) // the run being adopted (0: none)
+	for slot := uint32(1); slot < r.capacity; slot++ {
+		var id uint32
+		err := r.compiler.Maps.Programs.Lookup(slot, &id)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			current = 0
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("policy runtime: read slot %d: %w", slot, err)
+		}
+		switch {
+		case starts[slot]:
+			current = slot
+			r.used[slot] = 1
+		case current != 0:
+			r.used[current]++
+		default:
+			errs = append(errs, r.compiler.Maps.Programs.Delete(slot))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Matches reports whether the policy at first is p compiled for that slot
+// (the same instructions, by the names Install gives its programs): a policy
+// adopted after a restart is then kept as it is instead of loaded again.
+func (r *Runtime) Matches(name string, p *EndpointPolicy, first uint32) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.used[first]
+	if !ok {
+		return false
+	}
+	specs, err := r.compiler.Compile(name, p, first)
+	if err != nil || uint32(len(specs)) != n {
+		return false
+	}
+	for i, spec := range specs {
+		want, err := codeName(spec)
+		if err != nil {
+			return false
+		}
+		var id uint32
+		if err := r.compiler.Maps.Programs.Lookup(first+uint32(i), &id); err != nil {
+			return false
+		}
+		prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
+		if err != nil {
+			return false
+		}
+		info, err := prog.Info()
+		prog.Close()
+		if err != nil || info.Name != want {
+			return false
+		}
+	}
+	return true
+}
+
+// codeName names a policy program after its instructions: "slp" and the
+// start of their tag as computed here (the kernel's tag of the loaded
+// program differs, as the kernel rewrites some instructions first), so that
+// Matches can tell the same code without loading it again.
+func codeName(spec *ebpf.ProgramSpec) (string, error) {
+	tag, err := spec.Tag()
+	if err != nil {
+		return "", err
+	}
+	return "slp" + tag[:12], nil
 }

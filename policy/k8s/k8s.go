@@ -83,7 +83,13 @@ func Translate(c Cluster, node string) *Result {
 	slices.SortFunc(pols, func(a, b *netv1.NetworkPolicy) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
-	for _, pod := range c.Pods {
+	// In a fixed order, so IP set and rule ids, and so the compiled
+	// programs, do not depend on the order the pods were listed in.
+	pods := slices.Clone(c.Pods)
+	slices.SortFunc(pods, func(a, b *v1.Pod) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	for _, pod := range pods {
 		ip, ok := podIP(pod)
 		if !ok || (node != "" && pod.Spec.NodeName != node) || pod.Spec.HostNetwork {
 			continue

@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"sync"
 
@@ -28,6 +30,11 @@ type policyFeed struct {
 	slots   map[int][2]uint32 // ifindex -> ingress, egress slot in use
 	cache   map[string]uint32 // endpoint/direction/content -> slot
 	retired []uint32          // slots to free at the next update
+	adopted map[uint32]bool   // slots taken over from the previous agent, not yet matched
+	// synced: the policies have been translated once. Until then an
+	// interface keeps the slots it has (a restart must not leave pods
+	// unprotected, or judged by another pod's policy, meanwhile).
+	synced bool
 	logged  map[string]bool   // translation errors already logged
 }
 
@@ -47,13 +54,51 @@ func newPolicyFeed(set *maps.Set, verdict *gen.SluiceObjects, netnsPath, node st
 	if err := f.ipsets.LoadDataplaneState(); err != nil {
 		return nil, err
 	}
+	if err := f.adopt(set); err != nil {
+		return nil, err
+	}
 	return f, nil
 }
 
+// adopt takes over the policy slots the interfaces already point to (the
+// program array and sl_ifstate_v1 outlive an agent): no new policy is
+// installed over them, and an interface whose policy did not change keeps
+// its slot without its programs being loaded again.
+func (f *policyFeed) adopt(set *maps.Set) error {
+	ifstate, err := maps.IfState.In(set)
+	if err != nil {
+		return err
+	}
+	var firsts []uint32
+	err = ifstate.Iterate(func(k gen.SluiceIfstateKey, v gen.SluiceIfstateValue) bool {
+		f.slots[int(k.Ifindex)] = [2]uint32{v.IngressPolicy, v.EgressPolicy}
+		for _, s := range []uint32{v.IngressPolicy, v.EgressPolicy} {
+			if s != ifacemgr.NoPolicy {
+				firsts = append(firsts, s)
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	f.adopted = map[uint32]bool{}
+	for _, s := range firsts {
+		f.adopted[s] = true
+	}
+	return f.rt.Adopt(firsts)
+}
+
+// contentHash identifies a policy by its content: JSON spells out what
+// pointers point to (%+v would print their addresses, so identical policies
+// looked different and were compiled again).
 func contentHash(p *policy.EndpointPolicy) string {
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%+v", *p)
-	return fmt.Sprintf("%x", h.Sum64())
+	b, err := json.Marshal(p)
+	if err != nil {
+		panic(fmt.Sprintf("policy content: %v", err)) // plain data: cannot fail
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
 }
 
 // Update translates the cluster's objects and binds each local pod's policy
@@ -104,6 +149,13 @@ func (f *policyFeed) Update(c k8s.Cluster) {
 		}
 	}
 	f.bound = seen
+	f.mu.Lock()
+	first := !f.synced
+	f.synced = true
+	f.mu.Unlock()
+	if first {
+		f.ifaces.PoliciesChanged() // every interface, with or without a pod
+	}
 	f.ifaces.Apply()
 	f.mu.Lock()
 	if _, err := f.ipsets.ApplyDeletionsOnly(); err != nil {
@@ -117,14 +169,21 @@ func (f *policyFeed) Install(ifname string, ifindex int, ep *ifacemgr.Endpoint) 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	in, out := uint32(ifacemgr.NoPolicy), uint32(ifacemgr.NoPolicy)
+	if !f.synced {
+		if prev, ok := f.slots[ifindex]; ok {
+			return prev[0], prev[1], nil
+		}
+		return in, out, nil
+	}
 	if ep != nil && !ep.Host {
 		e, ok := f.result.Endpoints[ep.ID]
 		if ok {
 			var err error
-			if in, err = f.slotFor(ep.ID+"/in", &e.Ingress); err != nil {
+			prev := f.slots[ifindex]
+			if in, err = f.slotFor(ep.ID+"/in", &e.Ingress, prev[0]); err != nil {
 				return 0, 0, err
 			}
-			if out, err = f.slotFor(ep.ID+"/out", &e.Egress); err != nil {
+			if out, err = f.slotFor(ep.ID+"/out", &e.Egress, prev[1]); err != nil {
 				return 0, 0, err
 			}
 		}
@@ -135,8 +194,10 @@ func (f *policyFeed) Install(ifname string, ifindex int, ep *ifacemgr.Endpoint) 
 }
 
 // slotFor returns the slot of an endpoint direction's compiled policy,
-// compiling it when its content changed.
-func (f *policyFeed) slotFor(name string, p *policy.EndpointPolicy) (uint32, error) {
+// compiling it when its content changed. prev is the slot the interface
+// used: one adopted from the previous agent is kept if it holds the same
+// code.
+func (f *policyFeed) slotFor(name string, p *policy.EndpointPolicy, prev uint32) (uint32, error) {
 	if len(p.Tiers) == 0 {
 		return ifacemgr.NoPolicy, nil
 	}
@@ -144,6 +205,15 @@ func (f *policyFeed) slotFor(name string, p *policy.EndpointPolicy) (uint32, err
 	if s, ok := f.cache[key]; ok {
 		return s, nil
 	}
+	if f.adopted[prev] {
+		delete(f.adopted, prev)
+		if f.rt.Matches(name, p, prev) {
+			f.log.Info("policy kept from the running programs", "endpoint", name, "slot", prev)
+			f.cache[key] = prev
+			return prev, nil
+		}
+	}
+	f.log.Info("policy compiled", "endpoint", name)
 	s, err := f.rt.Install(name, p)
 	if err != nil {
 		return 0, err
