@@ -38,12 +38,12 @@ import (
 
 // Config is the agent's configuration; flags and the config file fill it.
 type Config struct {
-	Kubeconfig          string
-	Master              string
-	Manifests           string // a folder of manifests instead of an API server
-	NodeName            string
-	NodePortAddresses   []netip.Prefix
-	NodePortPrimary     bool // --nodeport-addresses primary: the Node's primary IP too
+	Kubeconfig        string
+	Master            string
+	Manifests         string // a folder of manifests instead of an API server
+	NodeName          string
+	NodePortAddresses []netip.Prefix
+	NodePortPrimary   bool // --nodeport-addresses primary: the Node's primary IP too
 	// KubeAPIQPS, KubeAPIBurst and KubeAPIContentType tune the API client
 	// (0 or "": client-go's defaults).
 	KubeAPIQPS         float32
@@ -53,18 +53,18 @@ type Config struct {
 	// timeouts of idle established TCP and UDP flows (0: conntrack's
 	// defaults, 1 h and 60 s).
 	ConntrackTCPEstablished, ConntrackUDP time.Duration
-	HealthzBindAddress  string
-	MetricsBindAddress  string
-	MinSyncPeriod       time.Duration
-	SyncPeriod          time.Duration
-	PinDir              string
-	WorkloadPrefixes    []string
-	DataIfaces          string // regex; "" = interfaces holding a default route
-	Cgroup              string // cgroup v2 for socket LB; "" disables it
-	FailsafePorts       []uint16
-	NodeIPs             []netip.Addr // when no Node object says them
-	Netns               string       // the node's network namespace ("" = the agent's own)
-	ConntrackScanPeriod time.Duration
+	HealthzBindAddress                    string
+	MetricsBindAddress                    string
+	MinSyncPeriod                         time.Duration
+	SyncPeriod                            time.Duration
+	PinDir                                string
+	WorkloadPrefixes                      []string
+	DataIfaces                            string // regex; "" = interfaces holding a default route
+	Cgroup                                string // cgroup v2 for socket LB; "" disables it
+	FailsafePorts                         []uint16
+	NodeIPs                               []netip.Addr // when no Node object says them
+	Netns                                 string       // the node's network namespace ("" = the agent's own)
+	ConntrackScanPeriod                   time.Duration
 	// CheckInterval is how often the agent verifies its pins and
 	// attachments and repairs what was removed behind its back (default
 	// 10 s).
@@ -343,7 +343,7 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	a.Proxier = kubeproxy.NewProxier(kubeproxy.Config{NodeName: cfg.NodeName, NodePortAddresses: cfg.NodePortAddresses,
 		NodePortPrimary: cfg.NodePortPrimary,
-		MinSyncPeriod: minSync, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs, OnPodCIDRs: a.setPodCIDRs,
+		MinSyncPeriod:   minSync, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs, OnPodCIDRs: a.setPodCIDRs,
 		Routes: routes}, syncer, scanner, metrics, log)
 	routes.OnChange = syncer.RoutesChanged
 	if len(cfg.NodeIPs) > 0 {

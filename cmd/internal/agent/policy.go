@@ -35,7 +35,7 @@ type policyFeed struct {
 	// interface keeps the slots it has (a restart must not leave pods
 	// unprotected, or judged by another pod's policy, meanwhile).
 	synced bool
-	logged  map[string]bool   // translation errors already logged
+	logged map[string]bool // translation errors already logged
 }
 
 func newPolicyFeed(set *maps.Set, verdict *gen.SluiceObjects, netnsPath, node string, log *slog.Logger) (*policyFeed, error) {
