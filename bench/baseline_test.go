@@ -105,7 +105,7 @@ func (e *baselineEnv) addPod(b *testing.B, i int) (*bpftest.NetNS, string) {
 
 // startProxy starts a proxy in the node namespace; extra flags are the
 // proxy's own (Sluice's or kube-proxy's).
-func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string, extra ...string) {
+func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string, extra ...string) *os.Process {
 	var args []string
 	if name == "sluice" {
 		e.pinDir = filepath.Join(bpftest.PinDir(b), "sluice")
@@ -118,7 +118,7 @@ func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string, e
 			"--conntrack-max-per-core=0", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249", "--v=0",
 			"--iptables-min-sync-period=0s"}
 	}
-	apiservertest.StartProcess(b, e.node, filepath.Join(b.TempDir(), name+".log"), append(args, extra...)...)
+	return apiservertest.StartProcess(b, e.node, filepath.Join(b.TempDir(), name+".log"), append(args, extra...)...)
 }
 
 // createServices creates n Services whose endpoints are backends and
@@ -182,6 +182,16 @@ func (e *baselineEnv) waitFor(b *testing.B, addr, want string, limit time.Durati
 	}
 	b.Fatalf("%s never answered %s within %v", addr, want, limit)
 	return 0
+}
+
+// change moves the last of n Services to the second backend and returns how
+// long until it answers from there, in ms.
+func (e *baselineEnv) change(b *testing.B, ips []string, n int) float64 {
+	last := fmt.Sprintf("s%d", n-1)
+	if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), slice(last, e.backendIPs[1]), metav1.UpdateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	return float64(e.waitFor(b, ips[len(ips)-1]+":80", "b2", time.Minute).Microseconds()) / 1000
 }
 
 // synRetrans reads TCPSynRetrans of the client's namespace.
@@ -250,11 +260,7 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) ba
 	e.waitFor(b, probe[0]+":80", "b1", 60*time.Second) // the proxy is up and synced
 	ips := e.createServices(b, "s", n, e.backendIPs[0])
 	r.programMs = float64(e.waitFor(b, ips[len(ips)-1]+":80", "b1", 5*time.Minute).Microseconds()) / 1000
-	last := fmt.Sprintf("s%d", n-1)
-	if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), slice(last, e.backendIPs[1]), metav1.UpdateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	r.changeMs = float64(e.waitFor(b, ips[len(ips)-1]+":80", "b2", time.Minute).Microseconds()) / 1000
+	r.changeMs = e.change(b, ips, n)
 	var targets []string
 	for _, ip := range ips[:min(connTargets, len(ips))] {
 		targets = append(targets, ip+":80")

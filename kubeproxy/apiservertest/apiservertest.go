@@ -97,8 +97,9 @@ func start(tb testing.TB, ns *bpftest.NetNS, dir, name string, args ...string) {
 }
 
 // StartProcess runs args (inside ns when not nil) with output to logPath until
-// the test ends: then SIGTERM, and SIGKILL after 10 s.
-func StartProcess(tb testing.TB, ns *bpftest.NetNS, logPath string, args ...string) {
+// the test ends: then SIGTERM, and SIGKILL after 10 s. It returns the
+// process (the command itself: ip netns exec execs it).
+func StartProcess(tb testing.TB, ns *bpftest.NetNS, logPath string, args ...string) *os.Process {
 	tb.Helper()
 	name := filepath.Base(logPath)
 	log, err := os.Create(logPath)
@@ -127,6 +128,7 @@ func StartProcess(tb testing.TB, ns *bpftest.NetNS, logPath string, args ...stri
 		}
 		log.Close()
 	})
+	return cmd.Process // ip netns exec execs the command: this is its process
 }
 
 // Start runs etcd and kube-apiserver on loopback until the test ends.
