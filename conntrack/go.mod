@@ -9,11 +9,6 @@ require (
 )
 
 require (
-	golang.org/x/net v0.59.0 // indirect
-	golang.org/x/sync v0.23.0 // indirect
-)
-
-require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/google/gopacket v1.1.19 // indirect
 )

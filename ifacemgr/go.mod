@@ -6,18 +6,16 @@ require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/sluice-net/sluice/gen v0.0.0
 	github.com/sluice-net/sluice/maps v0.0.0-00010101000000-000000000000
+	github.com/sluice-net/sluice/policy v0.0.0
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sys v0.48.0
 )
 
-require (
-	github.com/google/gopacket v1.1.19 // indirect
-	golang.org/x/net v0.59.0 // indirect
-	golang.org/x/sync v0.23.0 // indirect
-)
+require github.com/google/gopacket v1.1.19 // indirect
 
 replace (
 	github.com/sluice-net/sluice/gen => ../gen
 	github.com/sluice-net/sluice/maps => ../maps
+	github.com/sluice-net/sluice/policy => ../policy
 )

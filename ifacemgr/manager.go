@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluice-net/sluice/policy"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -40,7 +41,7 @@ type PolicyProvider interface {
 }
 
 // NoPolicy is the slot value meaning "no policy program".
-const NoPolicy = 0xffffffff
+const NoPolicy = policy.NoPolicy
 
 // Options configures a Manager.
 type Options struct {

@@ -9,9 +9,4 @@ require (
 	golang.org/x/sys v0.48.0
 )
 
-require (
-	golang.org/x/net v0.59.0 // indirect
-	golang.org/x/sync v0.23.0 // indirect
-)
-
 replace github.com/sluice-net/sluice/gen => ../gen

@@ -9,11 +9,7 @@ require (
 	golang.org/x/sys v0.48.0
 )
 
-require (
-	github.com/google/gopacket v1.1.19 // indirect
-	golang.org/x/net v0.59.0 // indirect
-	golang.org/x/sync v0.23.0 // indirect
-)
+require github.com/google/gopacket v1.1.19 // indirect
 
 replace (
 	github.com/sluice-net/sluice/gen => ../gen

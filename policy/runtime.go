@@ -9,6 +9,10 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+// NoPolicy is the slot value meaning "no policy program" in the interface
+// state (IFSTATE_NO_POLICY in bpf/include/ifstate.h).
+const NoPolicy = 0xffffffff
+
 // Runtime loads compiled policies into the program array and hands out their
 // slots; the interface manager writes an endpoint's slots into
 // sl_ifstate_v1, where the datapath finds them.

@@ -58,12 +58,14 @@ func TestDetectLocalModes(t *testing.T) {
 					}
 				}
 			}
-			body, err := get(topo.ns(topo.pods["client"]), "10.96.0.10:80", "", 2*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !strings.Contains(body, "saw client "+c.seen+":") {
-				t.Fatalf("answer %q: the backend should see %s", body, c.seen)
+			// The pins show the previous agent's interface state until this
+			// one has applied its own: ask until the answer settles.
+			var body string
+			for deadline := time.Now().Add(5 * time.Second); !strings.Contains(body, "saw client "+c.seen+":"); time.Sleep(50 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("answer %q: the backend should see %s\n%s", body, c.seen, p.logs())
+				}
+				body, _ = get(topo.ns(topo.pods["client"]), "10.96.0.10:80", "", 2*time.Second)
 			}
 		})
 	}

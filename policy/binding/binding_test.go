@@ -1,0 +1,169 @@
+package binding_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/policy"
+	"github.com/sluice-net/sluice/policy/binding"
+	"github.com/sluice-net/sluice/policy/k8s"
+	v1 "k8s.io/api/core/v1"
+	netv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// cluster: two pods on node-a, each isolated by a policy of its own that
+// admits pods labelled role=allowFrom, on port if not 0.
+func cluster(allowFrom string, port int32) k8s.Cluster {
+	pod := func(name, ip string, labels map[string]string) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "demo", Labels: labels},
+			Spec: v1.PodSpec{NodeName: "node-a"}, Status: v1.PodStatus{PodIP: ip}}
+	}
+	np := func(name, app string) *netv1.NetworkPolicy {
+		rule := netv1.NetworkPolicyIngressRule{From: []netv1.NetworkPolicyPeer{{
+			PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": allowFrom}}}}}
+		if port != 0 {
+			p := intstr.FromInt32(port)
+			rule.Ports = []netv1.NetworkPolicyPort{{Port: &p}}
+		}
+		return &netv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "demo"},
+			Spec: netv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}},
+				Ingress: []netv1.NetworkPolicyIngressRule{rule}}}
+	}
+	return k8s.Cluster{
+		Namespaces: []*v1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "demo"}}},
+		Pods: []*v1.Pod{pod("a", "10.1.0.2", map[string]string{"app": "a"}), pod("b", "10.1.0.3", map[string]string{"app": "b"}),
+			pod("client", "10.1.0.4", map[string]string{"role": "client"})},
+		Policies: []*netv1.NetworkPolicy{np("a-only", "a"), np("b-only", "b")},
+	}
+}
+
+type node struct {
+	t       *testing.T
+	set     *maps.Set
+	objs    *gen.SluiceObjects
+	ifstate *maps.Map[gen.SluiceIfstateKey, gen.SluiceIfstateValue]
+}
+
+func newNode(t *testing.T) *node {
+	bpftest.Require(t)
+	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	objs, err := gen.Load(gen.LoadOptions{Maps: set.All()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { objs.Close() })
+	ifstate, err := maps.IfState.In(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &node{t: t, set: set, objs: objs, ifstate: ifstate}
+}
+
+// binder starts a Binder, as an agent does on start.
+func (n *node) binder() *binding.Binder {
+	b, err := binding.New(binding.Options{Maps: n.set, Verdict: n.objs.SlPolicyVerdict, Node: "node-a"})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return b
+}
+
+// bind asks for an interface's slots and writes them where the datapath
+// reads them, as the interface manager does.
+func (n *node) bind(b *binding.Binder, ifindex int, id string) [2]uint32 {
+	n.t.Helper()
+	in, out, err := b.Slots(ifindex, id)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	err = n.ifstate.Put(gen.SluiceIfstateKey{Ifindex: uint32(ifindex)}, gen.SluiceIfstateValue{
+		Flags: gen.SluiceIfstateFlagsIFS_WORKLOAD | gen.SluiceIfstateFlagsIFS_READY, IngressPolicy: in, EgressPolicy: out}, ebpf.UpdateAny)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return [2]uint32{in, out}
+}
+
+func (n *node) occupied(slot uint32) bool {
+	var id uint32
+	err := n.set.Map(maps.PolicyPrograms).Lookup(slot, &id)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		n.t.Fatal(err)
+	}
+	return err == nil
+}
+
+func TestBinderInstallsOncePerContentAndRetires(t *testing.T) {
+	n := newNode(t)
+	b := n.binder()
+	if _, first := b.Update(cluster("client", 0)); !first {
+		t.Fatal("the first Update does not say so")
+	}
+	a, bb := n.bind(b, 10, "demo/a"), n.bind(b, 11, "demo/b")
+	if a[0] == policy.NoPolicy || bb[0] == policy.NoPolicy || a[0] == bb[0] || a[1] != policy.NoPolicy {
+		t.Fatalf("slots a %v b %v: want an ingress policy each, in different slots, and no egress policy", a, bb)
+	}
+	// The same cluster again, as new objects: nothing compiled.
+	if _, first := b.Update(cluster("client", 0)); first {
+		t.Fatal("a second Update says it is the first")
+	}
+	if again := n.bind(b, 10, "demo/a"); again != a || b.Stats().Compiled != 2 {
+		t.Fatalf("identical policy: slots %v (were %v), %d compiled", again, a, b.Stats().Compiled)
+	}
+	// Other peers: the same code, only the IP set's members change.
+	b.Update(cluster("friend", 0))
+	if same := n.bind(b, 10, "demo/a"); same != a || b.Stats().Compiled != 2 {
+		t.Fatalf("a policy whose peers changed moved to %v (was %v), %d compiled", same, a, b.Stats().Compiled)
+	}
+	// A changed policy: a new slot; the old one is freed at the next Update.
+	b.Update(cluster("friend", 8080))
+	changed := n.bind(b, 10, "demo/a")
+	if changed[0] == a[0] || !n.occupied(a[0]) {
+		t.Fatalf("changed policy in slot %d (old %d, occupied %v): the old slot must stay until the next Update", changed[0], a[0], n.occupied(a[0]))
+	}
+	b.Update(cluster("friend", 8080))
+	if n.occupied(a[0]) {
+		t.Fatalf("the retired slot %d is still occupied", a[0])
+	}
+	// A pod that leaves its interface: no policy there.
+	if none := n.bind(b, 12, ""); none != [2]uint32{policy.NoPolicy, policy.NoPolicy} {
+		t.Fatalf("interface without a pod got %v", none)
+	}
+}
+
+// After a restart the new Binder keeps each interface's slots until its
+// first Update, then keeps the unchanged policies where they are, without
+// compiling them.
+func TestBinderTakesOverAfterARestart(t *testing.T) {
+	n := newNode(t)
+	before := n.binder()
+	before.Update(cluster("client", 0))
+	a, bb := n.bind(before, 10, "demo/a"), n.bind(before, 11, "demo/b")
+
+	after := n.binder()
+	if got := n.bind(after, 10, "demo/a"); got != a {
+		t.Fatalf("before its first Update the new binder gave %v, want the interface's own %v", got, a)
+	}
+	if _, first := after.Update(cluster("client", 0)); !first {
+		t.Fatal("not the first Update")
+	}
+	if got := n.bind(after, 10, "demo/a"); got != a {
+		t.Fatalf("unchanged policy moved from %v to %v", a, got)
+	}
+	if got := n.bind(after, 11, "demo/b"); got != bb {
+		t.Fatalf("unchanged policy moved from %v to %v", bb, got)
+	}
+	if st := after.Stats(); st.Compiled != 0 || st.Kept != 2 {
+		t.Fatalf("stats %+v: want both policies kept and none compiled", st)
+	}
+}
