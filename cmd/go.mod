@@ -19,6 +19,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
+require golang.org/x/sync v0.23.0
+
 require (
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sync/errgroup"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -118,6 +119,10 @@ type Agent struct {
 	// reattached carries the attachments the interface manager repaired to
 	// the guard, which counts them and shows them in /healthz.
 	reattached chan string
+	// loops runs every loop the agent starts, under a context Close
+	// cancels; the first loop to fail ends them all (Wait says why).
+	loops *errgroup.Group
+	stop  context.CancelFunc
 }
 
 // CheckPrivileges tells, in words a person can act on, why the agent cannot use
@@ -139,9 +144,29 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
+	err = a.Wait()
 	a.Close()
-	return nil
+	return err
+}
+
+// Wait blocks until the agent's loops end: when its context ends (nil), or
+// when one of them fails, which ends the others (its error).
+func (a *Agent) Wait() error { return a.loops.Wait() }
+
+// spawn runs a loop until ctx ends. A loop that returns before that failed,
+// and ends the agent.
+func (a *Agent) spawn(ctx context.Context, name string, loop func() error) {
+	a.loops.Go(func() error {
+		err := loop()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("stopped")
+		}
+		a.log.Error("agent loop failed; stopping the agent", "loop", name, "err", err)
+		return fmt.Errorf("%s: %w", name, err)
+	})
 }
 
 // Start brings the agent up and returns once its loops run (they stop with ctx).
@@ -225,6 +250,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 			"from_capacity", mig.FromCapacity, "to_capacity", mig.ToCapacity, "entries", mig.Copied)
 	}
 	a := &Agent{cfg: cfg, log: log, set: set, healthLn: healthLn, metricsLn: metricsLn, reattached: make(chan string, 64)}
+	ctx, a.stop = context.WithCancel(ctx)
+	a.loops, ctx = errgroup.WithContext(ctx)
 	if err := a.start(ctx); err != nil {
 		a.Close()
 		return nil, err
@@ -278,7 +305,7 @@ func (a *Agent) start(ctx context.Context) error {
 		log.Warn("clean-up of stale attachments", "err", err)
 	}
 	a.ifaces.Apply()
-	go a.ifaces.Run(ctx)
+	a.spawn(ctx, "interfaces", func() error { return a.ifaces.Run(ctx) })
 
 	if cfg.Cgroup != "" {
 		s, err := ifacemgr.AttachSocketLB(cfg.Cgroup, cfg.PinDir, ifacemgr.SocketLBPrograms{Connect4: o.SlConnect4,
@@ -335,7 +362,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	go scanner.Run(ctx)
+	a.spawn(ctx, "conntrack scanner", func() error { scanner.Run(ctx); return nil })
 
 	minSync := cfg.MinSyncPeriod
 	if minSync == 0 {
@@ -350,9 +377,10 @@ func (a *Agent) start(ctx context.Context) error {
 		a.Proxier.SetNodeIPs(cfg.NodeIPs)
 	}
 	if cfg.Manifests != "" {
-		go (&kubeproxy.ManifestSource{Dir: cfg.Manifests, Log: log, OnObjects: func(objs []kubeproxy.Object) {
+		src := &kubeproxy.ManifestSource{Dir: cfg.Manifests, Log: log, OnObjects: func(objs []kubeproxy.Object) {
 			feed.Update(clusterOf(objs))
-		}}).Run(ctx, a.Proxier)
+		}}
+		a.spawn(ctx, "manifests", func() error { src.Run(ctx, a.Proxier); return nil })
 	} else {
 		client, err := a.client()
 		if err != nil {
@@ -361,20 +389,22 @@ func (a *Agent) start(ctx context.Context) error {
 		if err := kubeproxy.RunInformers(ctx, client, a.Proxier, 15*time.Minute); err != nil {
 			return err
 		}
-		if err := runPolicyInformers(ctx, client, feed, log); err != nil {
+		policies, err := policyInformers(ctx, client, feed)
+		if err != nil {
 			return err
 		}
+		a.spawn(ctx, "policy informers", policies)
 	}
-	go a.Proxier.Run(ctx)
-	go a.guard(ctx, metrics)
+	a.spawn(ctx, "proxier", func() error { a.Proxier.Run(ctx); return nil })
+	a.spawn(ctx, "guard", func() error { a.guard(ctx, metrics); return nil })
 
 	if a.healthLn != nil {
-		serve(ctx, a.healthLn, a.Proxier.Health.Handler(), log)
+		a.serve(ctx, "healthz", a.healthLn, a.Proxier.Health.Handler())
 	}
 	if a.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		serve(ctx, a.metricsLn, mux, log)
+		a.serve(ctx, "metrics", a.metricsLn, mux)
 	}
 	log.Info("sluice agent running", "node", cfg.NodeName, "pins", cfg.PinDir)
 	return nil
@@ -618,17 +648,19 @@ func closeListener(ln net.Listener) {
 }
 
 // serve serves h on ln until ctx ends.
-func serve(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) {
+func (a *Agent) serve(ctx context.Context, name string, ln net.Listener, h http.Handler) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
+	a.loops.Go(func() error {
 		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("HTTP server stopped", "addr", ln.Addr(), "err", err)
+		_ = srv.Close() // the listener's close error says nothing useful at shutdown
+		return nil
+	})
+	a.spawn(ctx, name+" server", func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
 		}
-	}()
+		return nil
+	})
 }
 
 // Ready reports whether every managed interface has its programs and the
@@ -651,8 +683,13 @@ func (a *Agent) Interfaces() []ifacemgr.Status { return a.ifaces.Statuses() }
 // Maps is the agent's open map set.
 func (a *Agent) Maps() *maps.Set { return a.set }
 
-// Close releases handles; pinned maps and attachments stay.
+// Close stops the agent's loops, waits for them, and releases handles;
+// pinned maps and attachments stay.
 func (a *Agent) Close() {
+	if a.stop != nil {
+		a.stop()
+		_ = a.loops.Wait()
+	}
 	closeListener(a.healthLn) // served ones are closed with the context too
 	closeListener(a.metricsLn)
 	if a.ifaces != nil {

@@ -2,7 +2,7 @@ package agent
 
 import (
 	"context"
-	"log/slog"
+	"fmt"
 	"time"
 
 	"github.com/sluice-net/sluice/kubeproxy"
@@ -31,55 +31,44 @@ func clusterOf(objs []kubeproxy.Object) k8s.Cluster {
 	return c
 }
 
-// runPolicyInformers follows Pods, Namespaces and NetworkPolicies; changes are
-// gathered for a moment and translated together.
-func runPolicyInformers(ctx context.Context, client kubernetes.Interface, feed *policyFeed, log *slog.Logger) error {
+// policyInformers follows Pods, Namespaces and NetworkPolicies and returns
+// the loop that translates them: once the caches are synced, and again on
+// changes, coalesced by the shim's bounded-frequency runner (at most every
+// 200 ms, and every 15 minutes anyway).
+func policyInformers(ctx context.Context, client kubernetes.Interface, feed *policyFeed) (func() error, error) {
 	f := informers.NewSharedInformerFactory(client, 15*time.Minute)
 	pods, nss, pols := f.Core().V1().Pods(), f.Core().V1().Namespaces(), f.Networking().V1().NetworkPolicies()
-	trigger := make(chan struct{}, 1)
+	runner := kubeproxy.NewRunner(func() error {
+		var c k8s.Cluster
+		var err error
+		if c.Pods, err = pods.Lister().List(labels.Everything()); err == nil {
+			if c.Namespaces, err = nss.Lister().List(labels.Everything()); err == nil {
+				c.Policies, err = pols.Lister().List(labels.Everything())
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("listing policy inputs: %w", err) // retried with backoff
+		}
+		feed.Update(c)
+		return nil
+	}, 200*time.Millisecond, 15*time.Minute)
 	poke := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { notify(trigger) },
-		UpdateFunc: func(any, any) { notify(trigger) },
-		DeleteFunc: func(any) { notify(trigger) },
+		AddFunc:    func(any) { runner.Trigger() },
+		UpdateFunc: func(any, any) { runner.Trigger() },
+		DeleteFunc: func(any) { runner.Trigger() },
 	}
 	for _, inf := range []cache.SharedIndexInformer{pods.Informer(), nss.Informer(), pols.Informer()} {
 		if _, err := inf.AddEventHandler(poke); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	f.Start(ctx.Done())
-	go func() {
+	return func() error {
 		if !cache.WaitForCacheSync(ctx.Done(), pods.Informer().HasSynced, nss.Informer().HasSynced, pols.Informer().HasSynced) {
-			return
+			return ctx.Err()
 		}
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-trigger:
-			}
-			time.Sleep(200 * time.Millisecond) // gather a burst of changes
-			var c k8s.Cluster
-			var err error
-			if c.Pods, err = pods.Lister().List(labels.Everything()); err == nil {
-				if c.Namespaces, err = nss.Lister().List(labels.Everything()); err == nil {
-					c.Policies, err = pols.Lister().List(labels.Everything())
-				}
-			}
-			if err != nil {
-				log.Error("listing policy inputs", "err", err)
-				continue
-			}
-			feed.Update(c)
-		}
-	}()
-	notify(trigger)
-	return nil
-}
-
-func notify(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
+		runner.Trigger()
+		runner.Run(ctx)
+		return nil
+	}, nil
 }
