@@ -14,9 +14,6 @@ type LoadOptions struct {
 	// opened by package maps, so that programs and userspace share one set and
 	// state survives a restart. Maps not named here are created unpinned.
 	Maps map[string]*ebpf.Map
-	// Constants sets the programs' load-time constants (`volatile const` globals)
-	// by name before loading.
-	Constants map[string]any
 }
 
 // Spec returns a fresh copy of the collection spec of every Sluice program and map.
@@ -29,15 +26,6 @@ func Load(opts LoadOptions) (*SluiceObjects, error) {
 	spec, err := LoadSluice()
 	if err != nil {
 		return nil, err
-	}
-	for name, value := range opts.Constants {
-		v, ok := spec.Variables[name]
-		if !ok {
-			return nil, fmt.Errorf("load sluice programs: no constant %q", name)
-		}
-		if err := v.Set(value); err != nil {
-			return nil, fmt.Errorf("load sluice programs: constant %q: %w", name, err)
-		}
 	}
 	// A replacement may have another capacity than the object's default
 	// (maps.OpenOptions.Capacity): the programs take it as it is.

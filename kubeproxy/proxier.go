@@ -82,6 +82,9 @@ type Proxier struct {
 	pending     map[nat.ServicePortName]bool     // changes of a failed sync, retried
 	reportedBad map[string]bool
 	applied     atomic.Int64 // syncs that programmed the dataplane
+	// affinityCleaned is when the affinity map was last swept of entries
+	// expired or pointing at what is gone (once per sync period).
+	affinityCleaned time.Time
 }
 
 // NewProxier wires a proxier; flusher and metrics may be nil.
@@ -268,6 +271,17 @@ func (p *Proxier) Sync() error {
 	clear(p.pending)
 	p.applied.Add(1)
 	p.flushStaleUDP(stats.StaleUDP)
+	// Apply sweeps the affinity entries of the services it changed; expired
+	// entries of the others are swept here, once per sync period, so that
+	// they do not linger until the LRU needs their room.
+	if now := time.Now(); now.Sub(p.affinityCleaned) >= p.cfg.SyncPeriod {
+		if n, err := p.syncer.CleanAffinity(); err != nil {
+			p.log.Warn("sweeping session affinity entries", "err", err)
+		} else if n > 0 {
+			p.log.Debug("swept session affinity entries", "removed", n)
+		}
+		p.affinityCleaned = now
+	}
 	if err := p.svcHealth.Sync(slices.Collect(maps.Values(p.checks))); err != nil {
 		p.log.Warn("health check ports", "err", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sluice-net/sluice/gen"
@@ -444,4 +445,27 @@ func TestNodeWithoutAddressesKeepsNodePorts(t *testing.T) {
 	if _, ok := e.frontends()["10.0.0.1:30012/6"]; !ok {
 		t.Fatal("a Node without addresses removed the NodePort")
 	}
+}
+
+// Affinity entries of services that are gone are swept once per sync
+// period, not left until the LRU needs their room.
+func TestStaleAffinitySweptEverySyncPeriod(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{SyncPeriod: 100 * time.Millisecond})
+	aff, err := maps.Affinity.In(e.set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("the first sync", func() bool { return e.p.Applied() > 0 })
+	// Left by a service deleted while the agent was down, say: no sync
+	// that follows changes anything.
+	stale := gen.SluiceAffKey{SvcId: 999, Client: gen.NetAddr(netip.MustParseAddr("10.1.0.9"))}
+	if err := aff.Put(stale, gen.SluiceAffValue{Ts: 1}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("the stale affinity entry swept", func() bool {
+		_, err := aff.Get(stale)
+		return errors.Is(err, maps.ErrKeyNotExist)
+	})
 }
