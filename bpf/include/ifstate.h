@@ -43,10 +43,10 @@ struct {
 	__type(value, struct ifstate_value);
 } sl_ifstate_v1 SEC(".maps");
 
-/* entered_managed tells whether a packet entered this node through an
- * interface that has Sluice's ingress program, which has handled it already
- * (skb->ingress_ifindex is 0 for packets the node itself sends). */
-static __always_inline int entered_managed(struct __sk_buff *skb)
+/* entered_with tells whether a packet entered this node through a managed
+ * interface whose state has every bit of flags (skb->ingress_ifindex is 0 for
+ * packets the node itself sends). */
+static __always_inline int entered_with(struct __sk_buff *skb, enum ifstate_flags flags)
 {
 	struct ifstate_key k = { .ifindex = skb->ingress_ifindex };
 	struct ifstate_value *v;
@@ -54,18 +54,19 @@ static __always_inline int entered_managed(struct __sk_buff *skb)
 	if (!k.ifindex)
 		return 0;
 	v = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
-	return v && (v->flags & IFS_READY);
+	return v && (v->flags & flags) == flags;
 }
 
-/* entered_local_iface tells whether a packet entered through an interface
- * marked IFS_LOCAL_TRAFFIC (0 for what the node itself sends). */
+/* entered_managed: the packet came through an interface that has Sluice's
+ * ingress program, which has handled it already. */
+static __always_inline int entered_managed(struct __sk_buff *skb)
+{
+	return entered_with(skb, IFS_READY);
+}
+
+/* entered_local_iface: the packet came through an interface marked
+ * IFS_LOCAL_TRAFFIC (--detect-local-mode=InterfaceNamePrefix). */
 static __always_inline int entered_local_iface(struct __sk_buff *skb)
 {
-	struct ifstate_key k = { .ifindex = skb->ingress_ifindex };
-	struct ifstate_value *v;
-
-	if (!k.ifindex)
-		return 0;
-	v = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
-	return v && (v->flags & IFS_LOCAL_TRAFFIC);
+	return entered_with(skb, IFS_LOCAL_TRAFFIC);
 }

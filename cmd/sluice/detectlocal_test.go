@@ -15,15 +15,11 @@ import (
 func TestDetectLocalModes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	topo, cfg, manifests := demoAgentSetup(ctx, t)
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newDemoAgent(ctx, t)
 	setPodCIDR := func(cidr string) {
 		node := "apiVersion: v1\nkind: Node\nmetadata: {name: sluice-demo}\nspec: {podCIDR: " + cidr + "}\n" +
 			"status: {addresses: [{type: InternalIP, address: 10.210.0.1}]}\n"
-		if err := os.WriteFile(filepath.Join(manifests, "000-node.yaml"), []byte(node), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(d.manifests, "000-node.yaml"), []byte(node), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -44,13 +40,10 @@ func TestDetectLocalModes(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			if c.podCIDR != "" {
 				setPodCIDR(c.podCIDR)
-				defer os.Remove(filepath.Join(manifests, "000-node.yaml"))
+				defer os.Remove(filepath.Join(d.manifests, "000-node.yaml"))
 			}
-			p := startAgentProc(t, topo.node, logFile, append([]string{"--manifests", manifests, "--hostname-override", cfg.NodeName,
-				"--bpf-pin-dir", cfg.PinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", cfg.DataIfaces, "--cgroup=",
-				"--healthz-bind-address=", "--metrics-bind-address=", "--min-sync-period", "50ms"}, c.flags...)...)
+			p := d.start(t, c.flags...)
 			defer p.stop()
-			p.waitProgrammed(t, cfg.PinDir, "10.96.0.10:80", 5)
 			if c.podCIDR != "" {
 				for deadline := time.Now().Add(5 * time.Second); !strings.Contains(p.logs(), "local traffic is the Node's pod CIDR"); time.Sleep(20 * time.Millisecond) {
 					if time.Now().After(deadline) {
@@ -65,7 +58,7 @@ func TestDetectLocalModes(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatalf("answer %q: the backend should see %s\n%s", body, c.seen, p.logs())
 				}
-				body, _ = get(topo.ns(topo.pods["client"]), "10.96.0.10:80", "", 2*time.Second)
+				body, _ = get(d.pod("client"), "10.96.0.10:80", "", 2*time.Second)
 			}
 		})
 	}

@@ -47,17 +47,11 @@ func (s *syncBuffer) String() string {
 func TestFaultsNeverBreakTraffic(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	topo, cfg, manifests := demoAgentSetup(ctx, t)
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := newDemoAgent(ctx, t)
+	topo, manifests, pinDir := d.topo, d.manifests, d.pinDir
 	const healthz, metricsAddr = "127.0.0.1:10256", "127.0.0.1:10249"
 	node := topo.ns(topo.node)
-	agentProc := startAgentProc(t, topo.node, logFile, "--manifests", manifests, "--hostname-override", cfg.NodeName,
-		"--bpf-pin-dir", cfg.PinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", cfg.DataIfaces, "--cgroup=",
-		"--healthz-bind-address", healthz, "--metrics-bind-address", metricsAddr,
-		"--min-sync-period", "50ms", "--check-interval", "200ms")
+	agentProc := d.start(t, "--healthz-bind-address", healthz, "--metrics-bind-address", metricsAddr, "--check-interval", "200ms")
 	defer func() {
 		if t.Failed() {
 			t.Logf("agent log:\n%s", agentProc.logs())
@@ -84,10 +78,9 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 	}
 	metrics := func() string { _, body, _ := fetchIn(node, metricsAddr+"/metrics", "", time.Second); return body }
 	natList := func() string {
-		out, _ := run2(func() error { return run(ctx, []string{"nat", "list", "--bpf-pin-dir", cfg.PinDir}) })
+		out, _ := run2(func() error { return run(ctx, []string{"nat", "list", "--bpf-pin-dir", pinDir}) })
 		return out
 	}
-	agentProc.waitProgrammed(t, cfg.PinDir, "10.96.0.10:80", 5)
 	within("agent healthy", func() bool { code, _ := health(); return code == 200 })
 
 	client := topo.ns(topo.pods["client"])
@@ -135,7 +128,7 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 	traffic("with the folder back")
 
 	// 2. A map pin is removed.
-	fePin := filepath.Join(cfg.PinDir, gen.SluiceMapSlFeV1)
+	fePin := filepath.Join(pinDir, gen.SluiceMapSlFeV1)
 	if err := os.Remove(fePin); err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +143,7 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 	traffic("after the map pin was repaired")
 
 	// 3. A link pin is removed: the hook detaches, and is repaired.
-	links, _ := filepath.Glob(filepath.Join(cfg.PinDir, "links", "*_ingress_slwclient*"))
+	links, _ := filepath.Glob(filepath.Join(pinDir, "links", "*_ingress_slwclient*"))
 	if len(links) != 1 {
 		t.Fatalf("link pins of the client's interface: %v", links)
 	}

@@ -34,26 +34,15 @@ spec:
 func TestPolicyRestartKeepsSlots(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	topo, cfg, manifests := demoAgentSetup(ctx, t)
-	if err := os.WriteFile(filepath.Join(manifests, "policy.yaml"), []byte(policyManifests+b2AdmitsClients), 0o644); err != nil {
+	d := newDemoAgent(ctx, t)
+	if err := os.WriteFile(filepath.Join(d.manifests, "policy.yaml"), []byte(policyManifests+b2AdmitsClients), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := func() *agentProc {
-		p := startAgentProc(t, topo.node, logFile, "--manifests", manifests, "--hostname-override", cfg.NodeName,
-			"--bpf-pin-dir", cfg.PinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", cfg.DataIfaces, "--cgroup=",
-			"--healthz-bind-address=", "--metrics-bind-address=", "--min-sync-period", "50ms")
-		p.waitProgrammed(t, cfg.PinDir, "10.96.0.10:80", 5)
-		return p
-	}
-	client := topo.ns(topo.pods["client"])
+	client := d.pod("client")
 	admitted := func() bool { _, err := get(client, "10.202.0.2:8080", "", 500*time.Millisecond); return err == nil }
 	refused := func() bool { _, err := get(client, "10.203.0.2:8080", "", 200*time.Millisecond); return err != nil }
 
-	first := start()
+	first := d.start(t)
 	for deadline := time.Now().Add(10 * time.Second); !(admitted() && refused()); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the policies never took effect:\n%s", first.logs())
@@ -88,7 +77,7 @@ func TestPolicyRestartKeepsSlots(t *testing.T) {
 		}
 	}()
 	first.stop()
-	second := start()
+	second := d.start(t)
 	time.Sleep(time.Second)
 	close(stop)
 	<-done

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -84,3 +85,37 @@ func (p *agentProc) waitProgrammed(t *testing.T, pinDir, frontend string, ifaces
 		}
 	}
 }
+
+// demoAgent is the demo topology (agent_test.go) with its node's agent run as
+// a process: the tests that need `sluice agent` as on a node start it here.
+type demoAgent struct {
+	topo      *demoTopology
+	pinDir    string
+	manifests string
+	log       *os.File // every start of the agent appends to it
+}
+
+func newDemoAgent(ctx context.Context, t *testing.T) *demoAgent {
+	topo, cfg, manifests := demoAgentSetup(ctx, t)
+	log, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &demoAgent{topo: topo, pinDir: cfg.PinDir, manifests: manifests, log: log}
+}
+
+// start runs the agent on the demo's node with the demo's flags (no socket
+// LB, no HTTP listeners, syncs 50 ms apart) and extra ones, which win over
+// them, and waits until it has programmed the node.
+func (d *demoAgent) start(t *testing.T, extra ...string) *agentProc {
+	t.Helper()
+	args := []string{"--manifests", d.manifests, "--hostname-override", "sluice-demo", "--bpf-pin-dir", d.pinDir,
+		"--workload-iface-prefixes", "slw", "--data-ifaces", "^sldata", "--cgroup=",
+		"--healthz-bind-address=", "--metrics-bind-address=", "--min-sync-period", "50ms"}
+	p := startAgentProc(t, d.topo.node, d.log, append(args, extra...)...)
+	p.waitProgrammed(t, d.pinDir, "10.96.0.10:80", 5)
+	return p
+}
+
+// pod is the path of a demo pod's network namespace.
+func (d *demoAgent) pod(role string) string { return d.topo.ns(d.topo.pods[role]) }

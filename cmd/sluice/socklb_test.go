@@ -23,12 +23,8 @@ import (
 func TestSocketLBServesTheHostOnly(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	topo, cfg, manifests := demoAgentSetup(ctx, t)
+	d := newDemoAgent(ctx, t)
 	cg := bpftest.NewCgroup(t)
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// `ip netns exec` remounts /sys, hiding /sys/fs/cgroup from the agent:
 	// show it the cgroup through a mount of the cgroup2 hierarchy of its own.
 	cgroups := t.TempDir()
@@ -36,12 +32,8 @@ func TestSocketLBServesTheHostOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Unmount(cgroups, unix.MNT_DETACH)
-	p := startAgentProc(t, topo.node, logFile, "--manifests", manifests, "--hostname-override", cfg.NodeName,
-		"--bpf-pin-dir", cfg.PinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", cfg.DataIfaces,
-		"--cgroup", filepath.Join(cgroups, filepath.Base(cg.Path)),
-		"--healthz-bind-address=", "--metrics-bind-address=", "--min-sync-period", "50ms")
-	p.waitProgrammed(t, cfg.PinDir, "10.96.0.12:80", 5)
-	set, err := maps.Open(maps.OpenOptions{PinDir: cfg.PinDir, NoCreate: true})
+	d.start(t, "--cgroup", filepath.Join(cgroups, filepath.Base(cg.Path)))
+	set, err := maps.Open(maps.OpenOptions{PinDir: d.pinDir, NoCreate: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,14 +82,14 @@ func TestSocketLBServesTheHostOnly(t *testing.T) {
 		return out
 	}
 
-	connect(topo.pods["client"])
+	connect(d.topo.pods["client"])
 	if n := count(); n != 0 {
 		t.Fatalf("a pod's connect() was balanced at the socket (%d socket entries)", n)
 	}
 	if got := clients(); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("10.200.0.2")}) {
 		t.Fatalf("affinity clients %v, want the pod's own address", got)
 	}
-	connect(topo.node)
+	connect(d.topo.node)
 	if n := count(); n != 1 {
 		t.Fatalf("the host's connect() was not balanced at the socket (%d socket entries)", n)
 	}

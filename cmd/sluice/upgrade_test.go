@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,20 +17,9 @@ import (
 func TestConntrackResizeKeepsConnections(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	topo, cfg, manifests := demoAgentSetup(ctx, t)
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := func(extra ...string) *agentProc {
-		p := startAgentProc(t, topo.node, logFile, append([]string{"--manifests", manifests, "--hostname-override", cfg.NodeName,
-			"--bpf-pin-dir", cfg.PinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", cfg.DataIfaces, "--cgroup=",
-			"--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address=", "--min-sync-period", "50ms"}, extra...)...)
-		p.waitProgrammed(t, cfg.PinDir, "10.96.0.10:80", 5)
-		return p
-	}
+	d := newDemoAgent(ctx, t)
 	capacity := func() uint32 {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(cfg.PinDir, maps.Conntrack.Name), nil)
+		m, err := ebpf.LoadPinnedMap(filepath.Join(d.pinDir, maps.Conntrack.Name), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,9 +27,9 @@ func TestConntrackResizeKeepsConnections(t *testing.T) {
 		return m.MaxEntries()
 	}
 
-	first := start()
+	first := d.start(t)
 	before := capacity()
-	conn := dialKeepAlive(t, topo.ns(topo.pods["client"]), "10.96.0.10:80")
+	conn := dialKeepAlive(t, d.pod("client"), "10.96.0.10:80")
 	backend, err := conn.get()
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +38,7 @@ func TestConntrackResizeKeepsConnections(t *testing.T) {
 
 	// 4,000 flows per core: the table holds max(131,072, 4,000 × CPUs)
 	// flows, two entries each.
-	second := start("--conntrack-max-per-core", "4000")
+	second := d.start(t, "--conntrack-max-per-core", "4000")
 	if got := capacity(); got == before || got != 2*131072 {
 		t.Fatalf("conntrack capacity %d after the restart (was %d), want %d\n%s", got, before, 2*131072, second.logs())
 	}
