@@ -406,21 +406,29 @@ func (s *Scanner) FlushBackends(backends []Backend) (int, error) {
 	for _, b := range backends {
 		gone[b] = true
 	}
+	return s.Flush(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool {
+		return k.Proto == protoUDP && gone[Backend{ServiceID: v.SvcId, Addr: addrPort(v.NatAddr, v.NatPort)}]
+	})
+}
+
+// Flush deletes every flow whose forward entry match accepts: the forward
+// entry, and the reverse entry when it is the flow's own (a reverse entry
+// another flow took over after a port reuse stays). It returns how many
+// flows it deleted.
+func (s *Scanner) Flush(match func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool) (int, error) {
 	s.toDelete, s.reasons = s.toDelete[:0], s.reasons[:0]
 	var walkErr error
 	err := s.opts.Conntrack.Iterate(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool {
-		if k.Proto != protoUDP || v.Type != gen.SluiceCtTypeCT_FORWARD {
+		if v.Type != gen.SluiceCtTypeCT_FORWARD || !match(k, v) {
 			return true
 		}
-		if gone[Backend{ServiceID: v.SvcId, Addr: addrPort(v.NatAddr, v.NatPort)}] {
-			s.delete(k, ReasonFlushed)
-			s.pair = Pair{FwdKey: k, Fwd: v, HasFwd: true, RevKey: v.Peer}
-			if walkErr = s.lookupOwnReverse(&s.pair); walkErr != nil {
-				return false
-			}
-			if s.pair.HasRev {
-				s.delete(v.Peer, "")
-			}
+		s.delete(k, ReasonFlushed)
+		s.pair = Pair{FwdKey: k, Fwd: v, HasFwd: true, RevKey: v.Peer}
+		if walkErr = s.lookupOwnReverse(&s.pair); walkErr != nil {
+			return false
+		}
+		if s.pair.HasRev {
+			s.delete(v.Peer, "")
 		}
 		return true
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/maps"
@@ -152,5 +153,67 @@ func TestAgentUnderIPNetnsExecMountsBPFFS(t *testing.T) {
 	out, err := tool.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "ip netns exec") {
 		t.Fatalf("sluice maps under ip netns exec: %v: %s", err, out)
+	}
+}
+
+// `sluice ct flush` deletes the flows it picks, both entries of each, and
+// nothing else: not other flows, and not a reverse entry that another flow
+// took over after a client port was reused.
+func TestCTFlushDeletesOnlyThePickedFlows(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	set, err := maps.Open(maps.OpenOptions{PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	ct, err := maps.Conntrack.In(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ap := netip.MustParseAddrPort
+	put := func(k gen.SluiceCtKey, v gen.SluiceCtValue) {
+		if err := ct.Put(k, v, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// pair writes a flow client -> frontend balanced to backend.
+	pair := func(client, frontend, backend netip.AddrPort) (fwd, rev gen.SluiceCtKey) {
+		fwd = bpftest.CtKey(client, frontend, bpftest.ProtoTCP)
+		rev = bpftest.CtKey(backend, client, bpftest.ProtoTCP)
+		now := uint64(conntrack.Monotonic())
+		put(fwd, gen.SluiceCtValue{Type: gen.SluiceCtTypeCT_FORWARD, Peer: rev, Created: now, LastSeen: now, SvcId: 1,
+			NatAddr: gen.NetAddr(backend.Addr()), NatPort: gen.NetPort(backend.Port())})
+		put(rev, gen.SluiceCtValue{Type: gen.SluiceCtTypeCT_REVERSE, Peer: fwd, Created: now, LastSeen: now, SvcId: 1})
+		return fwd, rev
+	}
+	aFwd, aRev := pair(ap("10.1.0.5:4000"), ap("10.96.0.10:80"), ap("10.2.0.7:8080"))
+	bFwd, bRev := pair(ap("10.1.0.6:4001"), ap("10.96.0.10:80"), ap("10.2.0.7:8080"))
+	// c and d: one client port toward two Services with the same backend;
+	// the reverse entry is d's (it was reused), c's forward entry still
+	// points to it.
+	cFwd, _ := pair(ap("10.1.0.7:5000"), ap("10.96.0.11:80"), ap("10.2.0.8:8080"))
+	dFwd, dRev := pair(ap("10.1.0.7:5000"), ap("10.96.0.12:80"), ap("10.2.0.8:8080"))
+
+	out, err := run2(func() error {
+		return run(context.Background(), []string{"ct", "flush", "--bpf-pin-dir", dir, "--address", "10.1.0.5"})
+	})
+	if err != nil || !strings.Contains(out, "flushed 1 flows") {
+		t.Fatalf("flush by client address: %q %v", out, err)
+	}
+	if out, err = run2(func() error {
+		return run(context.Background(), []string{"ct", "flush", "--bpf-pin-dir", dir, "--address", "10.96.0.11"})
+	}); err != nil || !strings.Contains(out, "flushed 1 flows") {
+		t.Fatalf("flush by frontend address: %q %v", out, err)
+	}
+	has := func(k gen.SluiceCtKey) bool { _, err := ct.Get(k); return err == nil }
+	for name, k := range map[string]gen.SluiceCtKey{"a forward": aFwd, "a reverse": aRev, "c forward": cFwd} {
+		if has(k) {
+			t.Errorf("%s entry not flushed", name)
+		}
+	}
+	for name, k := range map[string]gen.SluiceCtKey{"b forward": bFwd, "b reverse": bRev, "d forward": dFwd, "d reverse": dRev} {
+		if !has(k) {
+			t.Errorf("%s entry flushed with another flow", name)
+		}
 	}
 }

@@ -206,31 +206,27 @@ func runCT(args []string) error {
 	return nil
 }
 
-// flushFlows deletes both entries of each flow.
+// flushFlows deletes the listed flows, both entries of each, as the
+// conntrack scanner flushes.
 func flushFlows(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], flows []conntrack.Flow) error {
-	n := 0
-	var errs []error
-	err := ct.Iterate(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool {
-		if v.Type != gen.SluiceCtTypeCT_FORWARD {
-			return true
-		}
-		client := netip.AddrPortFrom(gen.AddrFromNet(k.Saddr), gen.PortFromNet(k.Sport))
-		frontend := netip.AddrPortFrom(gen.AddrFromNet(k.Daddr), gen.PortFromNet(k.Dport))
-		for _, fl := range flows {
-			if fl.Client == client && fl.Frontend == frontend && fl.Proto == conntrack.ProtoName(k.Proto) {
-				for _, key := range []gen.SluiceCtKey{k, v.Peer} {
-					if err := ct.Delete(key); err != nil && !errors.Is(err, maps.ErrKeyNotExist) {
-						errs = append(errs, err)
-					}
-				}
-				n++
-				break
-			}
-		}
-		return true
+	type flowKey struct {
+		proto            string
+		client, frontend netip.AddrPort
+	}
+	picked := make(map[flowKey]bool, len(flows))
+	for _, fl := range flows {
+		picked[flowKey{fl.Proto, fl.Client, fl.Frontend}] = true
+	}
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct})
+	if err != nil {
+		return err
+	}
+	n, err := sc.Flush(func(k gen.SluiceCtKey, _ gen.SluiceCtValue) bool {
+		return picked[flowKey{conntrack.ProtoName(k.Proto), netip.AddrPortFrom(gen.AddrFromNet(k.Saddr), gen.PortFromNet(k.Sport)),
+			netip.AddrPortFrom(gen.AddrFromNet(k.Daddr), gen.PortFromNet(k.Dport))}]
 	})
 	fmt.Printf("flushed %d flows\n", n)
-	return errors.Join(append(errs, err)...)
+	return err
 }
 
 func runIface(args []string) error {
