@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/sluice-net/sluice/gen"
 )
 
 // Maps the compiled programs use (the pinned maps from package maps).
@@ -44,6 +46,17 @@ const (
 	verdictDeny  = 1 << 29
 	tcActOK      = 0
 	tcActShot    = 2
+)
+
+// The IP-set lookup key on the stack, laid out as struct ipset_key (its
+// generated Go type gives the offsets): {prefixlen, set id, address}.
+var ipsetKey gen.SluiceIpsetKey
+
+const (
+	ipsetKeyBase      = -16
+	ipsetKeyPrefixlen = ipsetKeyBase + int16(unsafe.Offsetof(ipsetKey.Prefixlen))
+	ipsetKeySetID     = ipsetKeyBase + int16(unsafe.Offsetof(ipsetKey.SetId))
+	ipsetKeyAddr      = ipsetKeyBase + int16(unsafe.Offsetof(ipsetKey.Addr))
 )
 
 // Registers: r6 the context, r7 the source and r8 the destination address
@@ -307,13 +320,13 @@ func (e *emitter) sets(off int16, ids []uint32, negate bool, fail string) {
 		var be [4]byte
 		binary.BigEndian.PutUint32(be[:], id)
 		e.emit(
-			asm.StoreImm(asm.RFP, -16, 64, asm.Word),
-			asm.StoreImm(asm.RFP, -12, int64(int32(binary.LittleEndian.Uint32(be[:]))), asm.Word),
+			asm.StoreImm(asm.RFP, ipsetKeyPrefixlen, 64, asm.Word),
+			asm.StoreImm(asm.RFP, ipsetKeySetID, int64(int32(binary.LittleEndian.Uint32(be[:]))), asm.Word),
 			asm.LoadMem(asm.R1, rCtx, off, asm.Word),
-			asm.StoreMem(asm.RFP, -8, asm.R1, asm.Word),
+			asm.StoreMem(asm.RFP, ipsetKeyAddr, asm.R1, asm.Word),
 			e.mapPtr(asm.R1, e.maps.IPSets),
 			asm.Mov.Reg(asm.R2, asm.RFP),
-			asm.Add.Imm(asm.R2, -16),
+			asm.Add.Imm(asm.R2, ipsetKeyBase),
 			asm.FnMapLookupElem.Call(),
 		)
 		if negate {
