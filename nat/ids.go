@@ -1,0 +1,93 @@
+package nat
+
+// Service ids: one per backend set, kept across restarts.
+
+import "github.com/sluice-net/sluice/gen"
+
+// adoptIDs gives every service whose ClusterIP frontend is already in the maps
+// (a restart) that frontend's id before any new id is handed out.
+func (s *Syncer) adoptIDs(services map[ServicePortName]*ServicePort) {
+	for name, svc := range services {
+		if svc.Validate() != nil {
+			continue
+		}
+		if v, ok := s.fe.GetDataplane(feKey(svc.ClusterIP, svc.Port, svc.Protocol)); ok && v.SvcId != 0 {
+			s.ids.adopt(idKey{name: name}, v.SvcId)
+		}
+	}
+}
+
+// idFor returns the service id of a backend set: the one it has, or the one the
+// dataplane's frontend fe already uses (after a restart), or a new one.
+func (s *Syncer) idFor(k idKey, fe gen.SluiceFeKey) uint32 {
+	if id, ok := s.ids.get(k); ok {
+		return id
+	}
+	if v, ok := s.fe.GetDataplane(fe); ok && v.SvcId != 0 && s.ids.adopt(k, v.SvcId) {
+		return v.SvcId
+	}
+	return s.ids.alloc(k)
+}
+
+// ServiceID returns the id of a service port's main backend set.
+func (s *Syncer) ServiceID(name ServicePortName) (uint32, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.ids.get(idKey{name: name})
+	return id, ok
+}
+
+// idAllocator hands out service ids; an id freed in one Apply is reused only
+// after that Apply, when its backends are gone from the maps.
+type idAllocator struct {
+	byKey   map[idKey]uint32
+	used    map[uint32]idKey
+	next    uint32
+	pending []uint32
+}
+
+func newIDAllocator() *idAllocator {
+	return &idAllocator{byKey: map[idKey]uint32{}, used: map[uint32]idKey{}, next: 1}
+}
+
+func (a *idAllocator) get(k idKey) (uint32, bool) {
+	id, ok := a.byKey[k]
+	return id, ok
+}
+
+func (a *idAllocator) adopt(k idKey, id uint32) bool {
+	if _, taken := a.used[id]; taken {
+		return false
+	}
+	a.byKey[k], a.used[id] = id, k
+	return true
+}
+
+func (a *idAllocator) alloc(k idKey) uint32 {
+	for {
+		id := a.next
+		a.next++
+		if a.next == 0 {
+			a.next = 1
+		}
+		if _, taken := a.used[id]; !taken && id != 0 {
+			a.byKey[k], a.used[id] = id, k
+			return id
+		}
+	}
+}
+
+// release forgets the key of id now and frees the id after the Apply.
+func (a *idAllocator) release(id uint32) {
+	if k, ok := a.used[id]; ok {
+		delete(a.byKey, k)
+		a.pending = append(a.pending, id)
+	}
+}
+
+func (a *idAllocator) releasePending() {
+	for _, id := range a.pending {
+		delete(a.used, id)
+	}
+	a.pending = a.pending[:0]
+}

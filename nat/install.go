@@ -1,0 +1,232 @@
+package nat
+
+// Writing plans into the maps, in an order no packet sees half done.
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/maps"
+)
+
+// install replaces a service's old plan by p (nil: the service is gone) in the
+// desired state, and returns errors for frontends another service owns.
+func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []error {
+	var errs []error
+	if old == nil {
+		old = &plan{}
+	}
+	newFE := map[gen.SluiceFeKey]gen.SluiceFeValue{}
+	if p != nil {
+		for k, v := range p.frontends {
+			if owner, ok := s.feOwner[k]; ok && owner != name {
+				if older(p.svc, name, s.services[owner], owner) {
+					// This one takes it; the owner is planned again
+					// without it, and reports the conflict then.
+					s.replan[owner] = true
+				} else {
+					errs = append(errs, fmt.Errorf("frontend %v:%d/%d claimed by services %s and %s: %s is older and has it",
+						gen.AddrFromNet(k.Addr), gen.PortFromNet(k.Port), k.Proto, owner, name, owner))
+					s.wait(k, name)
+					continue
+				}
+			}
+			newFE[k] = v
+		}
+	}
+	for k := range old.frontends {
+		if _, keep := newFE[k]; !keep && s.feOwner[k] == name {
+			s.fe.DeleteDesired(k)
+			delete(s.feOwner, k)
+			for w := range s.feWaiting[k] {
+				s.replan[w] = true // a service that claimed it may have it now
+			}
+			delete(s.feWaiting, k)
+		}
+	}
+	for k, v := range newFE {
+		s.fe.SetDesired(k, v)
+		s.feOwner[k] = name
+		if w := s.feWaiting[k]; w != nil {
+			delete(w, name)
+		}
+	}
+
+	var newBE map[uint32][]gen.SluiceBeValue
+	if p != nil {
+		newBE = p.backends
+	}
+	udp := old.svc != nil && old.svc.Protocol == UDP
+	affinity := (old.svc != nil && old.svc.AffinityTimeout > 0) || (p != nil && p.svc.AffinityTimeout > 0)
+	for id, list := range old.backends {
+		nl := newBE[id]
+		for i := len(nl); i < len(list); i++ {
+			s.be.DeleteDesired(gen.SluiceBeKey{SvcId: id, Ordinal: uint32(i)})
+		}
+		if udp {
+			for _, b := range list {
+				if !slices.ContainsFunc(nl, func(n gen.SluiceBeValue) bool { return n.Addr == b.Addr && n.Port == b.Port }) {
+					stats.StaleUDP = append(stats.StaleUDP, StaleBackend{ServiceID: id,
+						Backend: netip.AddrPortFrom(gen.AddrFromNet(b.Addr), gen.PortFromNet(b.Port))})
+				}
+			}
+		}
+		if affinity && !slices.Equal(list, nl) {
+			s.affinityDirty[id] = true
+		}
+		if _, ok := newBE[id]; !ok {
+			s.ids.release(id)
+			s.names.DeleteDesired(gen.SluiceSvcnameKey{SvcId: id})
+		}
+	}
+	for id, list := range newBE {
+		for i, v := range list {
+			s.be.SetDesired(gen.SluiceBeKey{SvcId: id, Ordinal: uint32(i)}, v)
+		}
+	}
+	if p != nil {
+		for node, id := range p.ids {
+			label := name.String()
+			if node.IsValid() {
+				label += " @" + node.String()
+			}
+			s.names.SetDesired(gen.SluiceSvcnameKey{SvcId: id}, svcName(label))
+		}
+	}
+
+	var newSrc []gen.SluiceSrcrangeKey
+	var newIPs []netip.Addr
+	if p != nil {
+		newSrc, newIPs = p.srcRanges, p.ips
+	}
+	for _, k := range old.srcRanges {
+		if !slices.Contains(newSrc, k) {
+			s.src.DeleteDesired(k)
+		}
+	}
+	for _, k := range newSrc {
+		s.src.SetDesired(k, gen.SluiceSrcrangeValue{})
+	}
+	for _, ip := range old.ips {
+		s.unrefIP(ip)
+	}
+	for _, ip := range newIPs {
+		s.refIP(ip)
+	}
+
+	if p == nil {
+		delete(s.services, name)
+	} else {
+		p.frontends = newFE
+		s.services[name] = p
+	}
+	return errs
+}
+
+// older tells whether service a (named an) was created before b: the one that
+// keeps a frontend both claim. Equal times (or none, as in manifests) fall
+// back to namespace, name and port, in that order.
+func older(a *ServicePort, an ServicePortName, bp *plan, bn ServicePortName) bool {
+	if bp == nil || bp.svc == nil {
+		return true
+	}
+	if !a.Created.Equal(bp.svc.Created) {
+		return a.Created.Before(bp.svc.Created)
+	}
+	return cmp.Or(cmp.Compare(an.Namespace, bn.Namespace), cmp.Compare(an.Name, bn.Name), cmp.Compare(an.Port, bn.Port)) < 0
+}
+
+// wait records that a service claims a frontend another one has.
+func (s *Syncer) wait(k gen.SluiceFeKey, name ServicePortName) {
+	if s.feWaiting[k] == nil {
+		s.feWaiting[k] = map[ServicePortName]bool{}
+	}
+	s.feWaiting[k][name] = true
+}
+
+func svcName(s string) gen.SluiceSvcnameValue {
+	var v gen.SluiceSvcnameValue
+	for i := 0; i < len(s) && i < len(v.Name)-1; i++ {
+		v.Name[i] = int8(s[i])
+	}
+	return v
+}
+
+// Service IPs are marked with an ICMP frontend so the datapath answers echo
+// requests to them; several service ports share one IP.
+func markerKey(ip netip.Addr) gen.SluiceFeKey {
+	return gen.SluiceFeKey{Addr: gen.NetAddr(ip), Proto: uint8(1)}
+}
+
+func (s *Syncer) refIP(ip netip.Addr) {
+	s.ipRefs[ip]++
+	if s.ipRefs[ip] == 1 {
+		s.fe.SetDesired(markerKey(ip), gen.SluiceFeValue{})
+	}
+}
+
+func (s *Syncer) unrefIP(ip netip.Addr) {
+	s.ipRefs[ip]--
+	if s.ipRefs[ip] <= 0 {
+		delete(s.ipRefs, ip)
+		s.fe.DeleteDesired(markerKey(ip))
+	}
+}
+
+func (s *Syncer) setHostIPs(ips []netip.Addr) {
+	want := map[gen.SluiceHostipKey]bool{}
+	for _, ip := range ips {
+		k := gen.SluiceHostipKey{Addr: gen.NetAddr(ip)}
+		want[k] = true
+		s.hostIPs.SetDesired(k, gen.SluiceHostipValue{})
+	}
+	var gone []gen.SluiceHostipKey
+	s.hostIPs.IterDataplane(func(k gen.SluiceHostipKey, _ gen.SluiceHostipValue) bool {
+		if !want[k] {
+			gone = append(gone, k)
+		}
+		return true
+	})
+	for _, k := range gone {
+		s.hostIPs.DeleteDesired(k)
+	}
+}
+
+// write applies the desired state in the order that never exposes a half
+// state: frontend deletions, backend (and source range) updates, frontend
+// updates, backend (and source range) deletions.
+func (s *Syncer) write(stats *Stats) error {
+	steps := []struct {
+		what  string
+		apply func() (maps.ApplyStats, error)
+	}{
+		{"frontend deletions", s.fe.ApplyDeletionsOnly},
+		{"source range updates", s.src.ApplyUpdatesOnly},
+		{"backend updates", s.be.ApplyUpdatesOnly},
+		{"service name updates", s.names.ApplyUpdatesOnly},
+		{"frontend updates", s.fe.ApplyUpdatesOnly},
+		{"backend deletions", s.be.ApplyDeletionsOnly},
+		{"source range deletions", s.src.ApplyDeletionsOnly},
+		{"service name deletions", s.names.ApplyDeletionsOnly},
+		{"host IPs", s.hostIPs.ApplyAll},
+	}
+	for _, step := range steps {
+		st, err := step.apply()
+		stats.Writes += st.Writes
+		stats.Deletes += st.Deletes
+		if err != nil {
+			var full *maps.FullError
+			if errors.As(err, &full) {
+				stats.FullMaps = append(stats.FullMaps, full.Map)
+			}
+			// Stop here: later steps would point frontends at backends that
+			// were not written. The pending entries are retried next Apply.
+			return fmt.Errorf("nat syncer: %s: %w", step.what, err)
+		}
+	}
+	return nil
+}
