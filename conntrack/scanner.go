@@ -10,7 +10,6 @@ import (
 
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/maps"
-	"golang.org/x/sys/unix"
 )
 
 // Reason says why a flow was deleted.
@@ -152,12 +151,9 @@ func NewScanner(opts Options) (*Scanner, error) {
 	return &Scanner{opts: opts, log: log}, nil
 }
 
-// Monotonic is the kernel's monotonic clock, the one bpf_ktime_get_ns reads.
-func Monotonic() time.Duration {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return time.Duration(ts.Nano())
-}
+// Monotonic is the kernel's monotonic clock, the one bpf_ktime_get_ns reads
+// (gen.Monotonic).
+func Monotonic() time.Duration { return gen.Monotonic() }
 
 // Scan walks the map once. Each forward entry is judged together with its
 // reverse entry (looked up by the peer key it holds) and both are deleted

@@ -194,9 +194,7 @@ func (m *Manager) writeIfState(st *ifaceState, ingress, egress uint32) error {
 	if p := m.opts.LocalTrafficPrefix; p != "" && strings.HasPrefix(st.name, p) {
 		v.Flags |= gen.SluiceIfstateFlagsIFS_LOCAL_TRAFFIC
 	}
-	for i := 0; i < len(st.name) && i < len(v.Name)-1; i++ {
-		v.Name[i] = int8(st.name[i])
-	}
+	gen.PutCString(v.Name[:], st.name)
 	return m.opts.IfState.Put(gen.SluiceIfstateKey{Ifindex: uint32(st.index)}, v, ebpf.UpdateAny)
 }
 

@@ -31,12 +31,7 @@ func ReadInterfaces(pinDir string, ifstate *slmaps.Map[gen.SluiceIfstateKey, gen
 	err = ifstate.Iterate(func(k gen.SluiceIfstateKey, v gen.SluiceIfstateValue) bool {
 		i := Interface{Index: int(k.Ifindex), Ready: v.Flags&gen.SluiceIfstateFlagsIFS_READY != 0,
 			IngressPolicy: v.IngressPolicy, EgressPolicy: v.EgressPolicy}
-		for _, c := range v.Name {
-			if c == 0 {
-				break
-			}
-			i.Name += string(byte(c))
-		}
+		i.Name = gen.CString(v.Name[:])
 		switch {
 		case v.Flags&gen.SluiceIfstateFlagsIFS_WORKLOAD != 0:
 			i.Class = Workload.String()

@@ -66,7 +66,7 @@ func ReadFrontends(set *maps.Set) ([]Frontend, error) {
 			Address: netip.AddrPortFrom(gen.AddrFromNet(k.Addr), gen.PortFromNet(k.Port)),
 			Count:   v.Count, Local: v.LocalCount, Affinity: v.AffinityTimeout, Flags: flagNames(v.Flags)}
 		if n, err := names.Get(gen.SluiceSvcnameKey{SvcId: v.SvcId}); err == nil {
-			f.Service = cString(n.Name[:])
+			f.Service = gen.CString(n.Name[:])
 		}
 		for _, b := range backends[v.SvcId] {
 			f.Backends = append(f.Backends, Backend{Address: netip.AddrPortFrom(gen.AddrFromNet(b.Addr), gen.PortFromNet(b.Port)),
@@ -93,15 +93,4 @@ func flagNames(f gen.SluiceFeFlags) []string {
 		}
 	}
 	return out
-}
-
-func cString(b []int8) string {
-	var s []byte
-	for _, c := range b {
-		if c == 0 {
-			break
-		}
-		s = append(s, byte(c))
-	}
-	return string(s)
 }

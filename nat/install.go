@@ -150,9 +150,7 @@ func (s *Syncer) wait(k gen.SluiceFeKey, name ServicePortName) {
 
 func svcName(s string) gen.SluiceSvcnameValue {
 	var v gen.SluiceSvcnameValue
-	for i := 0; i < len(s) && i < len(v.Name)-1; i++ {
-		v.Name[i] = int8(s[i])
-	}
+	gen.PutCString(v.Name[:], s)
 	return v
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/maps"
-	"golang.org/x/sys/unix"
 )
 
 // Options configures a Syncer.
@@ -126,7 +125,7 @@ func NewSyncer(opts Options) (*Syncer, error) {
 		s.log = slog.Default()
 	}
 	if s.opts.Clock == nil {
-		s.opts.Clock = monotonic
+		s.opts.Clock = gen.Monotonic
 	}
 	fe, err := maps.Frontends.In(opts.Maps)
 	if err != nil {
@@ -154,12 +153,6 @@ func NewSyncer(opts Options) (*Syncer, error) {
 	s.names = maps.NewCachingMap(names)
 	s.fe, s.be, s.src, s.hostIPs = maps.NewCachingMap(fe), maps.NewCachingMap(be), maps.NewCachingMap(src), maps.NewCachingMap(hip)
 	return s, nil
-}
-
-func monotonic() time.Duration {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return time.Duration(ts.Nano())
 }
 
 // Apply programs the maps for st. Services whose inputs did not change since the

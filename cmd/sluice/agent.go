@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/ifacemgr"
 	"github.com/sluice-net/sluice/maps"
 	"sigs.k8s.io/yaml"
 )
@@ -190,7 +191,7 @@ func flagValue(v any) string {
 
 func runAgent(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("sluice agent", flag.ContinueOnError)
-	cfg := agent.Config{WorkloadPrefixes: []string{"cali", "lxc", "veth", "sl"}}
+	cfg := agent.Config{WorkloadPrefixes: ifacemgr.DefaultWorkloadPrefixes}
 	configFile, logLevel := agentFlags(fs, &cfg)
 	if err := parseFlags(fs, args); err != nil {
 		return err

@@ -163,14 +163,7 @@ func runCT(args []string) error {
 	names := map[uint32]string{}
 	if m, err := maps.SvcNames.In(set); err == nil {
 		m.Iterate(func(k gen.SluiceSvcnameKey, v gen.SluiceSvcnameValue) bool {
-			var b strings.Builder
-			for _, c := range v.Name {
-				if c == 0 {
-					break
-				}
-				b.WriteByte(byte(c))
-			}
-			names[k.SvcId] = b.String()
+			names[k.SvcId] = gen.CString(v.Name[:])
 			return true
 		})
 	}
