@@ -42,6 +42,7 @@ const (
 	cbPorts      = cbOffset + 8
 	cbMeta       = cbOffset + 12
 	cbRule       = cbOffset + 16
+	dirShift     = 24 // cb[3]: direction << dirShift (1: ingress)
 	verdictAllow = 1 << 28
 	verdictDeny  = 1 << 29
 	tcActOK      = 0

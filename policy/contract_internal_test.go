@@ -17,6 +17,8 @@ func TestCompilerMatchesTheCHeaders(t *testing.T) {
 		"POLICY_DENY":         verdictDeny,
 		"IFSTATE_NO_POLICY":   NoPolicy,
 		"POLICY_VERDICT_SLOT": 0,
+		"POLICY_DIR_SHIFT":    dirShift,
+		"POLICY_DIR_INGRESS":  1,
 	} {
 		if c := bpftest.Define(t, name); c != goValue {
 			t.Errorf("%s is %#x in C, %#x in Go", name, c, goValue)

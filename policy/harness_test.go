@@ -1,7 +1,6 @@
 package policy_test
 
 import (
-	"encoding/binary"
 	"net/netip"
 	"testing"
 
@@ -10,15 +9,6 @@ import (
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/policy"
 )
-
-// skbContext is struct __sk_buff as BPF_PROG_TEST_RUN takes it: a test may
-// set cb (and a few other fields); the kernel writes the whole struct back.
-type skbContext struct {
-	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto uint32
-	Priority, IngressIfindex, Ifindex, TcIndex                                  uint32
-	Cb                                                                          [5]uint32
-	Rest                                                                        [(192 - 68) / 4]uint32
-}
 
 type env struct {
 	tb   testing.TB
@@ -67,41 +57,12 @@ func (e *env) setIPSets(sets policy.IPSets) {
 	}
 }
 
-func netOrder16(v uint16) uint32 {
-	var b [2]byte
-	binary.BigEndian.PutUint16(b[:], v)
-	return uint32(binary.LittleEndian.Uint16(b[:]))
-}
-
-// frame is any valid frame: the policy reads the tuple from cb, not the packet.
-var frame = bpftest.UDPPacket(netip.MustParseAddrPort("192.0.2.1:1"), netip.MustParseAddrPort("192.0.2.2:2"), nil)
-
 // run evaluates pkt with prog and returns (allowed, rule id).
 func (e *env) run(prog *ebpf.Program, pkt policy.Packet, ingress bool) (bool, uint32) {
 	e.tb.Helper()
-	ctx := skbContext{}
-	ctx.Cb[0] = gen.NetAddr(pkt.Src)
-	ctx.Cb[1] = gen.NetAddr(pkt.Dst)
-	ctx.Cb[2] = netOrder16(pkt.SrcPort) | netOrder16(pkt.DstPort)<<16
-	ctx.Cb[3] = uint32(pkt.Protocol) | uint32(pkt.ICMPType)<<8 | uint32(pkt.ICMPCode)<<16
-	if ingress {
-		ctx.Cb[3] |= 1 << 24
-	}
-	var out skbContext
-	ret, err := prog.Run(&ebpf.RunOptions{Data: frame, Context: ctx, ContextOut: &out})
+	allowed, rule, err := policy.Run(prog, pkt, ingress)
 	if err != nil {
 		e.tb.Fatal(err)
 	}
-	allowed := ret == 0
-	if !allowed && ret != 2 {
-		e.tb.Fatalf("verdict %d", ret)
-	}
-	wantBit := uint32(1 << 29)
-	if allowed {
-		wantBit = 1 << 28
-	}
-	if out.Cb[3]&wantBit == 0 {
-		e.tb.Fatalf("return %d but cb verdict bits %#x", ret, out.Cb[3])
-	}
-	return allowed, out.Cb[4]
+	return allowed, rule
 }
