@@ -22,16 +22,7 @@ import (
 // flushed every flow and `cleanup oops --bpf-pin-dir X` cleaned the default
 // directory. Such commands are refused, as is a --proto that is not one.
 func TestStrayArgumentsAreRefused(t *testing.T) {
-	dir := bpftest.PinDir(t)
-	set, err := maps.Open(maps.OpenOptions{PinDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	ct, err := maps.Conntrack.In(set)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, ct := pinnedConntrack(t)
 	k := bpftest.CtKey(netip.MustParseAddrPort("10.1.0.5:4000"), netip.MustParseAddrPort("10.96.0.10:80"), bpftest.ProtoTCP)
 	if err := ct.Put(k, gen.SluiceCtValue{Type: gen.SluiceCtTypeCT_FORWARD, Peer: k}, ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
@@ -160,16 +151,7 @@ func TestAgentUnderIPNetnsExecMountsBPFFS(t *testing.T) {
 // nothing else: not other flows, and not a reverse entry that another flow
 // took over after a client port was reused.
 func TestCTFlushDeletesOnlyThePickedFlows(t *testing.T) {
-	dir := bpftest.PinDir(t)
-	set, err := maps.Open(maps.OpenOptions{PinDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	ct, err := maps.Conntrack.In(set)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, ct := pinnedConntrack(t)
 	ap := netip.MustParseAddrPort
 	put := func(k gen.SluiceCtKey, v gen.SluiceCtValue) {
 		if err := ct.Put(k, v, ebpf.UpdateAny); err != nil {
@@ -216,4 +198,21 @@ func TestCTFlushDeletesOnlyThePickedFlows(t *testing.T) {
 			t.Errorf("%s entry flushed with another flow", name)
 		}
 	}
+}
+
+// pinnedConntrack opens the maps pinned on a private bpffs, as an agent
+// would have left them, and returns the directory and the conntrack map.
+func pinnedConntrack(t *testing.T) (string, *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue]) {
+	t.Helper()
+	dir := bpftest.PinDir(t)
+	set, err := maps.Open(maps.OpenOptions{PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	ct, err := maps.Conntrack.In(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, ct
 }
