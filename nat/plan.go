@@ -9,7 +9,7 @@ import (
 	"github.com/sluice-net/sluice/gen"
 )
 
-// wildcardIP is the NodePort wildcard frontend address (bpf/include/nat.h).
+// wildcardIP is the NodePort wildcard frontend address (bpf/include/service.h).
 var wildcardIP = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
 // idKey names one backend set: a service port's main set (node invalid) or its

@@ -9,6 +9,13 @@
  * New flows are balanced only where they enter (FROM_*); every hook applies
  * conntrack, so both directions of a flow are handled from conntrack alone.
  *
+ * The stages live in their headers: parsing in parse.h (fragments in
+ * frag.h), the conntrack layout in conntrack.h and flow creation with its
+ * clash rules in ct_new.h, the service lookup and backend choice in
+ * service.h, address rewriting in rewrite.h, rejects in reject.h and
+ * icmp_error.h. This file joins them per hook, decides where a flow is SNATed
+ * (new_flow), and hands new flows to policy.
+ *
  * Policy (policy.h): a workload's egress policy judges a new flow at
  * FROM_WL once its backend is chosen and NAT applied; its ingress policy at
  * TO_WL. The verdict is recorded on the flow's conntrack entries, so
@@ -18,15 +25,16 @@
 #include "common.h"
 #include "config.h"
 #include "conntrack.h"
+#include "ct_new.h"
 #include "counters.h"
 #include "frag.h"
 #include "icmp_error.h"
 #include "ifstate.h"
-#include "nat.h"
 #include "parse.h"
 #include "policy.h"
 #include "reject.h"
 #include "rewrite.h"
+#include "service.h"
 
 enum hook {
 	HOOK_FROM_WL,
@@ -91,20 +99,6 @@ __subprog int reject(struct __sk_buff *skb, const struct packet *p)
 	return bpf_redirect(skb->ifindex, 0);
 }
 
-/* random_snat_port picks a port for a flow whose source is translated: the
- * SNAT range for the node's address (cfg may be NULL: no configuration
- * written yet, the default range), the remap range for a client that keeps
- * its own address. */
-static __always_inline __be16 random_snat_port(const struct config *cfg, int remap)
-{
-	__u16 lo = remap ? REMAP_PORT_MIN : cfg && cfg->snat_port_min ? cfg->snat_port_min : SNAT_PORT_MIN_DEFAULT;
-	__u16 hi = remap ? REMAP_PORT_MAX : cfg && cfg->snat_port_max ? cfg->snat_port_max : SNAT_PORT_MAX_DEFAULT;
-
-	if (hi < lo)
-		hi = lo;
-	return bpf_htons(lo + bpf_get_prandom_u32() % (hi - lo + 1));
-}
-
 /* policy_slot returns the interface's policy slot for a direction, or
  * IFSTATE_NO_POLICY. */
 static __always_inline __u32 policy_slot(struct __sk_buff *skb, __u32 dir)
@@ -148,144 +142,6 @@ static __always_inline int judge_stateless(struct __sk_buff *skb, const struct p
 	if (slot == IFSTATE_NO_POLICY)
 		return TC_ACT_OK;
 	return policy_handoff(skb, p, dir, slot);
-}
-
-/* ct_reopened tells whether a SYN that matched a forward entry opens a new
- * connection on the tuple of one that has ended (the client closed or reset
- * it, or the server reset it): the SYN is then balanced as a new flow, as
- * netfilter replaces a closed conntrack entry, instead of following a flow
- * whose backend may be gone. Only SYNs that hit an entry pay for it. */
-__subprog int ct_reopened(const struct ct_value *fwd)
-{
-	if (fwd->tcp_seen & (TCP_FLAG_FIN | TCP_FLAG_RST))
-		return 1;
-	struct ct_key peer = fwd->peer;
-	struct ct_value *rev = bpf_map_lookup_elem(&sl_ct_v2, &peer);
-	return rev && (rev->tcp_seen & TCP_FLAG_RST);
-}
-
-/* superseded tells whether a packet that matched a flow's forward entry
- * starts a new flow instead, to be balanced afresh:
- *  - a SYN on the tuple of a TCP flow that ended (ct_reopened);
- *  - a SYN, or a datagram at most once per CT_REFRESH_NS, of a flow tracked
- *    untranslated whose destination has become a frontend since: the
- *    Service was programmed after the flow's first packet (an agent that
- *    starts, a Service just created). Without it, a client retrying from
- *    the same port, or a UDP client with a fixed port, would reach the
- *    bare service IP until the flow expired.
- * Established segments of live flows pay only the checks of their flags and
- * the entry's service id. */
-__subprog int superseded(const struct packet *p, const struct ct_value *fwd)
-{
-	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
-
-	if (syn && ct_reopened(fwd)) {
-		count(CNT_TUPLE_REUSED);
-		return 1;
-	}
-	if (fwd->svc_id || p->l4_absent)
-		return 0;
-	if (!syn && !(p->proto == IPPROTO_UDP && bpf_ktime_get_ns() - fwd->last_seen > CT_REFRESH_NS))
-		return 0;
-	if (!fe_lookup(p->daddr, p->dport, p->proto))
-		return 0;
-	count(CNT_FLOW_NOW_SERVICE);
-	return 1;
-}
-
-/* own_tuple tells whether a reverse entry is this flow's own: its forward key
- * is this packet's tuple, the client reopening the connection it had (its
- * forward entry was replaced, or the SYN comes again). */
-static __always_inline int own_tuple(const struct ct_value *r, const struct packet *p)
-{
-	return r->type == CT_REVERSE && r->peer.saddr == p->saddr && r->peer.daddr == p->daddr &&
-	       r->peer.sport == p->sport && r->peer.dport == p->dport;
-}
-
-/* ct_create writes the reverse entry, then the forward one, and sets *sport to
- * the source port the flow leaves with. With *snat_addr set the source is
- * translated: the client's port is kept when free, else random ones are
- * tried. Without, the reverse tuple is the client's own.
- *
- * The reverse key is the flow's identity at the destination, so it is only
- * ever inserted where it does not exist. When another flow holds it — live,
- * or ended but not yet removed by the conntrack scanner, which keeps a flow
- * whose server closed first for its TIME_WAIT — the new flow would be the
- * same connection there: it keeps the client's address but gets another
- * port, as netfilter's NAT does even for flows no rule translates (its "null
- * binding"), and *snat_addr and *flags say so. Every TCP and UDP flow
- * crossing a workload or data interface is tracked, so the holder may be a
- * Service flow or a direct one, in either order. A held key is never taken
- * over from another flow, not even an ended one: two CPUs starting clashing
- * flows at once could both take it. Only the flow itself takes its key back
- * (own_tuple). It returns -E2BIG when the map is full (the new flow is
- * refused; no live flow is evicted for it), -1 when no entry could be written
- * for another reason. */
-static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
-				     const struct be_value *be, __be32 *snat_addr,
-				     const struct config *cfg, __u8 *flags, enum pol_verdict egress,
-				     __be16 *sport)
-{
-	__u64 now = bpf_ktime_get_ns();
-	struct ct_key fwd_key, rev_key = {
-		.saddr = be->addr, .daddr = *snat_addr ? *snat_addr : p->saddr,
-		.sport = be->port, .dport = p->sport, .proto = p->proto,
-	};
-	struct ct_value rev = {
-		.created = now, .last_seen = now,
-		.nat_addr = p->daddr, .nat_port = p->dport,
-		.snat_addr = p->saddr, .snat_port = p->sport,
-		.svc_id = svc_id, .type = CT_REVERSE, .flags = *flags, .pol_egress = egress,
-	};
-
-	int remap = 0, err;
-
-	ct_key_of(p, &fwd_key);
-	rev.peer = fwd_key;
-	if (!*snat_addr && (err = bpf_map_update_elem(&sl_ct_v2, &rev_key, &rev, BPF_NOEXIST))) {
-		if (err == -E2BIG)
-			return -E2BIG;
-		struct ct_value *held = bpf_map_lookup_elem(&sl_ct_v2, &rev_key);
-		if (held && own_tuple(held, p)) {
-			if (bpf_map_update_elem(&sl_ct_v2, &rev_key, &rev, BPF_ANY))
-				return -1;
-		} else {
-			remap = 1;
-			*snat_addr = p->saddr;
-			*flags |= CT_SNAT;
-			rev.flags = *flags;
-			count(CNT_TUPLE_REMAPPED);
-		}
-	}
-	if (*snat_addr) {
-		/* The reverse key must be unique or replies would reach the wrong
-		 * client: keep the client's port when free, else try random ones. */
-		int i;
-		for (i = 0; i < SNAT_PORT_TRIES; i++) {
-			err = bpf_map_update_elem(&sl_ct_v2, &rev_key, &rev, BPF_NOEXIST);
-			if (!err)
-				break;
-			if (err == -E2BIG)
-				return -E2BIG;
-			rev_key.dport = random_snat_port(cfg, remap);
-		}
-		if (i == SNAT_PORT_TRIES)
-			return -1;
-	}
-
-	struct ct_value fwd = {
-		.created = now, .last_seen = now, .peer = rev_key,
-		.nat_addr = be->addr, .nat_port = be->port,
-		.snat_addr = *snat_addr, .snat_port = rev_key.dport,
-		.svc_id = svc_id, .tcp_seen = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK),
-		.type = CT_FORWARD, .flags = *flags, .pol_egress = egress,
-	};
-	if ((err = bpf_map_update_elem(&sl_ct_v2, &fwd_key, &fwd, BPF_ANY))) {
-		bpf_map_delete_elem(&sl_ct_v2, &rev_key);
-		return err == -E2BIG ? -E2BIG : -1;
-	}
-	*sport = rev_key.dport;
-	return 0;
 }
 
 /* drop_create_failed drops a new flow whose conntrack entries could not be

@@ -19,7 +19,7 @@
 #include "config.h"
 #include "consts.h"
 #include "counters.h"
-#include "nat.h"
+#include "service.h"
 
 #define AF_INET		2
 #define ECONNREFUSED	111
