@@ -1,12 +1,3 @@
-// Package conntrack keeps the datapath's conntrack table healthy: a Scanner
-// walks it periodically and deletes flows that expired or whose NAT went stale,
-// always a forward entry together with its reverse entry; FlushBackends removes
-// the UDP flows of backends that left their service right after a sync; Flow
-// decodes an entry pair for people.
-//
-// Established TCP connections to a backend that left its service are kept until
-// they end or expire (graceful termination, as with kube-proxy): the stale-NAT
-// check applies to non-TCP flows only, and FlushBackends to UDP only.
 package conntrack
 
 import (
