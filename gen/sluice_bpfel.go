@@ -215,22 +215,6 @@ type SluiceHostipValue struct {
 	Flags uint32
 }
 
-type SluiceIfStats struct {
-	_         structs.HostLayout
-	Packets   uint64
-	Bytes     uint64
-	Ipv4      uint64
-	Tcp       uint64
-	Udp       uint64
-	NonIpv4   uint64
-	Malformed uint64
-}
-
-type SluiceIfStatsKey struct {
-	_       structs.HostLayout
-	Ifindex uint32
-}
-
 type SluiceIfstateFlags uint32
 
 const (
@@ -344,7 +328,6 @@ const (
 	SluiceMapSlFragV1         = "sl_frag_v1"
 	SluiceMapSlHostipV1       = "sl_hostip_v1"
 	SluiceMapSlIfstateV1      = "sl_ifstate_v1"
-	SluiceMapSlIfstatsV1      = "sl_ifstats_v1"
 	SluiceMapSlIpsetV1        = "sl_ipset_v1"
 	SluiceMapSlPolprogV1      = "sl_polprog_v1"
 	SluiceMapSlPrefilterV1    = "sl_prefilter_v1"
@@ -353,7 +336,6 @@ const (
 	SluiceMapSlSrcrangeV1     = "sl_srcrange_v1"
 	SluiceMapSlSvcnameV1      = "sl_svcname_v1"
 	SluiceProgSlConnect4      = "sl_connect4"
-	SluiceProgSlCount         = "sl_count"
 	SluiceProgSlFromHost      = "sl_from_host"
 	SluiceProgSlFromHostL3    = "sl_from_host_l3"
 	SluiceProgSlFromWl        = "sl_from_wl"
@@ -411,7 +393,6 @@ type SluiceSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceProgramSpecs struct {
 	SlConnect4      *ebpf.ProgramSpec `ebpf:"sl_connect4"`
-	SlCount         *ebpf.ProgramSpec `ebpf:"sl_count"`
 	SlFromHost      *ebpf.ProgramSpec `ebpf:"sl_from_host"`
 	SlFromHostL3    *ebpf.ProgramSpec `ebpf:"sl_from_host_l3"`
 	SlFromWl        *ebpf.ProgramSpec `ebpf:"sl_from_wl"`
@@ -440,7 +421,6 @@ type SluiceMapSpecs struct {
 	SlFragV1      *ebpf.MapSpec `ebpf:"sl_frag_v1"`
 	SlHostipV1    *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
 	SlIfstateV1   *ebpf.MapSpec `ebpf:"sl_ifstate_v1"`
-	SlIfstatsV1   *ebpf.MapSpec `ebpf:"sl_ifstats_v1"`
 	SlIpsetV1     *ebpf.MapSpec `ebpf:"sl_ipset_v1"`
 	SlPolprogV1   *ebpf.MapSpec `ebpf:"sl_polprog_v1"`
 	SlPrefilterV1 *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
@@ -486,7 +466,6 @@ type SluiceMaps struct {
 	SlFragV1      *ebpf.Map `ebpf:"sl_frag_v1"`
 	SlHostipV1    *ebpf.Map `ebpf:"sl_hostip_v1"`
 	SlIfstateV1   *ebpf.Map `ebpf:"sl_ifstate_v1"`
-	SlIfstatsV1   *ebpf.Map `ebpf:"sl_ifstats_v1"`
 	SlIpsetV1     *ebpf.Map `ebpf:"sl_ipset_v1"`
 	SlPolprogV1   *ebpf.Map `ebpf:"sl_polprog_v1"`
 	SlPrefilterV1 *ebpf.Map `ebpf:"sl_prefilter_v1"`
@@ -508,7 +487,6 @@ func (m *SluiceMaps) Close() error {
 		m.SlFragV1,
 		m.SlHostipV1,
 		m.SlIfstateV1,
-		m.SlIfstatsV1,
 		m.SlIpsetV1,
 		m.SlPolprogV1,
 		m.SlPrefilterV1,
@@ -530,7 +508,6 @@ type SluiceVariables struct {
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluicePrograms struct {
 	SlConnect4      *ebpf.Program `ebpf:"sl_connect4"`
-	SlCount         *ebpf.Program `ebpf:"sl_count"`
 	SlFromHost      *ebpf.Program `ebpf:"sl_from_host"`
 	SlFromHostL3    *ebpf.Program `ebpf:"sl_from_host_l3"`
 	SlFromWl        *ebpf.Program `ebpf:"sl_from_wl"`
@@ -548,7 +525,6 @@ type SluicePrograms struct {
 func (p *SluicePrograms) Close() error {
 	return _SluiceClose(
 		p.SlConnect4,
-		p.SlCount,
 		p.SlFromHost,
 		p.SlFromHostL3,
 		p.SlFromWl,

@@ -54,7 +54,6 @@ func (d PerCPUDef[K, V]) In(s *Set) (*PerCPUMap[K, V], error) {
 // The catalogue's typed entries. Layouts and byte orders are documented in
 // bpf/include, next to each field.
 var (
-	IfStats   = Def[gen.SluiceIfStatsKey, gen.SluiceIfStats]{Name: gen.SluiceMapSlIfstatsV1}
 	Frontends = Def[gen.SluiceFeKey, gen.SluiceFeValue]{Name: gen.SluiceMapSlFeV1}
 	Backends  = Def[gen.SluiceBeKey, gen.SluiceBeValue]{Name: gen.SluiceMapSlBeV1}
 	SrcRanges = Def[gen.SluiceSrcrangeKey, gen.SluiceSrcrangeValue]{Name: gen.SluiceMapSlSrcrangeV1}
@@ -79,7 +78,6 @@ var (
 // docs says what each map is for; every map of the object must have a line
 // (a test checks), which keeps the catalogue complete.
 var docs = map[string]string{
-	gen.SluiceMapSlIfstatsV1:   "per-interface packet counters of sl_count",
 	gen.SluiceMapSlFeV1:        "service frontends: {IP, port, protocol} -> service id, backend counts, affinity, flags",
 	gen.SluiceMapSlBeV1:        "service backends: {service id, ordinal} -> backend IP:port, local flag",
 	gen.SluiceMapSlSrcrangeV1:  "loadBalancerSourceRanges: LPM {service id, source CIDR}",
@@ -420,6 +418,8 @@ func StalePins(dir string) ([]string, error) {
 // disposable names (without the _vN layout version) the maps whose contents
 // only count or live for seconds: statistics and in-flight fragments. A pin of
 // an older layout of one of them can be removed without losing a connection.
+// sl_ifstats_v1 (the per-interface counters of the retired sl_count program)
+// has no current layout: its pin is removed as stale.
 var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_frag_v"}
 
 // RemoveStaleDisposable removes the stale pins (StalePins) of maps whose

@@ -5,19 +5,15 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/google/gopacket/layers"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/maps"
 )
 
-func ifStatsEntry(ifindex uint32, packets uint64) (gen.SluiceIfStatsKey, gen.SluiceIfStats) {
-	return gen.SluiceIfStatsKey{Ifindex: ifindex}, gen.SluiceIfStats{Packets: packets}
-}
-
-// The counting program, loaded against the pinned catalogue maps, run on
-// gopacket-built frames, its counters read back through maps.Map.
-func TestCountProgramCountsByProtocol(t *testing.T) {
+// The datapath, loaded against the pinned catalogue maps, run on built
+// frames; its counters read back by name through maps.ReadCounters, as the
+// agent's metrics read them.
+func TestDatapathCountersReadByName(t *testing.T) {
 	set := openSet(t)
 	objs, err := gen.Load(gen.LoadOptions{Maps: set.All()})
 	if err != nil {
@@ -28,41 +24,49 @@ func TestCountProgramCountsByProtocol(t *testing.T) {
 	a := netip.MustParseAddrPort("10.0.0.1:1234")
 	b := netip.MustParseAddrPort("10.0.0.2:80")
 	tcp := bpftest.TCPPacket(a, b, bpftest.SYN)
-	frames := map[string][]byte{
-		"tcp":       tcp,
-		"udp":       bpftest.UDPPacket(a, b, []byte("hello")),
-		"icmp":      bpftest.Build(bpftest.PacketSpec{Src: a, Dst: b, Proto: layers.IPProtocolICMPv4, ICMPType: 8}),
-		"truncated": tcp[:14+20+10], // TCP header cut short
-		"arp":       arpFrame(),
+	// A datagram in fragments: its later fragments are not the first one's,
+	// and no Service owns the destination, so they pass as they are.
+	frags := bpftest.Fragment(bpftest.UDPPacket(a, b, make([]byte, 1200)), 400)
+	runs := []struct {
+		name  string
+		frame []byte
+		ret   uint32
+	}{
+		{"truncated TCP", tcp[:14+20+10], 2}, // TC_ACT_SHOT
+		{"truncated TCP again", tcp[:14+20+10], 2},
+		{"ARP", arpFrame(), 0}, // TC_ACT_OK: not IPv4
+		{"later fragment", frags[2], 0},
 	}
-	want := gen.SluiceIfStats{}
-	runs := map[string]int{"tcp": 3, "udp": 2, "icmp": 1, "truncated": 1, "arp": 1}
-	for name, n := range runs {
-		for range n {
-			ret, err := objs.SlCount.Run(&ebpf.RunOptions{Data: frames[name]})
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			if ret != 0 { // TC_ACT_OK
-				t.Fatalf("%s: return %d, want TC_ACT_OK", name, ret)
-			}
-			want.Packets++
-			want.Bytes += uint64(len(frames[name]))
+	for _, r := range runs {
+		ret, err := objs.SlFromHost.Run(&ebpf.RunOptions{Data: r.frame})
+		if err != nil {
+			t.Fatalf("%s: %v", r.name, err)
+		}
+		if ret != r.ret {
+			t.Fatalf("%s: return %d, want %d", r.name, ret, r.ret)
 		}
 	}
-	want.Ipv4, want.Tcp, want.Udp, want.Malformed, want.NonIpv4 = 6, 3, 2, 1, 1
 
-	m, err := maps.IfStats.In(set)
+	m, err := maps.Counters.In(set)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// BPF_PROG_TEST_RUN runs the program as if on the loopback device.
-	got, err := m.Get(gen.SluiceIfStatsKey{Ifindex: 1})
+	names, err := maps.CounterNames()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != want {
-		t.Fatalf("counters %+v, want %+v", got, want)
+	got, err := maps.ReadCounters(m, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]uint64{"drop_malformed": 2, "pass_fragment": 1}
+	for name, n := range got {
+		if n != want[name] {
+			t.Errorf("counter %s = %d, want %d", name, n, want[name])
+		}
+	}
+	if len(got) != len(names) {
+		t.Errorf("read %d counters, the header names %d", len(got), len(names))
 	}
 }
 

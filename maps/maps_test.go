@@ -70,7 +70,6 @@ func roundTrip[K comparable, V comparable](d maps.Def[K, V]) func(t *testing.T, 
 // roundTrips must name every map of the catalogue: a map added to bpf/include
 // without a typed Def and a round trip here fails TestCatalogueRoundTrips.
 var roundTrips = map[string]func(*testing.T, *maps.Set){
-	maps.IfStats.Name:   roundTrip(maps.IfStats),
 	maps.Frontends.Name: roundTrip(maps.Frontends),
 	maps.Backends.Name:  roundTrip(maps.Backends),
 	maps.SrcRanges.Name: roundTripLPM,
@@ -415,11 +414,11 @@ func TestPinnedMapSurvivesReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := maps.IfStats.In(set)
+	m, err := maps.HostIPs.In(set)
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, val := ifStatsEntry(7, 99)
+	key, val := gen.SluiceHostipKey{Addr: 7}, gen.SluiceHostipValue{Flags: 99}
 	if err := m.Put(key, val, ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +429,7 @@ func TestPinnedMapSurvivesReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer set2.Close()
-	m2, err := maps.IfStats.In(set2)
+	m2, err := maps.HostIPs.In(set2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +475,7 @@ func TestStalePinsListsOlderLayouts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer old.Close()
-	if err := old.Pin(filepath.Join(dir, "sl_ifstats_v0")); err != nil {
+	if err := old.Pin(filepath.Join(dir, "sl_hostip_v0")); err != nil {
 		t.Fatal(err)
 	}
 	set, err := maps.Open(maps.OpenOptions{PinDir: dir})
@@ -485,7 +484,7 @@ func TestStalePinsListsOlderLayouts(t *testing.T) {
 	}
 	defer set.Close()
 	stale, err := maps.StalePins(dir)
-	if err != nil || len(stale) != 1 || stale[0] != "sl_ifstats_v0" {
+	if err != nil || len(stale) != 1 || stale[0] != "sl_hostip_v0" {
 		t.Fatalf("stale pins: %v %v", stale, err)
 	}
 }

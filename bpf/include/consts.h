@@ -4,7 +4,6 @@
  * depend on the exact number. */
 #pragma once
 
-#define SL_IFSTATS_MAX		1024
 #define SL_FE_MAX		262144		/* frontends: service IP:port:proto entries */
 #define SL_BE_MAX		1048576		/* backends: (service, ordinal) entries */
 #define SL_SRCRANGE_MAX		16384		/* loadBalancerSourceRanges CIDRs */

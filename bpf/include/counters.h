@@ -55,3 +55,10 @@ static __always_inline void count(enum counter c)
 	if (v)
 		*v += 1;	/* per-CPU: no other CPU writes this slot */
 }
+
+/* drop counts why a packet is dropped, and drops it. */
+static __always_inline int drop(enum counter c)
+{
+	count(c);
+	return TC_ACT_SHOT;
+}

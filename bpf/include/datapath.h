@@ -9,12 +9,21 @@
  * New flows are balanced only where they enter (FROM_*); every hook applies
  * conntrack, so both directions of a flow are handled from conntrack alone.
  *
- * The stages live in their headers: parsing in parse.h (fragments in
- * frag.h), the conntrack layout in conntrack.h and flow creation with its
- * clash rules in ct_new.h, the service lookup and backend choice in
- * service.h, address rewriting in rewrite.h, rejects in reject.h and
- * icmp_error.h. This file joins them per hook, decides where a flow is SNATed
- * (new_flow), and hands new flows to policy.
+ * The stages live in their headers, in the order a packet meets them:
+ *   parse        parse.h (fragments: frag.h)
+ *   conntrack    conntrack.h (the layout, lookups), ct_new.h (flow creation
+ *                and the clash rules)
+ *   service      service.h (frontend lookup, source ranges, backend choice)
+ *   NAT          rewrite.h (the SNAT decision, replaying a flow's
+ *                translation, the checksum-safe writes)
+ *   verdict      policy.h (which policy judges a flow, the hand-off to it),
+ *                reject.h and icmp_error.h (answers the node writes itself),
+ *                counters.h (drop)
+ * This file joins them per hook: pipeline() at the bottom reads top-down,
+ * and the functions above it are its branches.
+ *
+ * Every stage returns a TC verdict or JUDGE_BY_POLICY (policy.h); the entry
+ * programs in sluice.c turn the latter into the tail call.
  *
  * Policy (policy.h): a workload's egress policy judges a new flow at
  * FROM_WL once its backend is chosen and NAT applied; its ingress policy at
@@ -43,52 +52,6 @@ enum hook {
 	HOOK_TO_HOST,
 };
 
-static __always_inline int drop(enum counter c)
-{
-	count(c);
-	return TC_ACT_SHOT;
-}
-
-/* ct_apply_fragment translates a non-first fragment: its IP header only. */
-__subprog int ct_apply_fragment(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
-{
-	__be32 src = p->saddr, dst = p->daddr;
-
-	if (v->type == CT_FORWARD) {
-		dst = v->nat_addr;
-		if (v->flags & CT_SNAT)
-			src = v->snat_addr;
-	} else {
-		src = v->nat_addr;
-		if (v->flags & CT_SNAT)
-			dst = v->snat_addr;
-	}
-	if (rewrite_addr_l3(skb, p, IP_DADDR_OFF, p->daddr, dst) ||
-	    rewrite_addr_l3(skb, p, IP_SADDR_OFF, p->saddr, src))
-		return -1;
-	p->saddr = src;
-	p->daddr = dst;
-	return 0;
-}
-
-static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
-{
-	if (p->l4_absent)
-		return ct_apply_fragment(skb, p, v);
-	if (v->type == CT_FORWARD) {
-		if (rewrite_dst(skb, p, v->nat_addr, v->nat_port))
-			return -1;
-		if (v->flags & CT_SNAT)
-			return rewrite_src(skb, p, v->snat_addr, v->snat_port);
-		return 0;
-	}
-	if (rewrite_src(skb, p, v->nat_addr, v->nat_port))
-		return -1;
-	if (v->flags & CT_SNAT)
-		return rewrite_dst(skb, p, v->snat_addr, v->snat_port);
-	return 0;
-}
-
 __subprog int reject(struct __sk_buff *skb, const struct packet *p)
 {
 	int err = p->proto == IPPROTO_TCP ? reject_tcp(skb, p) : reject_udp(skb, p);
@@ -97,51 +60,6 @@ __subprog int reject(struct __sk_buff *skb, const struct packet *p)
 		return drop(CNT_DROP_REJECT_FAILED);
 	count(CNT_REJECT_NO_ENDPOINTS);
 	return bpf_redirect(skb->ifindex, 0);
-}
-
-/* policy_slot returns the interface's policy slot for a direction, or
- * IFSTATE_NO_POLICY. */
-static __always_inline __u32 policy_slot(struct __sk_buff *skb, __u32 dir)
-{
-	struct ifstate_key k = { .ifindex = skb->ifindex };
-	struct ifstate_value *v = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
-
-	if (!v)
-		return IFSTATE_NO_POLICY;
-	return dir == POLICY_DIR_EGRESS ? v->egress_policy : v->ingress_policy;
-}
-
-/* enforce applies the verdict recorded on a flow's entry for one direction;
- * an unjudged flow goes to the interface's policy program, or is recorded as
- * allowed when the interface has none. */
-__subprog int enforce(struct __sk_buff *skb, const struct packet *p, struct ct_value *v, __u32 dir)
-{
-	enum pol_verdict pv = dir == POLICY_DIR_EGRESS ? v->pol_egress : v->pol_ingress;
-
-	if (pv == POL_ALLOWED)
-		return TC_ACT_OK;
-	if (pv == POL_DENIED)
-		return drop(CNT_DROP_POLICY);
-	__u32 slot = policy_slot(skb, dir);
-	if (slot == IFSTATE_NO_POLICY) {
-		if (dir == POLICY_DIR_EGRESS)
-			v->pol_egress = POL_ALLOWED;
-		else
-			v->pol_ingress = POL_ALLOWED;
-		return TC_ACT_OK;
-	}
-	return policy_handoff(skb, p, dir, slot);
-}
-
-/* judge_stateless hands a packet without conntrack to the policy program, if
- * the interface has one. */
-static __always_inline int judge_stateless(struct __sk_buff *skb, const struct packet *p, __u32 dir)
-{
-	__u32 slot = policy_slot(skb, dir);
-
-	if (slot == IFSTATE_NO_POLICY)
-		return TC_ACT_OK;
-	return policy_handoff(skb, p, dir, slot);
 }
 
 /* drop_create_failed drops a new flow whose conntrack entries could not be
@@ -202,17 +120,6 @@ __subprog int to_workload_new(struct __sk_buff *skb, struct packet *p)
 	return track_flow(skb, p, POLICY_DIR_INGRESS, policy_slot(skb, POLICY_DIR_INGRESS));
 }
 
-/* cluster_local is kube-proxy's local-traffic detector: whether a packet is
- * the cluster's own (no masquerade to a ClusterIP), by the interface it came
- * in on (CFG_LOCAL_BY_IFACE) or by its source in the pod CIDR. Without a
- * CIDR, as kube-proxy without --cluster-cidr, every source is local. */
-static __always_inline int cluster_local(struct __sk_buff *skb, const struct packet *p, const struct config *cfg)
-{
-	if (cfg->flags & CFG_LOCAL_BY_IFACE)
-		return entered_local_iface(skb);
-	return !cfg->cluster_mask || (p->saddr & cfg->cluster_mask) == cfg->cluster_net;
-}
-
 /* new_flow balances a new flow to a frontend. */
 __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, const struct fe_value *fe)
 {
@@ -247,25 +154,10 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 		return drop(CNT_DROP_BACKEND_MISSING);
 	}
 
-	/* SNAT only where the reply would otherwise not come back through this
-	 * node: external traffic forwarded to another node, and a pod reaching
-	 * itself through its Service (hairpin); and where the operator asks:
-	 * --masquerade-all, or --cluster-cidr for ClusterIP traffic from outside
-	 * the cluster. Everything else keeps the client's address. */
 	struct config *cfg = config_get();
-	__be32 snat_addr = 0;
-	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0);
-	if (cfg && cfg->node_ip &&
-	    ((from_host && (fe->flags & FE_EXTERNAL) && !(be.flags & BE_LOCAL)) ||
-	     (!from_host && be.addr == p->saddr) ||
-	     (cfg->flags & CFG_MASQUERADE_ALL) ||
-	     /* kube-proxy's rule: ClusterIP traffic that is not the cluster's
-	      * own (--detect-local-mode) is masqueraded, whatever interface it
-	      * came in on. */
-	     (!(fe->flags & FE_EXTERNAL) && !cluster_local(skb, p, cfg)))) {
-		snat_addr = cfg->node_ip;
-		flags |= CT_SNAT;
-	}
+	__be32 snat_addr = snat_source(skb, p, fe, &be, from_host, cfg);
+	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0) |
+		     (snat_addr ? CT_SNAT : 0);
 
 	/* Traffic from a workload waits for its egress policy; other traffic has
 	 * no source workload to judge it. */

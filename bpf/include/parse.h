@@ -124,28 +124,15 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 	}
 }
 
-/* l2_len: ETH_HLEN or 0 (an L3 device), a constant at every call site. */
-static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p, const __u32 l2_len)
+/* parse_ipv4 reads the IPv4 header at p->l3_off: the one function that knows
+ * the address family's header. An IPv6 parser (issue 17) sits beside it, fills
+ * the same struct packet, and hands over to the same parse_l4. */
+static __always_inline int parse_ipv4(struct __sk_buff *skb, struct packet *p)
 {
-	void *data, *data_end;
-
-	__builtin_memset(p, 0, sizeof(*p));
-	if (skb->protocol != bpf_htons(ETH_P_IP))
-		return PARSE_NOT_IPV4;
-
-	p->l3_off = l2_len;
 	if (pull(skb, p->l3_off + sizeof(struct iphdr)))
 		return PARSE_MALFORMED;
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-
-	if (l2_len) {
-		struct ethhdr *eth = data;
-		if ((void *)(eth + 1) > data_end)
-			return PARSE_MALFORMED;
-		if (eth->h_proto != bpf_htons(ETH_P_IP))
-			return PARSE_NOT_IPV4;
-	}
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
 
 	struct iphdr *ip = data + p->l3_off;
 	if ((void *)(ip + 1) > data_end)
@@ -166,6 +153,29 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p,
 	p->fragment = (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)) != 0;
 	p->l4_absent = (ip->frag_off & bpf_htons(IP_OFFSET)) != 0;
 	p->ip_id = ip->id;
+	return PARSE_OK;
+}
 
+/* parse_packet: the link layer, then the network header, then L4.
+ * l2_len: ETH_HLEN or 0 (an L3 device), a constant at every call site. */
+static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p, const __u32 l2_len)
+{
+	__builtin_memset(p, 0, sizeof(*p));
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return PARSE_NOT_IPV4;
+
+	p->l3_off = l2_len;
+	if (l2_len) {
+		if (pull(skb, ETH_HLEN))
+			return PARSE_MALFORMED;
+		struct ethhdr *eth = (void *)(long)skb->data;
+		if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+			return PARSE_MALFORMED;
+		if (eth->h_proto != bpf_htons(ETH_P_IP))
+			return PARSE_NOT_IPV4;
+	}
+	int r = parse_ipv4(skb, p);
+	if (r != PARSE_OK)
+		return r;
 	return parse_l4(skb, p);
 }

@@ -9,7 +9,8 @@
  *   cb[0] source address (network order)    cb[1] destination address (network order)
  *   cb[2] source port | destination port << 16 (each network order)
  *   cb[3] protocol | ICMP type << 8 | ICMP code << 16 | direction << 24
- *   cb[4] written by the policy program: the matched rule's id
+ *   cb[4] the slot, until the tail call; then written by the policy program:
+ *         the matched rule's id
  *
  * The policy program ORs its verdict (POLICY_ALLOW / POLICY_DENY) into cb[3]
  * and tail-calls slot 0, sl_policy_verdict, which records the verdict on both
@@ -22,6 +23,7 @@
 #include "consts.h"
 #include "conntrack.h"
 #include "counters.h"
+#include "ifstate.h"
 #include "parse.h"
 
 #define POLICY_VERDICT_SLOT	0
@@ -70,30 +72,89 @@ struct {
 	__type(value, struct ipset_value);
 } sl_ipset_v1 SEC(".maps");
 
-/* The kernel refuses tail calls from BPF subprograms with large callers, so a
- * stage that wants a policy judgement fills cb and returns POLICY_HANDOFF +
- * slot; the entry program then tail-calls (policy_dispatch). */
-#define POLICY_HANDOFF 0x10000
+/* What a stage of the datapath returns: a TC verdict (TC_ACT_OK,
+ * TC_ACT_SHOT, or bpf_redirect's TC_ACT_REDIRECT; all below 16), or
+ * JUDGE_BY_POLICY: "this packet waits for a policy program's judgement",
+ * whose slot and tuple are in skb->cb (policy_handoff). A stage cannot
+ * tail-call the policy program itself: in a program that mixes tail calls
+ * and BPF subprograms the verifier refuses a tail call once the frames above
+ * it hold more than 256 bytes of stack, and the stages' frames hold more. So
+ * the entry program makes the call (policy_dispatch), from its own frame. */
+#define JUDGE_BY_POLICY 0x10000
 
+/* policy_handoff writes the packet's tuple (as the destination will see it)
+ * and the policy slot into skb->cb, for policy_dispatch. The slot is kept in
+ * cb[4] only until the tail call; the policy program then writes its rule id
+ * there. */
 static __always_inline int policy_handoff(struct __sk_buff *skb, const struct packet *p, __u32 dir, __u32 slot)
 {
 	skb->cb[0] = p->saddr;
 	skb->cb[1] = p->daddr;
 	skb->cb[2] = (__u32)p->sport | ((__u32)p->dport << 16);
 	skb->cb[3] = (__u32)p->proto | ((__u32)p->icmp_type << 8) | ((__u32)p->icmp_code << 16) | (dir << POLICY_DIR_SHIFT);
-	skb->cb[4] = 0;
-	return POLICY_HANDOFF + (int)(slot & 0x3fff);
+	skb->cb[4] = slot;
+	return JUDGE_BY_POLICY;
 }
 
-/* policy_dispatch finishes an entry program: a hand-off becomes a tail call
- * into the policy program; a missing program drops (fail closed). */
+/* policy_dispatch finishes an entry program: a TC verdict is returned as it
+ * is; JUDGE_BY_POLICY becomes the tail call into the slot's policy program,
+ * and a slot without a program drops (fail closed). */
 static __always_inline int policy_dispatch(struct __sk_buff *skb, int verdict)
 {
-	if (verdict < POLICY_HANDOFF)
+	if (verdict != JUDGE_BY_POLICY)
 		return verdict;
-	bpf_tail_call(skb, &sl_polprog_v1, verdict - POLICY_HANDOFF);
+	__u32 slot = skb->cb[4];
+	skb->cb[4] = 0;
+	bpf_tail_call(skb, &sl_polprog_v1, slot);
 	count(CNT_DROP_POLICY_MISSING);
 	return TC_ACT_SHOT;
+}
+
+/* ---- Which policy judges a packet, and when ---- */
+
+/* policy_slot returns the interface's policy slot for a direction, or
+ * IFSTATE_NO_POLICY. */
+static __always_inline __u32 policy_slot(struct __sk_buff *skb, __u32 dir)
+{
+	struct ifstate_key k = { .ifindex = skb->ifindex };
+	struct ifstate_value *v = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
+
+	if (!v)
+		return IFSTATE_NO_POLICY;
+	return dir == POLICY_DIR_EGRESS ? v->egress_policy : v->ingress_policy;
+}
+
+/* enforce applies the verdict recorded on a flow's entry for one direction;
+ * an unjudged flow goes to the interface's policy program, or is recorded as
+ * allowed when the interface has none. */
+__subprog int enforce(struct __sk_buff *skb, const struct packet *p, struct ct_value *v, __u32 dir)
+{
+	enum pol_verdict pv = dir == POLICY_DIR_EGRESS ? v->pol_egress : v->pol_ingress;
+
+	if (pv == POL_ALLOWED)
+		return TC_ACT_OK;
+	if (pv == POL_DENIED)
+		return drop(CNT_DROP_POLICY);
+	__u32 slot = policy_slot(skb, dir);
+	if (slot == IFSTATE_NO_POLICY) {
+		if (dir == POLICY_DIR_EGRESS)
+			v->pol_egress = POL_ALLOWED;
+		else
+			v->pol_ingress = POL_ALLOWED;
+		return TC_ACT_OK;
+	}
+	return policy_handoff(skb, p, dir, slot);
+}
+
+/* judge_stateless hands a packet without conntrack to the policy program, if
+ * the interface has one. */
+static __always_inline int judge_stateless(struct __sk_buff *skb, const struct packet *p, __u32 dir)
+{
+	__u32 slot = policy_slot(skb, dir);
+
+	if (slot == IFSTATE_NO_POLICY)
+		return TC_ACT_OK;
+	return policy_handoff(skb, p, dir, slot);
 }
 
 /* policy_record writes the verdict on both entries of the flow whose

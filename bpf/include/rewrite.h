@@ -1,13 +1,24 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Rewriting addresses and ports with incremental checksum updates. Every write
- * goes through skb helpers by offset, so it is safe whatever the packet layout.
- * A non-first fragment (l4_absent) has no L4 header: only its IP header is
- * rewritten (rewrite_addr_l3); the first fragment carries the datagram's L4
- * checksum and ports. */
+/* Rewriting: what a flow's translation is, and how it is written.
+ *
+ * Addresses and ports are rewritten with incremental checksum updates. Every
+ * write goes through skb helpers by offset, so it is safe whatever the packet
+ * layout. A non-first fragment (l4_absent) has no L4 header: only its IP
+ * header is rewritten (rewrite_addr_l3); the first fragment carries the
+ * datagram's L4 checksum and ports.
+ *
+ * A flow's translation is decided once, for its first packet: the backend by
+ * the service lookup (service.h), the source by snat_source below. ct_create
+ * (ct_new.h) records both on the flow's entries, and ct_apply replays them on
+ * every later packet of either direction. */
 #pragma once
 
 #include "common.h"
+#include "config.h"
+#include "conntrack.h"
+#include "ifstate.h"
 #include "parse.h"
+#include "service.h"
 
 #define IP_CSUM_OFF		offsetof(struct iphdr, check)
 #define IP_SADDR_OFF		offsetof(struct iphdr, saddr)
@@ -42,6 +53,10 @@ static __always_inline int rewrite_addr_l3(struct __sk_buff *skb, const struct p
 	return bpf_skb_store_bytes(skb, p->l3_off + field_off, &new, sizeof(new), 0);
 }
 
+/* rewrite_addr rewrites an address and the checksums that cover it: the L4
+ * checksum's pseudo header and the IPv4 header checksum. With a second
+ * address family this and rewrite_addr_l3 are where it branches (IPv6 has no
+ * header checksum, and 16-byte addresses); the callers above them do not. */
 static __always_inline int rewrite_addr(struct __sk_buff *skb, const struct packet *p,
 					__u32 field_off, __be32 old, __be32 new)
 {
@@ -82,5 +97,86 @@ static __always_inline int rewrite_src(struct __sk_buff *skb, struct packet *p, 
 		return -1;
 	p->saddr = addr;
 	p->sport = port;
+	return 0;
+}
+
+/* ---- Replaying a flow's translation (conntrack.h records it) ---- */
+
+/* ct_apply_fragment translates a non-first fragment: its IP header only. */
+__subprog int ct_apply_fragment(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
+{
+	__be32 src = p->saddr, dst = p->daddr;
+
+	if (v->type == CT_FORWARD) {
+		dst = v->nat_addr;
+		if (v->flags & CT_SNAT)
+			src = v->snat_addr;
+	} else {
+		src = v->nat_addr;
+		if (v->flags & CT_SNAT)
+			dst = v->snat_addr;
+	}
+	if (rewrite_addr_l3(skb, p, IP_DADDR_OFF, p->daddr, dst) ||
+	    rewrite_addr_l3(skb, p, IP_SADDR_OFF, p->saddr, src))
+		return -1;
+	p->saddr = src;
+	p->daddr = dst;
+	return 0;
+}
+
+/* ct_apply translates a packet of a known flow: a forward entry's packets
+ * (client to service) get the backend as destination, and the node's address
+ * as source when the flow is SNATed; a reverse entry's (the replies) get the
+ * opposite. */
+static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
+{
+	if (p->l4_absent)
+		return ct_apply_fragment(skb, p, v);
+	if (v->type == CT_FORWARD) {
+		if (rewrite_dst(skb, p, v->nat_addr, v->nat_port))
+			return -1;
+		if (v->flags & CT_SNAT)
+			return rewrite_src(skb, p, v->snat_addr, v->snat_port);
+		return 0;
+	}
+	if (rewrite_src(skb, p, v->nat_addr, v->nat_port))
+		return -1;
+	if (v->flags & CT_SNAT)
+		return rewrite_dst(skb, p, v->snat_addr, v->snat_port);
+	return 0;
+}
+
+/* ---- Which new flows leave with the node's address ---- */
+
+/* cluster_local is kube-proxy's local-traffic detector: whether a packet is
+ * the cluster's own (no masquerade to a ClusterIP), by the interface it came
+ * in on (CFG_LOCAL_BY_IFACE) or by its source in the pod CIDR. Without a
+ * CIDR, as kube-proxy without --cluster-cidr, every source is local. */
+static __always_inline int cluster_local(struct __sk_buff *skb, const struct packet *p, const struct config *cfg)
+{
+	if (cfg->flags & CFG_LOCAL_BY_IFACE)
+		return entered_local_iface(skb);
+	return !cfg->cluster_mask || (p->saddr & cfg->cluster_mask) == cfg->cluster_net;
+}
+
+/* snat_source decides the source a new flow to a Service leaves with: the
+ * node's address, or 0 to keep the client's. SNAT only where the reply would
+ * otherwise not come back through this node: external traffic forwarded to
+ * another node, and a pod reaching itself through its Service (hairpin); and
+ * where the operator asks: --masquerade-all, or kube-proxy's rule that
+ * ClusterIP traffic that is not the cluster's own (--detect-local-mode) is
+ * masqueraded, whatever interface it came in on. Without a node address
+ * (cfg->node_ip 0) nothing is SNATed: such flows keep the client's address. */
+static __always_inline __be32 snat_source(struct __sk_buff *skb, const struct packet *p,
+					  const struct fe_value *fe, const struct be_value *be,
+					  int from_host, const struct config *cfg)
+{
+	if (!cfg || !cfg->node_ip)
+		return 0;
+	if ((from_host && (fe->flags & FE_EXTERNAL) && !(be->flags & BE_LOCAL)) ||
+	    (!from_host && be->addr == p->saddr) ||
+	    (cfg->flags & CFG_MASQUERADE_ALL) ||
+	    (!(fe->flags & FE_EXTERNAL) && !cluster_local(skb, p, cfg)))
+		return cfg->node_ip;
 	return 0;
 }
