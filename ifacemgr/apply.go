@@ -145,7 +145,7 @@ func (m *Manager) apply(st *ifaceState, res *ApplyResult) error {
 	}
 	st.replace = false
 	ingress, egress := uint32(NoPolicy), uint32(NoPolicy)
-	ep, bound := m.eps.endpointFor(st.name, st.addrs, st.class)
+	ep, bound := m.eps.endpointFor(st.name, st.class)
 	st.endpoint = ep.ID
 	if m.opts.Policies != nil {
 		var epp *Endpoint

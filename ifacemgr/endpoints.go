@@ -1,10 +1,6 @@
 package ifacemgr
 
-import (
-	"cmp"
-	"net/netip"
-	"slices"
-)
+import "net/netip"
 
 // WorkloadEndpoint binds a pod's policies to its host-side interface.
 type WorkloadEndpoint struct {
@@ -14,30 +10,17 @@ type WorkloadEndpoint struct {
 	Policies []string
 }
 
-// WildcardIface binds a host endpoint to every data interface.
-const WildcardIface = "*"
-
-// HostEndpoint binds host policies to node interfaces: by name, by the IPs the
-// interface is expected to hold (Iface empty), or to every data interface
-// (Iface "*").
-type HostEndpoint struct {
-	ID          string
-	Iface       string
-	ExpectedIPs []netip.Addr
-	Policies    []string
-}
-
 // Endpoint is the endpoint bound to one interface.
 type Endpoint struct {
 	ID       string
-	Host     bool
 	Policies []string
 }
 
-// endpoints resolves which endpoint applies to an interface.
+// endpoints resolves which endpoint applies to an interface. Only workload
+// interfaces have endpoints: the datapath runs no policy on data interfaces
+// (host endpoints are issue 22's).
 type endpoints struct {
 	workloads map[string]WorkloadEndpoint
-	hosts     map[string]HostEndpoint
 }
 
 // workloadFor: among workload endpoints naming the interface, the lowest ID
@@ -53,43 +36,11 @@ func (e *endpoints) workloadFor(ifname string) (WorkloadEndpoint, bool) {
 	return best, found
 }
 
-// hostFor: a host endpoint applies to an interface named by it, holding one of
-// its expected IPs, or (wildcard) being a data interface; the lowest ID wins.
-func (e *endpoints) hostFor(ifname string, addrs []netip.Addr, class Class) (HostEndpoint, bool) {
-	var matches []HostEndpoint
-	for _, h := range e.hosts {
-		switch {
-		case h.Iface == WildcardIface:
-			if class == Data {
-				matches = append(matches, h)
-			}
-		case h.Iface != "":
-			if h.Iface == ifname {
-				matches = append(matches, h)
-			}
-		default:
-			if slices.ContainsFunc(h.ExpectedIPs, func(ip netip.Addr) bool { return slices.Contains(addrs, ip) }) {
-				matches = append(matches, h)
-			}
-		}
-	}
-	if len(matches) == 0 {
-		return HostEndpoint{}, false
-	}
-	return slices.MinFunc(matches, func(a, b HostEndpoint) int { return cmp.Compare(a.ID, b.ID) }), true
-}
-
 // endpointFor resolves the endpoint of an interface of the given class.
-func (e *endpoints) endpointFor(ifname string, addrs []netip.Addr, class Class) (Endpoint, bool) {
-	switch class {
-	case Workload:
-		if w, ok := e.workloadFor(ifname); ok {
-			return Endpoint{ID: w.ID, Policies: w.Policies}, true
-		}
-	case Data, L3:
-		if h, ok := e.hostFor(ifname, addrs, class); ok {
-			return Endpoint{ID: h.ID, Host: true, Policies: h.Policies}, true
-		}
+func (e *endpoints) endpointFor(ifname string, class Class) (Endpoint, bool) {
+	if class != Workload {
+		return Endpoint{}, false
 	}
-	return Endpoint{}, false
+	w, ok := e.workloadFor(ifname)
+	return Endpoint{ID: w.ID, Policies: w.Policies}, ok
 }

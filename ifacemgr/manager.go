@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -99,7 +98,6 @@ type ifaceState struct {
 	index    int
 	name     string
 	up       bool
-	addrs    []netip.Addr
 	gone     bool
 	noL2     bool // packets start with the IP header (link type not Ethernet)
 	class    Class
@@ -142,7 +140,7 @@ func New(opts Options) (*Manager, error) {
 	}
 	m := &Manager{opts: opts, log: opts.Logger, ns: nsExec{path: opts.Netns},
 		ifaces: map[int]*ifaceState{}, dirty: map[int]bool{}, now: time.Now,
-		eps: endpoints{workloads: map[string]WorkloadEndpoint{}, hosts: map[string]HostEndpoint{}}}
+		eps: endpoints{workloads: map[string]WorkloadEndpoint{}}}
 	if m.log == nil {
 		m.log = slog.Default()
 	}
@@ -206,22 +204,6 @@ func (m *Manager) RemoveWorkloadEndpoint(id string) {
 		delete(m.eps.workloads, id)
 		m.markByName(old.Iface)
 	}
-}
-
-// SetHostEndpoint adds or replaces a host endpoint.
-func (m *Manager) SetHostEndpoint(ep HostEndpoint) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.eps.hosts[ep.ID] = ep
-	m.markAll()
-}
-
-// RemoveHostEndpoint removes one.
-func (m *Manager) RemoveHostEndpoint(id string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.eps.hosts, id)
-	m.markAll()
 }
 
 func (m *Manager) markByName(name string) {

@@ -6,8 +6,6 @@ package ifacemgr
 import (
 	"context"
 	"fmt"
-	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -39,22 +37,12 @@ func isZeroMask(mask []byte) bool {
 	return true
 }
 
-// Resync lists every interface and address and marks what changed dirty:
-// new, renamed, up/down, re-addressed and vanished interfaces.
+// Resync lists every interface and marks what changed dirty: new, renamed,
+// up/down and vanished interfaces.
 func (m *Manager) Resync() error {
 	links, err := m.nl.LinkList()
 	if err != nil {
 		return fmt.Errorf("ifacemgr: list links: %w", err)
-	}
-	addrs, err := m.nl.AddrList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		return fmt.Errorf("ifacemgr: list addresses: %w", err)
-	}
-	byIndex := map[int][]netip.Addr{}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
-			byIndex[a.LinkIndex] = append(byIndex[a.LinkIndex], ip)
-		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -62,30 +50,29 @@ func (m *Manager) Resync() error {
 	for _, l := range links {
 		a := l.Attrs()
 		seen[a.Index] = true
-		m.update(a.Index, a.Name, a.Flags&1 != 0 /* net.FlagUp */, noL2(a), byIndex[a.Index], false)
+		m.update(a.Index, a.Name, a.Flags&1 != 0 /* net.FlagUp */, noL2(a), false)
 	}
 	for idx, st := range m.ifaces {
 		if !seen[idx] && !st.gone {
-			m.update(idx, st.name, false, st.noL2, nil, true)
+			m.update(idx, st.name, false, st.noL2, true)
 		}
 	}
 	return nil
 }
 
 // update records an interface's state; a change marks it dirty. Call with mu held.
-func (m *Manager) update(index int, name string, up, l3 bool, addrs []netip.Addr, gone bool) {
-	slices.SortFunc(addrs, func(a, b netip.Addr) int { return a.Compare(b) })
+func (m *Manager) update(index int, name string, up, l3 bool, gone bool) {
 	st, ok := m.ifaces[index]
 	if !ok {
 		st = &ifaceState{index: index, hooks: map[Hook]bool{}}
 		m.ifaces[index] = st
-	} else if st.name == name && st.up == up && st.noL2 == l3 && st.gone == gone && slices.Equal(st.addrs, addrs) {
+	} else if st.name == name && st.up == up && st.noL2 == l3 && st.gone == gone {
 		return
 	}
 	if ok && st.name != name && len(st.hooks) > 0 && st.prevName == "" {
 		st.prevName = st.name // its pins carry the old name
 	}
-	st.name, st.up, st.noL2, st.addrs, st.gone = name, up, l3, addrs, gone
+	st.name, st.up, st.noL2, st.gone = name, up, l3, gone
 	m.dirty[index] = true
 }
 
@@ -93,11 +80,7 @@ func (m *Manager) update(index int, name string, up, l3 bool, addrs []netip.Addr
 func (m *Manager) LinkChanged(a *netlink.LinkAttrs, gone bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var addrs []netip.Addr
-	if st, ok := m.ifaces[a.Index]; ok {
-		addrs = st.addrs
-	}
-	m.update(a.Index, a.Name, a.Flags&1 != 0 /* net.FlagUp */, noL2(a), addrs, gone)
+	m.update(a.Index, a.Name, a.Flags&1 != 0 /* net.FlagUp */, noL2(a), gone)
 }
 
 // noL2 tells whether a device's packets start with the IP header: its link
@@ -143,14 +126,10 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	defer h.Close()
 	linkCh := make(chan netlink.LinkUpdate, 64)
-	addrCh := make(chan netlink.AddrUpdate, 64)
 	done := make(chan struct{})
 	defer close(done)
 	if err := netlink.LinkSubscribeWithOptions(linkCh, done, netlink.LinkSubscribeOptions{Namespace: &h}); err != nil {
 		return fmt.Errorf("ifacemgr: subscribe to links: %w", err)
-	}
-	if err := netlink.AddrSubscribeWithOptions(addrCh, done, netlink.AddrSubscribeOptions{Namespace: &h}); err != nil {
-		return fmt.Errorf("ifacemgr: subscribe to addresses: %w", err)
 	}
 	if _, err := m.CleanupStale(); err != nil {
 		m.log.Warn("clean-up of stale pins failed", "err", err)
@@ -166,10 +145,6 @@ func (m *Manager) Run(ctx context.Context) error {
 		case u := <-linkCh:
 			a := u.Attrs()
 			m.LinkChanged(a, u.Header.Type == 17 /* RTM_DELLINK */)
-		case <-addrCh:
-			if err := m.Resync(); err != nil {
-				m.log.Warn("resync failed", "err", err)
-			}
 		case <-resync.C:
 			if err := m.Resync(); err != nil {
 				m.log.Warn("resync failed", "err", err)

@@ -60,7 +60,7 @@ func (f *policyFeed) Update(c k8s.Cluster) {
 // Install implements ifacemgr.PolicyProvider.
 func (f *policyFeed) Install(_ string, ifindex int, ep *ifacemgr.Endpoint) (uint32, uint32, error) {
 	id := ""
-	if ep != nil && !ep.Host {
+	if ep != nil {
 		id = ep.ID
 	}
 	return f.b.Slots(ifindex, id)
