@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-net/sluice/gen/netlab"
 	slmaps "github.com/sluice-net/sluice/maps"
 
 	"github.com/cilium/ebpf"
@@ -111,7 +112,7 @@ func (m *Manager) apply(st *ifaceState, res *ApplyResult) error {
 		st.ready = false
 		return fmt.Errorf("interface %s: %w", st.name, err)
 	}
-	err = m.ns.do(func() error {
+	err = netlab.Enter(m.opts.Netns, func() error {
 		for hook, prog := range want {
 			if prog == nil {
 				return fmt.Errorf("no program for %s hook of %s interfaces", hook, st.class)
@@ -161,7 +162,7 @@ func (m *Manager) apply(st *ifaceState, res *ApplyResult) error {
 }
 
 func (m *Manager) detachAll(st *ifaceState, name string, res *ApplyResult) error {
-	return m.ns.do(func() error {
+	return netlab.Enter(m.opts.Netns, func() error {
 		var errs []error
 		for hook := range st.hooks {
 			if err := m.att.detach(name, st.index, hook); err != nil {

@@ -115,7 +115,6 @@ type ifaceState struct {
 type Manager struct {
 	opts Options
 	log  *slog.Logger
-	ns   nsExec
 	nl   *netlink.Handle
 	att  *attacher
 
@@ -138,7 +137,7 @@ func New(opts Options) (*Manager, error) {
 	if opts.ResyncInterval == 0 {
 		opts.ResyncInterval = 10 * time.Second
 	}
-	m := &Manager{opts: opts, log: opts.Logger, ns: nsExec{path: opts.Netns},
+	m := &Manager{opts: opts, log: opts.Logger,
 		ifaces: map[int]*ifaceState{}, dirty: map[int]bool{}, now: time.Now,
 		eps: endpoints{workloads: map[string]WorkloadEndpoint{}}}
 	if m.log == nil {

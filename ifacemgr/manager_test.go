@@ -47,7 +47,7 @@ func (e *mgrEnv) programs(o *gen.SluiceObjects) ifacemgr.Programs {
 func (e *mgrEnv) manager(p ifacemgr.Programs) *ifacemgr.Manager {
 	e.t.Helper()
 	m, err := ifacemgr.New(ifacemgr.Options{
-		Netns: "/run/netns/" + e.node.Name, PinDir: e.pinDir, Programs: p, IfState: e.ifstate, Sysctls: true,
+		Netns: e.node.Path(), PinDir: e.pinDir, Programs: p, IfState: e.ifstate, Sysctls: true,
 		Classifier: ifacemgr.Classifier{WorkloadPrefixes: []string{"slv"}, DataIfaces: regexp.MustCompile("^data")},
 		RetryBase:  10 * time.Millisecond, ResyncInterval: 50 * time.Millisecond,
 	})
@@ -307,7 +307,7 @@ func TestFailingAttachIsRetriedAndReported(t *testing.T) {
 func TestLegacyTCAttach(t *testing.T) {
 	e := newMgrEnv(t)
 	v := bpftest.NewVeth(t, e.node, bpftest.NewNetNS(t))
-	m, err := ifacemgr.New(ifacemgr.Options{Netns: "/run/netns/" + e.node.Name, PinDir: e.pinDir,
+	m, err := ifacemgr.New(ifacemgr.Options{Netns: e.node.Path(), PinDir: e.pinDir,
 		Programs: e.programs(e.d.Objs), LegacyTC: true,
 		Classifier: ifacemgr.Classifier{WorkloadPrefixes: []string{"slv"}}})
 	if err != nil {

@@ -82,7 +82,7 @@ func TestReplaceUnderTrafficLosesNothing(t *testing.T) {
 func TestDottedInterfaceName(t *testing.T) {
 	e := newMgrEnv(t)
 	e.node.Run("ip", "link", "add", "slv.10", "type", "veth", "peer", "name", "slvpeer10")
-	m, err := ifacemgr.New(ifacemgr.Options{Netns: "/run/netns/" + e.node.Name, PinDir: e.pinDir, Programs: e.programs(e.d.Objs),
+	m, err := ifacemgr.New(ifacemgr.Options{Netns: e.node.Path(), PinDir: e.pinDir, Programs: e.programs(e.d.Objs),
 		Classifier: ifacemgr.Classifier{WorkloadPrefixes: []string{"slv."}, DataIfaces: regexp.MustCompile("^$")}})
 	if err != nil {
 		t.Fatal(err)

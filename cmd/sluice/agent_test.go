@@ -22,7 +22,7 @@ import (
 	"github.com/sluice-net/sluice/cmd/internal/agent"
 	"github.com/sluice-net/sluice/examples"
 	"github.com/sluice-net/sluice/gen/bpftest"
-	"github.com/sluice-net/sluice/ifacemgr"
+	"github.com/sluice-net/sluice/gen/netlab"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 )
@@ -86,8 +86,8 @@ func TestStartupErrorsSayWhatToDo(t *testing.T) {
 // example manifests to a folder, and returns an agent configuration for it.
 func demoAgentSetup(ctx context.Context, t *testing.T) (*demoTopology, agent.Config, string) {
 	bpftest.Require(t)
-	topo := &demoTopology{prefix: bpftest.UniqueName("slag")}
-	t.Cleanup(topo.destroy)
+	topo := &demoTopology{Lab: netlab.Lab{Prefix: bpftest.UniqueName("slag")}}
+	t.Cleanup(topo.Close)
 	if err := topo.build(); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ type keepAlive struct {
 
 func dialKeepAlive(t *testing.T, ns, addr string) *keepAlive {
 	var c net.Conn
-	if err := ifacemgr.InNetns(ns, func() (err error) { c, err = net.DialTimeout("tcp4", addr, 2*time.Second); return err }); err != nil {
+	if err := netlab.Enter(ns, func() (err error) { c, err = net.DialTimeout("tcp4", addr, 2*time.Second); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
@@ -135,7 +135,7 @@ func (k *keepAlive) get() (string, error) {
 
 func progIDs(t *testing.T, ns, iface string) []ebpf.ProgramID {
 	var ids []ebpf.ProgramID
-	err := ifacemgr.InNetns(ns, func() error {
+	err := netlab.Enter(ns, func() error {
 		ifc, err := net.InterfaceByName(iface)
 		if err != nil {
 			return err
@@ -364,7 +364,7 @@ func TestAgentExportsDatapathMetrics(t *testing.T) {
 			t.Fatal("agent not ready")
 		}
 	}
-	err = ifacemgr.InNetns(topo.ns(topo.pods["client"]), func() error {
+	err = netlab.Enter(topo.ns(topo.pods["client"]), func() error {
 		c, err := net.DialTimeout("tcp4", "10.96.0.99:80", 2*time.Second)
 		if err == nil {
 			c.Close()

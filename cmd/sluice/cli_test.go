@@ -129,7 +129,7 @@ func TestAgentUnderIPNetnsExecMountsBPFFS(t *testing.T) {
 	}
 	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := get("/run/netns/"+ns.Name, "127.0.0.1:10256/healthz", "", time.Second); err == nil {
+		if _, err := get(ns.Path(), "127.0.0.1:10256/healthz", "", time.Second); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -10,8 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -21,7 +21,7 @@ import (
 	"github.com/sluice-net/sluice/cmd/internal/agent"
 	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/examples"
-	"github.com/sluice-net/sluice/ifacemgr"
+	"github.com/sluice-net/sluice/gen/netlab"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 	"golang.org/x/sys/unix"
@@ -31,38 +31,20 @@ import (
 // veths (workload interfaces "slw*"); an external host on the node's data
 // interface "sldata0". Addresses match examples/demo.yaml.
 type demoTopology struct {
-	prefix  string
-	node    string
-	pods    map[string]string // role -> namespace
-	cleanup []func()
+	netlab.Lab
+	node string
+	pods map[string]string // role -> namespace
 }
 
-func (t *demoTopology) ns(name string) string { return "/run/netns/" + name }
-
-func ipCmd(args ...string) error {
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
+func (t *demoTopology) ns(name string) string { return netlab.Path(name) }
 
 func (t *demoTopology) build() error {
-	t.node = t.prefix + "-node"
-	t.pods = map[string]string{}
-	if err := ipCmd("netns", "add", t.node); err != nil {
+	var err error
+	if t.node, err = t.Router("node"); err != nil {
 		return fmt.Errorf("%w (is iproute2 installed and are you root?)", err)
 	}
-	t.cleanup = append(t.cleanup, func() { _ = ipCmd("netns", "del", t.node) })
-	n := func(args ...string) error { return ipCmd(append([]string{"-n", t.node}, args...)...) }
-	if err := n("link", "set", "lo", "up"); err != nil {
-		return err
-	}
-	if err := ipCmd("netns", "exec", t.node, "sysctl", "-qw", "net.ipv4.ip_forward=1"); err != nil {
-		return err
-	}
-	type pod struct{ role, nodeIf, ip, gw string }
-	pods := []pod{
+	t.pods = map[string]string{}
+	pods := []struct{ role, nodeIf, addr, gw string }{
 		{"client", "slwclient", "10.200.0.2/24", "10.200.0.1"},
 		{"backend-1", "slwb1", "10.201.0.2/24", "10.201.0.1"},
 		{"backend-2", "slwb2", "10.202.0.2/24", "10.202.0.1"},
@@ -70,37 +52,15 @@ func (t *demoTopology) build() error {
 		{"external", "sldata0", "10.210.0.2/24", "10.210.0.1"},
 	}
 	for _, p := range pods {
-		name := t.prefix + "-" + p.role
-		if err := ipCmd("netns", "add", name); err != nil {
+		ns, err := t.Pod(t.node, p.nodeIf, p.role, netip.MustParsePrefix(p.addr), netip.MustParseAddr(p.gw))
+		if err != nil {
 			return err
 		}
-		t.cleanup = append(t.cleanup, func() { _ = ipCmd("netns", "del", name) })
-		t.pods[p.role] = name
-		steps := [][]string{
-			{"link", "add", p.nodeIf, "netns", t.node, "type", "veth", "peer", "name", "eth0", "netns", name},
-			{"-n", t.node, "addr", "add", p.gw + "/24", "dev", p.nodeIf},
-			{"-n", t.node, "link", "set", p.nodeIf, "up"},
-			{"-n", name, "link", "set", "lo", "up"},
-			{"-n", name, "addr", "add", p.ip, "dev", "eth0"},
-			{"-n", name, "link", "set", "eth0", "up"},
-			{"-n", name, "route", "add", "default", "via", p.gw},
-		}
-		if p.role == "external" { // a second address outside the LoadBalancer's source ranges
-			steps = append(steps, []string{"-n", name, "addr", "add", "10.210.0.3/24", "dev", "eth0"})
-		}
-		for _, s := range steps {
-			if err := ipCmd(s...); err != nil {
-				return err
-			}
-		}
+		t.pods[p.role] = ns
 	}
-	return nil
-}
-
-func (t *demoTopology) destroy() {
-	for i := len(t.cleanup) - 1; i >= 0; i-- {
-		t.cleanup[i]()
-	}
+	// A second address outside the LoadBalancer's source ranges.
+	_, err = netlab.IP("-n", t.pods["external"], "addr", "add", "10.210.0.3/24", "dev", "eth0")
+	return err
 }
 
 // serveBackends starts an HTTP server on :8080 in each backend pod, and a UDP
@@ -108,7 +68,7 @@ func (t *demoTopology) destroy() {
 func (t *demoTopology) serveBackends(ctx context.Context) error {
 	for _, role := range []string{"backend-1", "backend-2", "backend-3"} {
 		var ln net.Listener
-		if err := ifacemgr.InNetns(t.ns(t.pods[role]), func() (err error) { ln, err = net.Listen("tcp4", ":8080"); return err }); err != nil {
+		if err := netlab.Enter(t.ns(t.pods[role]), func() (err error) { ln, err = net.Listen("tcp4", ":8080"); return err }); err != nil {
 			return err
 		}
 		srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -116,13 +76,13 @@ func (t *demoTopology) serveBackends(ctx context.Context) error {
 		})}
 		go srv.Serve(ln)
 		context.AfterFunc(ctx, func() { srv.Close() })
-		t.cleanup = append(t.cleanup, func() { srv.Close() })
+		t.Defer(func() { srv.Close() })
 	}
 	var pc net.PacketConn
-	if err := ifacemgr.InNetns(t.ns(t.pods["backend-3"]), func() (err error) { pc, err = net.ListenPacket("udp4", ":5353"); return err }); err != nil {
+	if err := netlab.Enter(t.ns(t.pods["backend-3"]), func() (err error) { pc, err = net.ListenPacket("udp4", ":5353"); return err }); err != nil {
 		return err
 	}
-	t.cleanup = append(t.cleanup, func() { pc.Close() })
+	t.Defer(func() { pc.Close() })
 	go func() {
 		buf := make([]byte, 512)
 		for {
@@ -158,7 +118,7 @@ func fetchIn(ns, addr, source string, timeout time.Duration) (int, string, error
 	if i := strings.Index(addr, "/"); i >= 0 {
 		addr, path = addr[:i], addr[i:]
 	}
-	err := ifacemgr.InNetns(ns, func() error {
+	err := netlab.Enter(ns, func() error {
 		d := &net.Dialer{Timeout: timeout}
 		if source != "" {
 			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(source)}
@@ -194,9 +154,9 @@ func runDemo(ctx context.Context, args []string) (err error) {
 	if err := agent.CheckPrivileges(); err != nil {
 		return err
 	}
-	topo := &demoTopology{prefix: fmt.Sprintf("sluice-demo-%d", os.Getpid())}
+	topo := &demoTopology{Lab: netlab.Lab{Prefix: fmt.Sprintf("sluice-demo-%d", os.Getpid())}}
 	defer func() {
-		topo.destroy()
+		topo.Close()
 		fmt.Printf("\nremoved the demo's namespaces, programs and pins (%.1fs in all)\n", time.Since(start).Seconds())
 	}()
 	step := func(format string, a ...any) { fmt.Printf("\n== "+format+"\n", a...) }
@@ -217,12 +177,12 @@ func runDemo(ctx context.Context, args []string) (err error) {
 	if err := unix.Mount("bpffs", pinDir, "bpf", 0, ""); err != nil {
 		return fmt.Errorf("mount bpffs: %w", err)
 	}
-	topo.cleanup = append(topo.cleanup, func() { _ = unix.Unmount(pinDir, unix.MNT_DETACH); _ = os.Remove(pinDir) })
+	topo.Defer(func() { _ = unix.Unmount(pinDir, unix.MNT_DETACH); _ = os.Remove(pinDir) })
 	manifests, err := os.MkdirTemp("", "sluice-demo-manifests-")
 	if err != nil {
 		return err
 	}
-	topo.cleanup = append(topo.cleanup, func() { os.RemoveAll(manifests) })
+	topo.Defer(func() { os.RemoveAll(manifests) })
 	if err := os.CopyFS(manifests, examples.Manifests); err != nil {
 		return err
 	}
@@ -240,7 +200,7 @@ func runDemo(ctx context.Context, args []string) (err error) {
 		stopAgent()
 		return err
 	}
-	topo.cleanup = append(topo.cleanup, func() {
+	topo.Defer(func() {
 		stopAgent()
 		a.Close()
 		_ = agent.Cleanup(filepath.Join(pinDir, "sluice"), topo.ns(topo.node))
@@ -325,7 +285,7 @@ func runDemo(ctx context.Context, args []string) (err error) {
 	}
 
 	step("UDP: 3 datagrams from the client pod to 10.96.0.53:53")
-	err = ifacemgr.InNetns(client, func() error {
+	err = netlab.Enter(client, func() error {
 		c, err := net.Dial("udp4", "10.96.0.53:53")
 		if err != nil {
 			return err

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/gen"
-	"github.com/sluice-net/sluice/ifacemgr"
+	"github.com/sluice-net/sluice/gen/netlab"
 )
 
 // syncBuffer is a log sink the agent's goroutines write to while the test
@@ -86,7 +86,7 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 	client := topo.ns(topo.pods["client"])
 	conn := dialKeepAlive(t, client, "10.96.0.10:80")
 	var udp net.Conn
-	if err := ifacemgr.InNetns(client, func() (err error) { udp, err = net.Dial("udp4", "10.96.0.53:53"); return err }); err != nil {
+	if err := netlab.Enter(client, func() (err error) { udp, err = net.Dial("udp4", "10.96.0.53:53"); return err }); err != nil {
 		t.Fatal(err)
 	}
 	defer udp.Close()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/gen/netlab"
 	"github.com/sluice-net/sluice/ifacemgr"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
@@ -25,7 +27,7 @@ import (
 //	external     10.210.0.100
 type cluster struct {
 	t        *testing.T
-	prefix   string
+	lab      netlab.Lab
 	lan      string
 	nodes    map[string]*clusterNode
 	external string
@@ -39,74 +41,50 @@ type clusterNode struct {
 	log                             *os.File
 }
 
-func nsRun(t *testing.T, args ...string) {
-	t.Helper()
-	if err := ipCmd(args...); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func newCluster(t *testing.T) *cluster {
 	bpftest.Require(t)
-	c := &cluster{t: t, prefix: bpftest.UniqueName("slmn"), nodes: map[string]*clusterNode{}, dir: t.TempDir()}
-	addNS := func(name string) string {
-		nsRun(t, "netns", "add", name)
-		t.Cleanup(func() { _ = ipCmd("netns", "del", name) })
-		nsRun(t, "-n", name, "link", "set", "lo", "up")
-		return name
-	}
-	c.lan = addNS(c.prefix + "-lan")
-	nsRun(t, "-n", c.lan, "link", "add", "br0", "type", "bridge")
-	nsRun(t, "-n", c.lan, "link", "set", "br0", "up")
-	plug := func(ns, iface, ip string, port int) {
-		peer := fmt.Sprintf("port%d", port)
-		nsRun(t, "link", "add", iface, "netns", ns, "type", "veth", "peer", "name", peer, "netns", c.lan)
-		nsRun(t, "-n", c.lan, "link", "set", peer, "master", "br0", "up")
-		nsRun(t, "-n", ns, "addr", "add", ip+"/24", "dev", iface)
-		nsRun(t, "-n", ns, "link", "set", iface, "up")
-	}
-	for i, name := range []string{"node-a", "node-b"} {
-		n := &clusterNode{name: name, ns: addNS(c.prefix + "-" + name), ip: fmt.Sprintf("10.210.0.%d", i+1), pods: map[string]string{}}
-		plug(n.ns, "sldata0", n.ip, i)
-		if err := ipCmd("netns", "exec", n.ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"); err != nil {
+	c := &cluster{t: t, lab: netlab.Lab{Prefix: bpftest.UniqueName("slmn")}, nodes: map[string]*clusterNode{}, dir: t.TempDir()}
+	t.Cleanup(c.lab.Close)
+	must := func(s string, err error) string {
+		t.Helper()
+		if err != nil {
 			t.Fatal(err)
 		}
+		return s
+	}
+	c.lan = must(c.lab.Bridge("lan"))
+	for i, name := range []string{"node-a", "node-b"} {
+		n := &clusterNode{name: name, ns: must(c.lab.Router(name)), ip: fmt.Sprintf("10.210.0.%d", i+1), pods: map[string]string{}}
+		must("", c.lab.Plug(n.ns, "sldata0", netip.MustParsePrefix(n.ip+"/24"), c.lan, fmt.Sprintf("port%d", i)))
 		other := fmt.Sprintf("10.%d.0.0/16", 2-i)
-		nsRun(t, "-n", n.ns, "route", "add", other, "via", fmt.Sprintf("10.210.0.%d", 2-i))
+		must(netlab.IP("-n", n.ns, "route", "add", other, "via", fmt.Sprintf("10.210.0.%d", 2-i)))
 		n.pinDir = filepath.Join(bpftest.PinDir(t), "sluice")
 		c.nodes[name] = n
 	}
-	c.external = addNS(c.prefix + "-ext")
-	plug(c.external, "eth0", "10.210.0.100", 9)
+	c.external = must(c.lab.Namespace("ext"))
+	must("", c.lab.Plug(c.external, "eth0", netip.MustParsePrefix("10.210.0.100/24"), c.lan, "port9"))
 	return c
 }
 
 // addPod puts a pod behind a veth on a node: 10.<node>.<idx>.2.
 func (c *cluster) addPod(node, name string, idx int) string {
 	n := c.nodes[node]
-	ns := c.prefix + "-" + name
-	nsRun(c.t, "netns", "add", ns)
-	c.t.Cleanup(func() { _ = ipCmd("netns", "del", ns) })
 	nodeNum := map[string]int{"node-a": 1, "node-b": 2}[node]
-	ip, gw := fmt.Sprintf("10.%d.%d.2", nodeNum, idx), fmt.Sprintf("10.%d.%d.1", nodeNum, idx)
-	iface := fmt.Sprintf("slw%d", idx)
-	for _, s := range [][]string{
-		{"link", "add", iface, "netns", n.ns, "type", "veth", "peer", "name", "eth0", "netns", ns},
-		{"-n", n.ns, "addr", "add", gw + "/24", "dev", iface}, {"-n", n.ns, "link", "set", iface, "up"},
-		{"-n", ns, "link", "set", "lo", "up"}, {"-n", ns, "addr", "add", ip + "/24", "dev", "eth0"},
-		{"-n", ns, "link", "set", "eth0", "up"}, {"-n", ns, "route", "add", "default", "via", gw},
-	} {
-		nsRun(c.t, s...)
+	addr := netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.2/24", nodeNum, idx))
+	gw := netip.MustParseAddr(fmt.Sprintf("10.%d.%d.1", nodeNum, idx))
+	ns, err := c.lab.Pod(n.ns, fmt.Sprintf("slw%d", idx), name, addr, gw)
+	if err != nil {
+		c.t.Fatal(err)
 	}
 	n.pods[name] = ns
-	return ip
+	return addr.Addr().String()
 }
 
 // serveHTTP answers "<name> <client address>" on :8080 in a pod, and streams
 // the requested number of bytes on :9000 ("N\n" in, N bytes out).
 func (c *cluster) serveHTTP(ns, name string) {
 	var ln, stream net.Listener
-	err := ifacemgr.InNetns("/run/netns/"+ns, func() (err error) {
+	err := netlab.Enter(netlab.Path(ns), func() (err error) {
 		if ln, err = net.Listen("tcp4", ":8080"); err != nil {
 			return err
 		}
@@ -191,7 +169,7 @@ func (c *cluster) startAgent(node string) {
 	// Ready when its health endpoint answers 200 after a sync.
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		if _, err = get("/run/netns/"+n.ns, n.ip+":10256/healthz", "", time.Second); err == nil {
+		if _, err = get(netlab.Path(n.ns), n.ip+":10256/healthz", "", time.Second); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -341,8 +319,8 @@ func TestMultiNode(t *testing.T) {
 	c.writeManifests(multiNodeServices)
 	c.startAgent("node-a")
 	c.startAgent("node-b")
-	ext := "/run/netns/" + c.external
-	clientA := "/run/netns/" + c.nodes["node-a"].pods["client-a"]
+	ext := netlab.Path(c.external)
+	clientA := netlab.Path(c.nodes["node-a"].pods["client-a"])
 
 	t.Run("NodePort to a backend on another node is SNATed and answers", func(t *testing.T) {
 		body, err := get(ext, "10.210.0.1:30102", "", 2*time.Second)
@@ -420,7 +398,7 @@ func TestMultiNode(t *testing.T) {
 		const size = 8 << 20
 		got := make(chan int64, 1)
 		errc := make(chan error, 1)
-		err := ifacemgr.InNetns(ext, func() error {
+		err := netlab.Enter(ext, func() error {
 			conn, err := net.DialTimeout("tcp4", "10.210.0.1:30103", 2*time.Second)
 			if err != nil {
 				return err
@@ -449,7 +427,7 @@ func TestMultiNode(t *testing.T) {
 
 	t.Run("a backend leaving keeps its open connection", func(t *testing.T) {
 		var conn net.Conn
-		if err := ifacemgr.InNetns(clientA, func() (err error) { conn, err = net.DialTimeout("tcp4", "10.96.1.4:80", 2*time.Second); return err }); err != nil {
+		if err := netlab.Enter(clientA, func() (err error) { conn, err = net.DialTimeout("tcp4", "10.96.1.4:80", 2*time.Second); return err }); err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Close()

@@ -4,12 +4,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/sluice-net/sluice/gen/netlab"
 )
 
 // NetNS is a named network namespace (visible to `ip netns`) owned by one test.
@@ -36,13 +35,14 @@ func NewNetNS(tb testing.TB) *NetNS {
 	tb.Helper()
 	Require(tb)
 	ns := &NetNS{Name: UniqueName("slt"), tb: tb}
-	Run(tb, "ip", "netns", "add", ns.Name)
+	if err := netlab.AddNamespace(ns.Name); err != nil {
+		tb.Fatal(err)
+	}
 	tb.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", ns.Name).CombinedOutput(); err != nil {
-			tb.Errorf("delete netns %s: %v: %s", ns.Name, err, out)
+		if err := netlab.DeleteNamespace(ns.Name); err != nil {
+			tb.Error(err)
 		}
 	})
-	ns.Run("ip", "link", "set", "lo", "up")
 	return ns
 }
 
@@ -57,28 +57,12 @@ func (ns *NetNS) Command(args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", ns.Name}, args...)...)
 }
 
-// Do runs fn on an OS thread that has entered the namespace. The thread is
-// discarded afterwards, so the namespace never leaks into other goroutines.
-func (ns *NetNS) Do(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: the Go runtime terminates a thread whose goroutine
-		// exits while locked, taking the namespace switch with it.
-		runtime.LockOSThread()
-		f, err := os.Open("/run/netns/" + ns.Name)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", ns.Name, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
+// Do runs fn on an OS thread that has entered the namespace (netlab.Enter).
+func (ns *NetNS) Do(fn func() error) error { return netlab.Enter(ns.Path(), fn) }
+
+// Path is the namespace's path, for code that enters it (netlab.Enter,
+// ifacemgr.Options.Netns).
+func (ns *NetNS) Path() string { return netlab.Path(ns.Name) }
 
 // Run runs a command and fails the test with its output if it fails.
 func Run(tb testing.TB, args ...string) string {
@@ -101,33 +85,23 @@ type Veth struct {
 func NewVeth(tb testing.TB, ns, peerNS *NetNS) Veth {
 	tb.Helper()
 	v := Veth{Name: UniqueName("slv"), PeerName: UniqueName("slp")}
-	args := []string{"ip", "link", "add", v.Name}
+	a, b := netlab.End{Name: v.Name}, netlab.End{Name: v.PeerName}
 	if ns != nil {
-		args = append(args, "netns", ns.Name)
+		a.NS = ns.Name
 	}
-	args = append(args, "type", "veth", "peer", "name", v.PeerName)
 	if peerNS != nil {
-		args = append(args, "netns", peerNS.Name)
+		b.NS = peerNS.Name
 	}
-	Run(tb, args...)
+	if err := netlab.AddVeth(a, b); err != nil {
+		tb.Fatal(err)
+	}
 	tb.Cleanup(func() {
 		// Best effort: the pair is normally gone with its namespace already.
 		del := []string{"link", "del", v.Name}
 		if ns != nil {
 			del = append([]string{"-n", ns.Name}, del...)
 		}
-		_ = exec.Command("ip", del...).Run()
+		_, _ = netlab.IP(del...)
 	})
-	inNS(tb, ns, "ip", "link", "set", v.Name, "up")
-	inNS(tb, peerNS, "ip", "link", "set", v.PeerName, "up")
 	return v
-}
-
-func inNS(tb testing.TB, ns *NetNS, args ...string) {
-	tb.Helper()
-	if ns == nil {
-		Run(tb, args...)
-		return
-	}
-	ns.Run(args...)
 }
