@@ -112,6 +112,16 @@ func runSource(t *testing.T, e *env, dir string, log *slog.Logger) {
 	go src.Run(ctx, e.p)
 }
 
+// markerYAML is a Service that tests write after a change, to know when
+// the change has been read.
+const markerYAML = `apiVersion: v1
+kind: Service
+metadata: {name: marker, namespace: default}
+spec:
+  clusterIP: 10.96.2.1
+  ports: [{name: http, port: 80, protocol: TCP}]
+`
+
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
@@ -160,7 +170,10 @@ func TestManifestFolderThatVanishesKeepsTheLastState(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.eventually("unhealthy while the folder is gone", func() bool { return !e.p.Health.Healthy() })
-	time.Sleep(100 * time.Millisecond) // several source intervals
+	// Whatever the pass that found the folder gone sent is synced by now:
+	// a change made after it is programmed.
+	e.p.Tracker().OnService(svc("marker", "10.96.2.1"), false)
+	e.eventually("a change after the pass programmed", func() bool { _, ok := e.frontends()["10.96.2.1:80/6"]; return ok })
 	if e.frontends()["10.96.0.10:80/6"].Count != 2 {
 		t.Fatal("a vanished folder removed its Services")
 	}
@@ -195,7 +208,11 @@ func TestManifestFileWithASyntaxErrorKeepsItsObjects(t *testing.T) {
 	// An editor saved half a file: the slice's document is broken.
 	broken := good[:strings.Index(good, "kind: EndpointSlice")] + "kind: EndpointSlice\nmetadata: [unclosed\n"
 	writeFile(t, filepath.Join(dir, "web.yaml"), broken)
-	time.Sleep(100 * time.Millisecond)
+	// A second file written after it: once its Service is programmed, the
+	// broken file has been read and its pass synced (inotify reports the
+	// writes in order).
+	writeFile(t, filepath.Join(dir, "zz-marker.yaml"), markerYAML)
+	e.eventually("the marker file programmed", func() bool { _, ok := e.frontends()["10.96.2.1:80/6"]; return ok })
 	fe := e.frontends()
 	if _, dns := fe["10.96.0.53:53/17"]; fe["10.96.0.10:80/6"].Count != 2 || !dns {
 		t.Fatalf("objects of a file with a syntax error were removed: %v", fe)

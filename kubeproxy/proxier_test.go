@@ -226,19 +226,25 @@ func TestCoalescing(t *testing.T) {
 		tr.OnService(svc(fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.1.%d", i)), false)
 	}
 	e.eventually("all 100 services programmed", func() bool { return len(e.frontends()) == 100 })
-	time.Sleep(250 * time.Millisecond)
-	if syncs := e.p.Runs() - before; syncs > 3 {
-		t.Fatalf("100 changes took %d syncs", syncs)
+	// One more change after the burst: once it is programmed, every sync the
+	// burst queued has run (a trigger queued meanwhile is coalesced into its).
+	tr.OnService(svc("marker", "10.96.2.1"), false)
+	e.eventually("the marker programmed", func() bool { return len(e.frontends()) == 101 })
+	if syncs := e.p.Runs() - before; syncs > 4 {
+		t.Fatalf("100 changes and a marker took %d syncs", syncs)
 	}
 }
 
 // No sync runs before both Services and EndpointSlices are listed.
 func TestWaitsForBothLists(t *testing.T) {
 	e := newEnv(t, kubeproxy.Config{})
-	e.p.Tracker().OnService(svc("web", "10.96.0.10"), false)
 	e.p.OnServicesSynced()
-	time.Sleep(200 * time.Millisecond)
-	if len(e.frontends()) != 0 {
+	e.eventually("a sync after the Services list", func() bool { return e.p.Runs() >= 1 })
+	// This event's sync starts after the event: once it has run, a sync
+	// that would program the Service has had its chance.
+	e.p.Tracker().OnService(svc("web", "10.96.0.10"), false)
+	e.eventually("a sync after the Service", func() bool { return e.p.Runs() >= 2 })
+	if len(e.frontends()) != 0 || e.p.Applied() != 0 {
 		t.Fatal("synced before EndpointSlices were listed")
 	}
 	e.p.OnEndpointSlicesSynced()
@@ -441,7 +447,9 @@ func TestNodeWithoutAddressesKeepsNodePorts(t *testing.T) {
 	e.p.OnEndpointSlicesSynced()
 	e.eventually("NodePort on the node IP", func() bool { _, ok := e.frontends()["10.0.0.1:30012/6"]; return ok })
 	e.p.OnNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})
-	time.Sleep(100 * time.Millisecond) // several sync periods
+	// A change after the Node: the sync that programs it knows the Node.
+	e.p.Tracker().OnService(svc("marker", "10.96.2.1"), false)
+	e.eventually("the marker programmed", func() bool { _, ok := e.frontends()["10.96.2.1:80/6"]; return ok })
 	if _, ok := e.frontends()["10.0.0.1:30012/6"]; !ok {
 		t.Fatal("a Node without addresses removed the NodePort")
 	}

@@ -210,7 +210,13 @@ spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}
 	if err := os.Remove(filepath.Join(manifests, "twin.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// A Service written after the removal: once it is programmed, so is the
+	// removal.
+	marker := "apiVersion: v1\nkind: Service\nmetadata: {name: marker, namespace: demo}\nspec: {clusterIP: 10.96.0.82, ports: [{name: http, port: 80}]}\n"
+	if err := os.WriteFile(filepath.Join(manifests, "zz-marker.yaml"), []byte(marker), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	within("a Service written after the removal programmed", func() bool { return strings.Contains(natList(), "10.96.0.82:80") })
 	traffic("after the conflicting Service went")
 }
 

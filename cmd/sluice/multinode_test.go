@@ -8,7 +8,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,6 +213,46 @@ func (c *cluster) programmed(n *clusterNode) bool {
 	return err == nil && len(fes) >= 5
 }
 
+// backendsOf lists the backends a node programs for a frontend ("ip:port").
+func (c *cluster) backendsOf(node, frontend string) []string {
+	set, err := maps.Open(maps.OpenOptions{PinDir: c.nodes[node].pinDir, NoCreate: true})
+	if err != nil {
+		return nil
+	}
+	defer set.Close()
+	fes, err := nat.ReadFrontends(set)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, fe := range fes {
+		if fe.Address.String() == frontend {
+			for _, b := range fe.Backends {
+				out = append(out, b.Address.Addr().String())
+			}
+		}
+	}
+	return out
+}
+
+// waitBackends waits until every node programs exactly these backends for a
+// frontend.
+func (c *cluster) waitBackends(t *testing.T, frontend string, want ...string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		same := true
+		for node := range c.nodes {
+			same = same && slices.Equal(slices.Sorted(slices.Values(c.backendsOf(node, frontend))), slices.Sorted(slices.Values(want)))
+		}
+		if same {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: backends not %v within 10 s", frontend, want)
+		}
+	}
+}
+
 // natList is `sluice nat list` on a node's pins.
 func (c *cluster) natList(node string) string {
 	out, err := run2(func() error {
@@ -395,8 +437,8 @@ func TestMultiNode(t *testing.T) {
 	})
 
 	t.Run("agent restarted mid-transfer loses no connection", func(t *testing.T) {
-		const size = 8 << 20
-		got := make(chan int64, 1)
+		const size = 32 << 20 // about a second at the server's pace
+		var received atomic.Int64
 		errc := make(chan error, 1)
 		err := netlab.Enter(ext, func() error {
 			conn, err := net.DialTimeout("tcp4", "10.210.0.1:30103", 2*time.Second)
@@ -407,8 +449,7 @@ func TestMultiNode(t *testing.T) {
 			go func() {
 				defer conn.Close()
 				conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-				n, err := io.Copy(io.Discard, conn)
-				got <- n
+				_, err := io.Copy(countingWriter{&received}, conn)
 				errc <- err
 			}()
 			return nil
@@ -416,12 +457,29 @@ func TestMultiNode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		// At least 256 KiB more each time: flowing before the stop, while
+		// no agent runs, and after the new one started.
+		grows := func(what string) {
+			t.Helper()
+			from := received.Load()
+			for deadline := time.Now().Add(10 * time.Second); received.Load() < min(from+256<<10, size); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the transfer stalled %s at %d bytes", what, received.Load())
+				}
+			}
+		}
+		grows("before the restart")
 		c.stopAgent("node-a") // the node that SNATs this flow
-		time.Sleep(200 * time.Millisecond)
+		grows("while node-a's agent is stopped")
+		atRestart := received.Load()
 		c.startAgent("node-a")
-		if n := <-got; n != size {
-			t.Fatalf("transfer across the agent restart: %d bytes, want %d (%v)", n, size, <-errc)
+		t.Logf("%d of %d bytes received when node-a's agent started again", atRestart, size)
+		if atRestart == size {
+			t.Fatal("the transfer ended before the agent was back: make it longer")
+		}
+		err = <-errc
+		if n := received.Load(); n != size {
+			t.Fatalf("transfer across the agent restart: %d bytes, want %d (%v)", n, size, err)
 		}
 	})
 
@@ -453,7 +511,11 @@ func TestMultiNode(t *testing.T) {
 			t.Fatal("test bug: the edit matched nothing")
 		}
 		c.writeManifests(edited)
-		time.Sleep(1500 * time.Millisecond) // the folder is read every second
+		t.Cleanup(func() { // the other subtests' cluster again
+			c.writeManifests(multiNodeServices)
+			c.waitBackends(t, "10.96.1.4:80", "10.1.1.2", "10.2.1.2")
+		})
+		c.waitBackends(t, "10.96.1.4:80", keep)
 		for range 3 {
 			if after, err := ask(); err != nil || after != before {
 				t.Fatalf("open connection after its backend left: %q %v (was %q)", after, err, before)
@@ -469,4 +531,12 @@ func TestMultiNode(t *testing.T) {
 			t.Logf("agent %s log:\n%s", n.name, logs)
 		}
 	}
+}
+
+// countingWriter counts what is written to it.
+type countingWriter struct{ n *atomic.Int64 }
+
+func (w countingWriter) Write(p []byte) (int, error) {
+	w.n.Add(int64(len(p)))
+	return len(p), nil
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -54,11 +55,12 @@ func TestPolicyRestartKeepsSlots(t *testing.T) {
 
 	var mu sync.Mutex
 	var violations []string
+	var rounds atomic.Int64
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
+		for ; ; rounds.Add(1) {
 			select {
 			case <-stop:
 				return
@@ -78,7 +80,12 @@ func TestPolicyRestartKeepsSlots(t *testing.T) {
 	}()
 	first.stop()
 	second := d.start(t)
-	time.Sleep(time.Second)
+	// Ten rounds of both probes against the second agent, ready now.
+	for start, deadline := rounds.Load(), time.Now().Add(10*time.Second); rounds.Load() < start+10; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the probes stalled after the restart")
+		}
+	}
 	close(stop)
 	<-done
 	if len(violations) > 0 {
