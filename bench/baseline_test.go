@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,12 +95,8 @@ func newBaselineEnv(b *testing.B) *baselineEnv {
 // addPod makes pod i: 10.20<i>.0.2/24 behind a veth whose node side is
 // 10.20<i>.0.1, the pod's gateway.
 func (e *baselineEnv) addPod(b *testing.B, i int) (*bpftest.NetNS, string) {
-	ns := bpftest.NewNetNS(b)
-	v := bpftest.NewVeth(b, e.node, ns)
-	gw, ip := fmt.Sprintf("10.20%d.0.1", i), fmt.Sprintf("10.20%d.0.2", i)
-	e.node.Run("ip", "addr", "add", gw+"/24", "dev", v.Name)
-	ns.Run("ip", "addr", "add", ip+"/24", "dev", v.PeerName)
-	ns.Run("ip", "route", "add", "default", "via", gw)
+	ip := fmt.Sprintf("10.20%d.0.2", i)
+	ns := bpftest.NewPod(b, e.node, fmt.Sprintf("slv%d", i), netip.MustParsePrefix(ip+"/24"), netip.MustParseAddr(fmt.Sprintf("10.20%d.0.1", i)))
 	return ns, ip
 }
 

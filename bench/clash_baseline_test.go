@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -37,11 +38,8 @@ func runClashBaseline(b *testing.B, proxy, sluice, kubeProxy string) clashResult
 		bpftest.ServeCloseFirst(b, ns, fmt.Sprintf("b%d", i), ":8080")
 		e.backends, e.backendIPs = append(e.backends, ns), append(e.backendIPs, ip)
 	}
-	external := bpftest.NewNetNS(b)
-	data := bpftest.NewVeth(b, e.node, external)
-	e.node.Run("ip", "addr", "add", "10.210.0.1/24", "dev", data.Name)
-	external.Run("ip", "addr", "add", "10.210.0.2/24", "dev", data.PeerName)
-	external.Run("ip", "route", "add", "default", "via", "10.210.0.1")
+	const dataIface = "sldata0"
+	external := bpftest.NewPod(b, e.node, dataIface, netip.MustParsePrefix("10.210.0.2/24"), netip.MustParseAddr("10.210.0.1"))
 	for _, ns := range []*bpftest.NetNS{e.client, external} {
 		ns.Run("sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 40063")
 	}
@@ -50,7 +48,7 @@ func runClashBaseline(b *testing.B, proxy, sluice, kubeProxy string) clashResult
 	const clusterCIDR = "10.200.0.0/14" // the pods, not the external host
 	if proxy == "sluice" {
 		e.startProxy(b, proxy, sluice, kubeProxy, "--cluster-cidr", clusterCIDR,
-			"--data-ifaces", "^"+data.Name+"$", "--node-ips", "10.210.0.1")
+			"--data-ifaces", "^"+dataIface+"$", "--node-ips", "10.210.0.1")
 	} else {
 		e.startProxy(b, proxy, sluice, kubeProxy, "--cluster-cidr", clusterCIDR)
 	}

@@ -2,6 +2,7 @@ package bpftest
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -104,4 +105,20 @@ func NewVeth(tb testing.TB, ns, peerNS *NetNS) Veth {
 		_, _ = netlab.IP(del...)
 	})
 	return v
+}
+
+// NewPod puts a pod behind a veth of node, as a CNI plugin would (netlab's
+// Lab.Pod): hostIface in node with the gateway's address, eth0 in the pod
+// with addr and a default route through the gateway. It is removed when the
+// test ends.
+func NewPod(tb testing.TB, node *NetNS, hostIface string, addr netip.Prefix, gateway netip.Addr) *NetNS {
+	tb.Helper()
+	lab := &netlab.Lab{Prefix: UniqueName("slpod")}
+	tb.Cleanup(lab.Close)
+	ns, err := lab.Pod(node.Name, hostIface, "pod", addr, gateway)
+	if err != nil {
+		lab.Close()
+		tb.Fatal(err)
+	}
+	return &NetNS{Name: ns, tb: tb}
 }

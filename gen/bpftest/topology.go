@@ -35,12 +35,14 @@ type Topology struct {
 	NodeIP   netip.Addr
 }
 
-// NewTopology builds the namespaces and attaches d's programs; everything is
-// removed when the test ends.
+// NewTopology builds the namespaces (NewPod: netlab, as the demo and the
+// multi-node test do) and attaches d's programs; everything is removed when
+// the test ends.
 func NewTopology(t testing.TB, d *Datapath, pods ...string) *Topology {
 	t.Helper()
-	topo := &Topology{DP: d, Node: NewNetNS(t), Pods: map[string]*NetNS{}, PodIP: map[string]netip.Addr{},
-		PodIface: map[string]string{}, NodeIP: netip.MustParseAddr("10.210.0.1")}
+	Require(t)
+	topo := &Topology{DP: d, Node: NewNetNS(t), Pods: map[string]*NetNS{},
+		PodIP: map[string]netip.Addr{}, PodIface: map[string]string{}, NodeIP: netip.MustParseAddr("10.210.0.1")}
 	n := topo.Node
 	for _, s := range []string{"net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0",
 		// Replies of NodePort flows leave with the node IP as source, which the
@@ -49,22 +51,16 @@ func NewTopology(t testing.TB, d *Datapath, pods ...string) *Topology {
 		n.Run("sysctl", "-qw", s)
 	}
 	for i, name := range pods {
-		ns := NewNetNS(t)
-		v := NewVeth(t, n, ns)
-		gw := fmt.Sprintf("10.20%d.0.1", i)
-		ip := fmt.Sprintf("10.20%d.0.2", i)
-		n.Run("ip", "addr", "add", gw+"/24", "dev", v.Name)
-		ns.Run("ip", "addr", "add", ip+"/24", "dev", v.PeerName)
-		ns.Run("ip", "route", "add", "default", "via", gw)
-		topo.Attach(t, v.Name, d.Objs.SlFromWl, d.Objs.SlToWl)
-		topo.Pods[name], topo.PodIP[name], topo.PodIface[name] = ns, netip.MustParseAddr(ip), v.Name
+		iface := fmt.Sprintf("slw%d", i)
+		ip := netip.MustParseAddr(fmt.Sprintf("10.20%d.0.2", i))
+		ns := NewPod(t, n, iface, netip.PrefixFrom(ip, 24), netip.MustParseAddr(fmt.Sprintf("10.20%d.0.1", i)))
+		topo.Attach(t, iface, d.Objs.SlFromWl, d.Objs.SlToWl)
+		topo.Pods[name], topo.PodIP[name], topo.PodIface[name] = ns, ip, iface
 	}
-	topo.External = NewNetNS(t)
-	data := NewVeth(t, n, topo.External)
-	n.Run("ip", "addr", "add", topo.NodeIP.String()+"/24", "dev", data.Name)
-	topo.External.Run("ip", "addr", "add", "10.210.0.2/24", "dev", data.PeerName)
-	topo.External.Run("ip", "route", "add", "default", "via", topo.NodeIP.String())
-	topo.Attach(t, data.Name, d.Objs.SlFromHost, d.Objs.SlToHost)
+	// The external host is shaped as a pod is, behind the node's data
+	// interface, with the node IP as its gateway.
+	topo.External = NewPod(t, n, "sldata0", netip.MustParsePrefix("10.210.0.2/24"), topo.NodeIP)
+	topo.Attach(t, "sldata0", d.Objs.SlFromHost, d.Objs.SlToHost)
 
 	d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(topo.NodeIP)})
 	d.Put(d.Objs.SlHostipV1, gen.SluiceHostipKey{Addr: gen.NetAddr(topo.NodeIP)}, gen.SluiceHostipValue{})
