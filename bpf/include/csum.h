@@ -8,6 +8,8 @@ static __always_inline __u16 csum_fold(__s64 sum)
 {
 	__u64 s = (__u64)sum;
 
+	/* Folding a 64-bit sum of 16-bit words into 16 bits: three folds leave
+	 * no carry (the second leaves at most 17 bits, the third at most 16). */
 	s = (s & 0xffff) + (s >> 16);
 	s = (s & 0xffff) + (s >> 16);
 	s = (s & 0xffff) + (s >> 16);

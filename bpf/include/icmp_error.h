@@ -49,6 +49,9 @@ static __always_inline int icmp_error_rnat(struct __sk_buff *skb, const struct p
 	if (bpf_skb_load_bytes(skb, quote_off, &q, sizeof(q)) ||
 	    bpf_skb_load_bytes(skb, quote_off + sizeof(q), qports, sizeof(qports)))
 		return 0;	/* quote too short to be about any flow */
+	/* A quoted header with options (ihl above 5 words) would move the quoted
+	 * ports; the datapath's own flows never carry options, so such a quote
+	 * is not about one of them. */
 	if (q.ihl != 5 || (q.protocol != IPPROTO_TCP && q.protocol != IPPROTO_UDP))
 		return 0;
 
@@ -61,10 +64,13 @@ static __always_inline int icmp_error_rnat(struct __sk_buff *skb, const struct p
 	if (!v || v->type != CT_REVERSE)
 		return 0;
 
+	/* The quote is the packet the node sent: its destination (port at
+	 * offset 2 of the quoted L4 header) becomes the frontend again. */
 	if (quote_rewrite(skb, icmp_csum_off, quote_off, IP_DADDR_OFF, q.daddr, v->nat_addr,
 			  2, qports[1], v->nat_port))
 		return -1;
 	if (v->flags & CT_SNAT) {
+		/* ... and its source (port at offset 0) the client again. */
 		if (quote_rewrite(skb, icmp_csum_off, quote_off, IP_SADDR_OFF, q.saddr, v->snat_addr,
 				  0, qports[0], v->snat_port) ||
 		    rewrite_addr_l3(skb, p, IP_DADDR_OFF, p->daddr, v->snat_addr))

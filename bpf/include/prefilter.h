@@ -62,6 +62,8 @@ static __always_inline int prefilter(struct xdp_md *ctx)
 
 	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl < 5)
 		return XDP_PASS;
+	/* The source as a /32: the trie answers with the longest denied prefix
+	 * that holds it. */
 	struct prefilter_key key = { .prefixlen = 32, .addr = ip->saddr };
 	if (!bpf_map_lookup_elem(&sl_prefilter_v1, &key))
 		return XDP_PASS;
@@ -69,7 +71,7 @@ static __always_inline int prefilter(struct xdp_md *ctx)
 	if ((ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP) &&
 	    !(ip->frag_off & bpf_htons(IP_OFFSET))) {
 		__be16 *ports = (void *)ip + ip->ihl * 4;
-		if ((void *)(ports + 2) <= data_end) {
+		if ((void *)(ports + 2) <= data_end) {	/* source and destination port */
 			struct failsafe_key fk = { .proto = ip->protocol, .port = ports[1] };
 			if (bpf_map_lookup_elem(&sl_failsafe_v1, &fk)) {
 				count(CNT_XDP_PASS_FAILSAFE);

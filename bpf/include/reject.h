@@ -42,9 +42,9 @@ static __always_inline void reply_iphdr(struct iphdr *ip, const struct packet *p
 {
 	__builtin_memset(ip, 0, sizeof(*ip));
 	ip->version = 4;
-	ip->ihl = 5;
+	ip->ihl = 5;		/* 20 bytes: no options */
 	ip->tot_len = bpf_htons(len);
-	ip->ttl = 64;
+	ip->ttl = 64;		/* Linux's default (net.ipv4.ip_default_ttl) */
 	ip->protocol = proto;
 	ip->saddr = p->daddr;
 	ip->daddr = p->saddr;
@@ -75,7 +75,7 @@ static __always_inline int reject_tcp(struct __sk_buff *skb, const struct packet
 		seg_len++;
 	rst.source = in.dest;
 	rst.dest = in.source;
-	rst.doff_res = 5 << 4;
+	rst.doff_res = 5 << 4;	/* data offset: 5 words (no options), in the high nibble */
 	if (in.flags & TCP_FLAG_ACK) {
 		rst.seq = in.ack_seq;
 		rst.flags = TCP_FLAG_RST;
@@ -136,6 +136,7 @@ static __always_inline int answer_echo(struct __sk_buff *skb, const struct packe
 	__be32 addrs[2] = { p->daddr, p->saddr };
 	__u8 type = ICMP_ECHOREPLY;
 
+	/* The type is the high byte of the checksummed 16-bit word type|code. */
 	if (bpf_l4_csum_replace(skb, p->l4_off + offsetof(struct icmphdr, checksum),
 				bpf_htons(ICMP_ECHO << 8), bpf_htons(ICMP_ECHOREPLY << 8), 2) ||
 	    bpf_skb_store_bytes(skb, p->l4_off, &type, 1, 0) ||

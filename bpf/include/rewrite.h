@@ -83,7 +83,7 @@ static __always_inline int rewrite_port(struct __sk_buff *skb, const struct pack
 static __always_inline int rewrite_dst(struct __sk_buff *skb, struct packet *p, __be32 addr, __be16 port)
 {
 	if (rewrite_addr(skb, p, IP_DADDR_OFF, p->daddr, addr) ||
-	    rewrite_port(skb, p, 2, p->dport, port))
+	    rewrite_port(skb, p, 2 /* dest: offset 2 in TCP and UDP */, p->dport, port))
 		return -1;
 	p->daddr = addr;
 	p->dport = port;

@@ -172,7 +172,7 @@ static __always_inline struct fe_value *fe_lookup(__be32 addr, __be16 port, __u8
 static __always_inline int src_allowed(const struct fe_value *fe, __be32 src)
 {
 	struct srcrange_key key = {
-		.prefixlen = 64,
+		.prefixlen = 64,	/* the whole key: 32 bits of svc_id, 32 of src */
 		.svc_id = bpf_htonl(fe->svc_id),
 		.src = src,
 	};

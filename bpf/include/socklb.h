@@ -12,7 +12,10 @@
  * A connected UDP socket stays pinned to the backend its connect() chose. When
  * that backend leaves its service, sl_sock_egress fails the socket's next send
  * (EPERM) and forgets its translation: the client's reconnect (or a new socket)
- * is balanced again to a live backend. TCP is never cut (graceful termination). */
+ * is balanced again to a live backend. TCP is never cut (graceful termination).
+ *
+ * cgroup programs return 1 to let the call (or the packet) go on and 0 to fail
+ * it; bpf_set_retval picks the errno the caller sees instead of EPERM. */
 #pragma once
 
 #include "common.h"
@@ -131,6 +134,8 @@ static __always_inline int socklb_reverse(struct bpf_sock_addr *ctx, __u64 max_a
  * that is no longer at its place in the service. */
 static __always_inline int socklb_check_egress(struct __sk_buff *skb)
 {
+	/* cgroup_skb verdicts: 1 lets the packet go, 0 fails the send (EPERM).
+	 * The packet starts at the IP header here. */
 	struct iphdr ip;
 	__be16 ports[2];
 
