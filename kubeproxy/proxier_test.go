@@ -270,62 +270,85 @@ func TestBadObjectsSkippedOthersProgrammed(t *testing.T) {
 	}
 }
 
-func TestHealthAndHealthCheckNodePort(t *testing.T) {
+// getJSON fetches a health endpoint and decodes its JSON answer.
+func getJSON(t *testing.T, url string) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var m map[string]any
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatalf("body %q: %v", body, err)
+	}
+	if resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("content type %q", resp.Header.Get("Content-Type"))
+	}
+	return resp.StatusCode, m
+}
+
+func nodeA(deleting bool) *v1.Node {
+	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}}}}
+	if deleting {
+		n.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	}
+	return n
+}
+
+// /healthz as kube-proxy's: 200 with the node eligible, 503 while the node is
+// being deleted (counted); /livez stays 200.
+func TestHealthzOfANodeBeingDeleted(t *testing.T) {
 	e := newEnv(t, kubeproxy.Config{SyncPeriod: time.Hour})
 	h := httptest.NewServer(e.p.Health.Handler())
 	defer h.Close()
-	get := func(url string) (int, map[string]any) {
-		resp, err := http.Get(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		var m map[string]any
-		if err := json.Unmarshal(body, &m); err != nil {
-			t.Fatalf("body %q: %v", body, err)
-		}
-		if resp.Header.Get("Content-Type") != "application/json" {
-			t.Fatalf("content type %q", resp.Header.Get("Content-Type"))
-		}
-		return resp.StatusCode, m
-	}
-	code, body := get(h.URL + "/healthz")
+	code, body := getJSON(t, h.URL+"/healthz")
 	if code != 200 || body["nodeEligible"] != true || body["lastUpdated"] == nil || body["currentTime"] == nil {
 		t.Fatalf("healthz %d %v", code, body)
 	}
-	if code, body := get(h.URL + "/livez"); code != 200 || body["nodeEligible"] != nil {
+	if code, body := getJSON(t, h.URL+"/livez"); code != 200 || body["nodeEligible"] != nil {
 		t.Fatalf("livez %d %v", code, body)
 	}
-	e.p.OnNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", DeletionTimestamp: &metav1.Time{Time: time.Now()}},
-		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}}}})
-	if code, body := get(h.URL + "/healthz"); code != 503 || body["nodeEligible"] != false {
+	e.p.OnNode(nodeA(true))
+	if code, body := getJSON(t, h.URL+"/healthz"); code != 503 || body["nodeEligible"] != false {
 		t.Fatalf("healthz of a node being deleted: %d %v", code, body)
 	}
-	if code, _ := get(h.URL + "/livez"); code != 200 {
+	if code, _ := getJSON(t, h.URL+"/livez"); code != 200 {
 		t.Fatalf("livez of a node being deleted: %d", code)
 	}
 	if got := testutil.ToFloat64(e.metrics.Healthz.WithLabelValues("503")); got != 1 {
 		t.Fatalf("healthz 503 counted %v", got)
 	}
-	// A source that cannot be read, or interfaces without their programs:
-	// /healthz says so, /livez does not (a restart would not help).
-	e.p.OnNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
-		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}}}})
+}
+
+// A source that cannot be read, or interfaces without their programs:
+// /healthz says so, /livez does not (a restart would not help).
+func TestHealthzNamesASourceError(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{SyncPeriod: time.Hour})
+	h := httptest.NewServer(e.p.Health.Handler())
+	defer h.Close()
+	e.p.OnNode(nodeA(false))
 	e.p.Health.SetSourceError("manifests", errors.New("manifests folder /m: no such file or directory"))
-	if code, body := get(h.URL + "/healthz"); code != 503 || !strings.Contains(fmt.Sprint(body["sourceErrors"]), "no such file") {
+	if code, body := getJSON(t, h.URL+"/healthz"); code != 503 || !strings.Contains(fmt.Sprint(body["sourceErrors"]), "no such file") {
 		t.Fatalf("healthz with an unreadable source: %d %v", code, body)
 	}
-	if code, _ := get(h.URL + "/livez"); code != 200 {
+	if code, _ := getJSON(t, h.URL+"/livez"); code != 200 {
 		t.Fatalf("livez with an unreadable source: %d", code)
 	}
 	e.p.Health.SetSourceError("manifests", nil)
-	if code, body := get(h.URL + "/healthz"); code != 200 || body["sourceErrors"] != nil {
+	if code, body := getJSON(t, h.URL+"/healthz"); code != 200 || body["sourceErrors"] != nil {
 		t.Fatalf("healthz once the source is back: %d %v", code, body)
 	}
+}
 
-	// A LoadBalancer service with externalTrafficPolicy Local gets a
-	// health-check NodePort: 200 with a local endpoint, 503 without.
+// A LoadBalancer service with externalTrafficPolicy Local gets a
+// health-check NodePort: 200 with a local endpoint, 503 without, closed when
+// the service goes. A source error elsewhere does not take the node out of
+// the load balancer: traffic still flows.
+func TestHealthCheckNodePort(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{SyncPeriod: time.Hour})
 	tr := e.p.Tracker()
 	lb := svc("lb", "10.96.0.40", func(s *v1.Service) {
 		s.Spec.Type = v1.ServiceTypeLoadBalancer
@@ -338,21 +361,19 @@ func TestHealthAndHealthCheckNodePort(t *testing.T) {
 	e.p.OnServicesSynced()
 	e.p.OnEndpointSlicesSynced()
 	e.eventually("health check port open", func() bool { return len(e.p.HealthCheckPorts()) == 1 })
-	code, body = get("http://127.0.0.1:32140/")
+	code, body := getJSON(t, "http://127.0.0.1:32140/")
 	svcBody, _ := body["service"].(map[string]any)
 	if code != 200 || body["localEndpoints"] != float64(2) || body["serviceProxyHealthy"] != true ||
 		svcBody["namespace"] != "default" || svcBody["name"] != "lb" {
 		t.Fatalf("health check %d %v", code, body)
 	}
-	// One interface without its programs (a source error) must not take
-	// the node out of the load balancer: traffic still flows.
 	e.p.Health.SetSourceError("interfaces", errors.New("programs not in place on slw1"))
-	if code, body := get("http://127.0.0.1:32140/"); code != 200 || body["serviceProxyHealthy"] != true {
+	if code, body := getJSON(t, "http://127.0.0.1:32140/"); code != 200 || body["serviceProxyHealthy"] != true {
 		t.Fatalf("health check with a source error: %d %v", code, body)
 	}
 	e.p.Health.SetSourceError("interfaces", nil)
 	tr.OnEndpointSlice(endpointSlice("lb", "lb-1", "10.2.0.3"), false)
-	e.eventually("no local endpoints: 503", func() bool { c, _ := get("http://127.0.0.1:32140/"); return c == 503 })
+	e.eventually("no local endpoints: 503", func() bool { c, _ := getJSON(t, "http://127.0.0.1:32140/"); return c == 503 })
 	tr.OnService(lb, true)
 	e.eventually("health check port closed", func() bool { return len(e.p.HealthCheckPorts()) == 0 })
 	if _, err := http.Get("http://127.0.0.1:32140/"); err == nil {
