@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"golang.org/x/sync/errgroup"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -21,6 +20,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
@@ -456,15 +457,7 @@ func (a *Agent) setNodeIPs(ips []netip.Addr) {
 	if len(ips) == 0 {
 		return
 	}
-	cfgMap, err := maps.Config.In(a.set)
-	if err == nil {
-		var nc gen.SluiceConfig
-		if nc, err = cfgMap.Get(0); err == nil {
-			nc.NodeIp = gen.NetAddr(ips[0])
-			err = cfgMap.Put(0, nc, ebpf.UpdateAny)
-		}
-	}
-	if err != nil {
+	if err := nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) { c.NodeIP = ips[0] }); err != nil {
 		a.log.Error("writing the node IP", "err", err)
 	}
 }
@@ -516,41 +509,24 @@ func (a *Agent) setPodCIDRs(cidrs []netip.Prefix) {
 		a.log.Warn("--detect-local-mode=NodeCIDR: the Node has no IPv4 pod CIDR yet; ClusterIP traffic is not masqueraded until it has", "node", a.cfg.NodeName)
 		return
 	}
-	cfgMap, err := maps.Config.In(a.set)
-	if err == nil {
-		var nc gen.SluiceConfig
-		if nc, err = cfgMap.Get(0); err == nil {
-			net, mask := gen.NetAddr(cidrs[0].Addr()), gen.NetAddr(prefixMask(cidrs[0].Bits()))
-			if nc.ClusterNet == net && nc.ClusterMask == mask {
-				return
-			}
-			nc.ClusterNet, nc.ClusterMask = net, mask
-			err = cfgMap.Put(0, nc, ebpf.UpdateAny)
-			a.log.Info("local traffic is the Node's pod CIDR", "cidr", cidrs[0])
-		}
-	}
-	if err != nil {
+	changed := false
+	err := nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) {
+		changed = c.LocalCIDR != cidrs[0].Masked()
+		c.LocalCIDR = cidrs[0]
+	})
+	switch {
+	case err != nil:
 		a.log.Error("writing the Node's pod CIDR", "err", err)
+	case changed:
+		a.log.Info("local traffic is the Node's pod CIDR", "cidr", cidrs[0])
 	}
-}
-
-// prefixMask is the IPv4 netmask of a prefix length.
-func prefixMask(bits int) netip.Addr {
-	var m [4]byte
-	for i := range bits {
-		m[i/8] |= 0x80 >> (i % 8)
-	}
-	return netip.AddrFrom4(m)
 }
 
 // writeNodeConfig writes the node-wide settings and the prefilter's failsafe
-// ports.
+// ports. The node IP and, with --detect-local-mode=NodeCIDR, the pod CIDR a
+// previous agent wrote are kept until the Node object says otherwise: no
+// window without SNAT or masquerade across a restart.
 func (a *Agent) writeNodeConfig() error {
-	cfgMap, err := maps.Config.In(a.set)
-	if err != nil {
-		return err
-	}
-	var nc gen.SluiceConfig
 	// Socket LB serves the host's own sockets only: a pod's connect() takes
 	// the TC path, which sees the pod's address (its affinity identity, its
 	// source ranges) rather than the node's.
@@ -558,26 +534,25 @@ func (a *Agent) writeNodeConfig() error {
 	if err != nil {
 		return fmt.Errorf("socket LB: the node's network namespace: %w", err)
 	}
-	nc.HostNetnsCookie = cookie
-	nc.Flags |= gen.SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY
-	if a.cfg.MasqueradeAll {
-		nc.Flags |= gen.SluiceConfigFlagsCFG_MASQUERADE_ALL
-	}
-	switch a.cfg.DetectLocalMode {
-	case LocalModeInterfaceNamePrefix:
-		nc.Flags |= gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE
-	case LocalModeNodeCIDR:
-		// Written when the Node tells its pod CIDR (setPodCIDRs); until
-		// then every source counts as local, as with no CIDR at all.
-	default:
-		if c := a.cfg.ClusterCIDR; c.IsValid() {
-			nc.ClusterNet, nc.ClusterMask = gen.NetAddr(c.Masked().Addr()), gen.NetAddr(prefixMask(c.Bits()))
+	err = nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) {
+		next := nat.NodeConfig{NodeIP: c.NodeIP, SocketLBNetnsCookie: cookie, MasqueradeAll: a.cfg.MasqueradeAll}
+		if len(a.cfg.NodeIPs) > 0 {
+			next.NodeIP = a.cfg.NodeIPs[0]
 		}
-	}
-	if err := cfgMap.Put(0, nc, ebpf.UpdateAny); err != nil {
+		switch a.cfg.DetectLocalMode {
+		case LocalModeInterfaceNamePrefix:
+			next.LocalByInterface = true
+		case LocalModeNodeCIDR:
+			// Written when the Node tells its pod CIDR (setPodCIDRs).
+			next.LocalCIDR = c.LocalCIDR
+		default:
+			next.LocalCIDR = a.cfg.ClusterCIDR
+		}
+		*c = next
+	})
+	if err != nil {
 		return err
 	}
-	a.setNodeIPs(a.cfg.NodeIPs)
 	failsafe, err := maps.Failsafe.In(a.set)
 	if err != nil {
 		return err

@@ -1,0 +1,92 @@
+package nat_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/nat"
+)
+
+// The node settings reach sl_config_v1 in the layout config.h documents,
+// read back as written, and an update keeps what it does not name.
+func TestNodeConfigRoundTripsThroughTheMap(t *testing.T) {
+	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	raw, err := maps.Config.In(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A SNAT port range written by another tool stays.
+	if err := raw.Put(0, gen.SluiceConfig{SnatPortMin: 40000, SnatPortMax: 40999}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	want := nat.NodeConfig{NodeIP: netip.MustParseAddr("10.0.0.5"), MasqueradeAll: true,
+		LocalCIDR: netip.MustParsePrefix("10.244.0.0/16"), SocketLBNetnsCookie: 4097}
+	if err := nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { *c = want }); err != nil {
+		t.Fatal(err)
+	}
+	got, err := nat.ReadNodeConfig(set)
+	if err != nil || got != want {
+		t.Fatalf("read back %+v (%v), want %+v", got, err, want)
+	}
+	r, err := raw.Get(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.SnatPortMin != 40000 || r.SnatPortMax != 40999 ||
+		gen.AddrFromNet(r.NodeIp) != want.NodeIP ||
+		gen.AddrFromNet(r.ClusterNet) != netip.MustParseAddr("10.244.0.0") ||
+		gen.AddrFromNet(r.ClusterMask) != netip.MustParseAddr("255.255.0.0") ||
+		r.Flags != gen.SluiceConfigFlagsCFG_MASQUERADE_ALL|gen.SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY ||
+		r.HostNetnsCookie != 4097 {
+		t.Fatalf("raw entry %+v", r)
+	}
+
+	// One field changed; the others stay. A CIDR is stored masked.
+	if err := nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) {
+		c.MasqueradeAll = false
+		c.LocalCIDR = netip.MustParsePrefix("10.1.2.3/24")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want.MasqueradeAll, want.LocalCIDR = false, netip.MustParsePrefix("10.1.2.0/24")
+	if got, _ := nat.ReadNodeConfig(set); got != want {
+		t.Fatalf("after a partial update %+v, want %+v", got, want)
+	}
+
+	// Interface-based local detection, no CIDR, no socket-LB restriction.
+	want = nat.NodeConfig{NodeIP: want.NodeIP, LocalByInterface: true}
+	if err := nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { *c = want }); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := nat.ReadNodeConfig(set); got != want {
+		t.Fatalf("%+v, want %+v", got, want)
+	}
+}
+
+func TestNodeConfigRefusesIPv6ByName(t *testing.T) {
+	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	err = nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { c.LocalCIDR = netip.MustParsePrefix("fd00::/64") })
+	if err == nil || !strings.Contains(err.Error(), "fd00::/64") {
+		t.Fatalf("an IPv6 CIDR: %v", err)
+	}
+	err = nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { c.NodeIP = netip.MustParseAddr("fd00::1") })
+	if err == nil || !strings.Contains(err.Error(), "fd00::1") {
+		t.Fatalf("an IPv6 node IP: %v", err)
+	}
+	if got, err := nat.ReadNodeConfig(set); err != nil || got != (nat.NodeConfig{}) {
+		t.Fatalf("a refused update wrote %+v (%v)", got, err)
+	}
+}
