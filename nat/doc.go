@@ -5,5 +5,6 @@
 // tool can drive it; package kubeproxy translates Kubernetes objects into it.
 // Syncer.Apply programs the maps for a whole State, writing only what changed,
 // in an order that never lets a packet see a frontend pointing at a missing
-// backend.
+// backend. NodeConfig holds the node-wide settings the datapath reads per new
+// flow: the SNAT source, masquerading, which traffic is the cluster's own.
 package nat
