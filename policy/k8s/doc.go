@@ -9,7 +9,12 @@
 // (to) any of its peers on any of its ports; no peers means everyone, no
 // ports every port. ipBlock except ranges are carved out of their CIDR.
 //
-// Named ports of ingress rules are the selected pod's own; those of egress
-// rules are resolved to the numbers the peer pods give that name (the union,
-// when pods disagree).
+// Named ports of ingress rules are the selected pod's own. Those of egress
+// rules are the destination's: a named port exists only on pods, so the rule
+// allows the pods the peer reaches (any namespace its selectors name; for an
+// ipBlock, the pods inside it; with no peer, every pod) each on the number it
+// gives the name — pods that disagree each get their own number, not the
+// union. A container port without a protocol is TCP, as the API server
+// defaults it. Translation runs again whenever pods, namespaces or policies
+// change, so names follow the pods.
 package k8s

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	netv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // Cluster is what the translation reads.
@@ -167,13 +169,29 @@ func (t *translator) rules(pod *v1.Pod, np *netv1.NetworkPolicy, typ netv1.Polic
 				ports = []netv1.NetworkPolicyPort{{}}
 			}
 			for qi, port := range ports {
+				where := fmt.Sprintf("%s/%s %s rule %d peer %d port %d", np.Namespace, np.Name, strings.ToLower(string(typ)), ri, pi, qi)
+				if proto, _, ok := portProtocol(port); !ok {
+					t.err(fmt.Errorf("networkpolicy %s/%s: %s port of protocol %s: the datapath carries TCP and UDP ports only; it allows nothing (a rule without ports allows every protocol)",
+						np.Namespace, np.Name, strings.ToLower(string(typ)), proto))
+					continue
+				}
+				if typ == netv1.PolicyTypeEgress && port.Port != nil && port.Port.Type == intstr.String {
+					// A named port of the destination: one rule per number
+					// the peer's pods give the name, each to those pods only.
+					for _, rl := range t.namedEgress(np, peer, port) {
+						rl.ID = ruleID(np.Namespace, np.Name, typ, ri, pi, qi, pod.Namespace, pod.Name, rl.DstPorts[0].First)
+						t.res.Rules[rl.ID] = fmt.Sprintf("%s (%s=%d)", where, port.Port.StrVal, rl.DstPorts[0].First)
+						out.Rules = append(out.Rules, rl)
+					}
+					continue
+				}
 				rl := base
 				rl.Action = policy.Allow
 				rl.ID = ruleID(np.Namespace, np.Name, typ, ri, pi, qi, pod.Namespace, pod.Name)
-				if !t.applyPort(&rl, pod, peer, np, port, typ) {
+				if !applyPort(&rl, pod, port) {
 					continue
 				}
-				t.res.Rules[rl.ID] = fmt.Sprintf("%s/%s %s rule %d peer %d port %d", np.Namespace, np.Name, strings.ToLower(string(typ)), ri, pi, qi)
+				t.res.Rules[rl.ID] = where
 				out.Rules = append(out.Rules, rl)
 			}
 		}
@@ -288,48 +306,119 @@ func (t *translator) ipSet(members []netip.Prefix) uint32 {
 	return id
 }
 
-// applyPort adds a port condition; false when it can match nothing (a named
-// port nobody has).
-func (t *translator) applyPort(r *policy.Rule, pod *v1.Pod, peer netv1.NetworkPolicyPeer, np *netv1.NetworkPolicy, port netv1.NetworkPolicyPort, typ netv1.PolicyType) bool {
-	if port.Port == nil && port.Protocol == nil {
-		return true
-	}
+// portProtocol is a NetworkPolicyPort's protocol number (TCP when unset);
+// false for a protocol the datapath does not carry (SCTP).
+func portProtocol(port netv1.NetworkPolicyPort) (v1.Protocol, uint8, bool) {
 	proto := v1.ProtocolTCP
 	if port.Protocol != nil {
 		proto = *port.Protocol
 	}
 	switch proto {
 	case v1.ProtocolTCP:
-		r.Protocol = 6
+		return proto, 6, true
 	case v1.ProtocolUDP:
-		r.Protocol = 17
-	default:
-		return false // SCTP: not in the datapath
+		return proto, 17, true
 	}
-	if port.Port == nil {
-		return true
-	}
-	if port.Port.StrVal == "" || port.Port.IntVal != 0 {
-		last := port.Port.IntVal
-		if port.EndPort != nil {
-			last = *port.EndPort
-		}
-		r.DstPorts = []policy.PortRange{{First: uint16(port.Port.IntVal), Last: uint16(last)}}
-		return true
-	}
-	// A named port: the selected pod's own for ingress, the peers' for egress.
-	pods := []*v1.Pod{pod}
-	if typ == netv1.PolicyTypeEgress {
-		pods = t.selectPods(np, peer)
-	}
-	for _, p := range pods {
-		for _, c := range p.Spec.Containers {
-			for _, cp := range c.Ports {
-				if cp.Name == port.Port.StrVal && cp.Protocol == proto {
-					r.DstPorts = append(r.DstPorts, policy.PortRange{First: uint16(cp.ContainerPort), Last: uint16(cp.ContainerPort)})
-				}
+	return proto, 0, false
+}
+
+// namedPort lists the numbers a pod's containers give a port name for a
+// protocol. A container port without a protocol is TCP, as the API server
+// defaults it (manifests read from a folder are not defaulted).
+func namedPort(p *v1.Pod, name string, proto v1.Protocol) []uint16 {
+	var out []uint16
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			cpProto := cp.Protocol
+			if cpProto == "" {
+				cpProto = v1.ProtocolTCP
+			}
+			if cp.Name == name && cpProto == proto && !slices.Contains(out, uint16(cp.ContainerPort)) {
+				out = append(out, uint16(cp.ContainerPort))
 			}
 		}
 	}
-	return len(r.DstPorts) > 0
+	return out
+}
+
+// applyPort adds a port condition to an ingress rule, or an egress rule with
+// a numbered port; false when it can match nothing (a protocol the datapath
+// does not carry, a named port the pod does not have). An ingress rule's
+// named port is the selected pod's own.
+func applyPort(r *policy.Rule, pod *v1.Pod, port netv1.NetworkPolicyPort) bool {
+	if port.Port == nil && port.Protocol == nil {
+		return true
+	}
+	proto, number, ok := portProtocol(port)
+	if !ok {
+		return false
+	}
+	r.Protocol = number
+	switch {
+	case port.Port == nil:
+		return true
+	case port.Port.Type == intstr.String:
+		for _, n := range namedPort(pod, port.Port.StrVal, proto) {
+			r.DstPorts = append(r.DstPorts, policy.PortRange{First: n, Last: n})
+		}
+		return len(r.DstPorts) > 0
+	}
+	last := port.Port.IntVal
+	if port.EndPort != nil {
+		last = *port.EndPort
+	}
+	r.DstPorts = []policy.PortRange{{First: uint16(port.Port.IntVal), Last: uint16(last)}}
+	return true
+}
+
+// namedEgress turns an egress port given by name into rules: a named port
+// exists only on pods, so each rule allows the pods the peer reaches (any
+// namespace its selectors name; for an ipBlock, the pods inside it; for no
+// selector, every pod) on the number they give the name. Pods that give the
+// name different numbers each get theirs only.
+func (t *translator) namedEgress(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer, port netv1.NetworkPolicyPort) []policy.Rule {
+	proto, number, ok := portProtocol(port)
+	if !ok {
+		return nil
+	}
+	var pods []*v1.Pod
+	switch {
+	case peer.IPBlock != nil:
+		cidr, err := netip.ParsePrefix(peer.IPBlock.CIDR)
+		if err != nil {
+			return nil // reported by peerMatch
+		}
+		var except []netip.Prefix
+		for _, e := range peer.IPBlock.Except {
+			if p, err := netip.ParsePrefix(e); err == nil {
+				except = append(except, p)
+			}
+		}
+		for _, p := range t.c.Pods {
+			ip, ok := podIP(p)
+			if ok && cidr.Contains(ip) && !slices.ContainsFunc(except, func(e netip.Prefix) bool { return e.Contains(ip) }) {
+				pods = append(pods, p)
+			}
+		}
+	case peer.PodSelector == nil && peer.NamespaceSelector == nil:
+		pods = t.c.Pods
+	default:
+		pods = t.selectPods(np, peer)
+	}
+	byNumber := map[uint16][]netip.Prefix{}
+	for _, p := range pods {
+		ip, ok := podIP(p)
+		if !ok {
+			continue
+		}
+		for _, n := range namedPort(p, port.Port.StrVal, proto) {
+			byNumber[n] = append(byNumber[n], netip.PrefixFrom(ip, 32))
+		}
+	}
+	var out []policy.Rule
+	for _, n := range slices.Sorted(maps.Keys(byNumber)) {
+		out = append(out, policy.Rule{Action: policy.Allow, Protocol: number,
+			DstIPSets: []uint32{t.ipSet(byNumber[n])}, DstPorts: []policy.PortRange{{First: n, Last: n}}})
+	}
+	return out
 }

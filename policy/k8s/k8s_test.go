@@ -148,3 +148,115 @@ func TestInvalidSelectorsFailClosed(t *testing.T) {
 		}
 	}
 }
+
+// The report, as a user wrote it: a db pod whose container names
+// port 8080 "http" without a protocol (a manifest is not defaulted), a
+// policy admitting admins of the ops team to "http". The named port
+// resolves, for the pods the selectors reach in another namespace.
+func TestIngressNamedPortOfAnUndefaultedContainerPort(t *testing.T) {
+	db := pod("data", "db", "10.1.0.10", map[string]string{"tier": "db"}, v1.ContainerPort{Name: "http", ContainerPort: 8080})
+	admin := pod("ops", "admin", "10.1.0.20", map[string]string{"role": "admin"})
+	guest := pod("ops", "guest", "10.1.0.21", map[string]string{"role": "guest"})
+	c := Cluster{
+		Pods: []*v1.Pod{db, admin, guest},
+		Namespaces: []*v1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "data"}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "ops", Labels: map[string]string{"team": "ops"}}}},
+		Policies: []*netv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "data", Name: "db-admins"}, Spec: netv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"tier": "db"}},
+			Ingress: []netv1.NetworkPolicyIngressRule{{
+				From: []netv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "ops"}},
+					PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "admin"}}}},
+				Ports: []netv1.NetworkPolicyPort{{Protocol: ptr(v1.ProtocolTCP), Port: ptr(intstr.FromString("http"))}},
+			}},
+		}}},
+	}
+	res := Translate(c, "node-a")
+	if len(res.Errors) != 0 {
+		t.Fatal(res.Errors)
+	}
+	e := res.Endpoints["data/db"]
+	in := func(src string, port uint16) bool {
+		return policy.Evaluate(&e.Ingress, res.IPSets, policy.Packet{Src: netip.MustParseAddr(src), Dst: e.IP, Protocol: 6, DstPort: port}).Allow
+	}
+	if !in("10.1.0.20", 8080) || in("10.1.0.20", 9090) || in("10.1.0.21", 8080) {
+		t.Fatalf("admin:8080 %v (want true), admin:9090 %v, guest:8080 %v (want false)", in("10.1.0.20", 8080), in("10.1.0.20", 9090), in("10.1.0.21", 8080))
+	}
+}
+
+// An egress rule's named port is the destination's: pods that give the name
+// different numbers are each reached on theirs only, in any namespace the
+// peer reaches; an ipBlock peer reaches the pods inside it; no peer, every pod.
+func TestEgressNamedPortIsEachDestinationsOwn(t *testing.T) {
+	client := pod("app", "client", "10.1.0.5", map[string]string{"role": "client"})
+	a := pod("web", "a", "10.1.1.10", map[string]string{"app": "web"}, v1.ContainerPort{Name: "http", ContainerPort: 8080})
+	b := pod("api", "b", "10.1.2.10", map[string]string{"app": "web"}, v1.ContainerPort{Name: "http", ContainerPort: 9090, Protocol: v1.ProtocolTCP})
+	dns := pod("kube-system", "dns", "10.1.3.10", nil, v1.ContainerPort{Name: "http", ContainerPort: 53, Protocol: v1.ProtocolUDP})
+	egress := func(to ...netv1.NetworkPolicyPeer) *netv1.NetworkPolicy {
+		return &netv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "out"}, Spec: netv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"role": "client"}},
+			PolicyTypes: []netv1.PolicyType{netv1.PolicyTypeEgress},
+			Egress: []netv1.NetworkPolicyEgressRule{{To: to,
+				Ports: []netv1.NetworkPolicyPort{{Port: ptr(intstr.FromString("http"))}}}}, // protocol unset: TCP
+		}}
+	}
+	cases := []struct {
+		name string
+		to   []netv1.NetworkPolicyPeer
+		want map[string]bool // "ip:port" -> allowed
+	}{
+		{"selectors across namespaces", []netv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{},
+			PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}},
+			map[string]bool{"10.1.1.10:8080": true, "10.1.2.10:9090": true, "10.1.1.10:9090": false, "10.1.2.10:8080": false, "10.1.3.10:53": false}},
+		{"no peer: every pod", nil,
+			map[string]bool{"10.1.1.10:8080": true, "10.1.2.10:9090": true, "10.1.1.10:9090": false, "10.9.9.9:8080": false}},
+		{"an ipBlock holding one of them", []netv1.NetworkPolicyPeer{{IPBlock: &netv1.IPBlock{CIDR: "10.1.0.0/16", Except: []string{"10.1.2.0/24"}}}},
+			map[string]bool{"10.1.1.10:8080": true, "10.1.2.10:9090": false}},
+	}
+	for _, tc := range cases {
+		res := Translate(Cluster{Pods: []*v1.Pod{client, a, b, dns},
+			Namespaces: []*v1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "app"}}, {ObjectMeta: metav1.ObjectMeta{Name: "web"}},
+				{ObjectMeta: metav1.ObjectMeta{Name: "api"}}, {ObjectMeta: metav1.ObjectMeta{Name: "kube-system"}}},
+			Policies: []*netv1.NetworkPolicy{egress(tc.to...)}}, "node-a")
+		if len(res.Errors) != 0 {
+			t.Fatal(res.Errors)
+		}
+		e := res.Endpoints["app/client"]
+		if err := e.Egress.Validate(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		for dst, want := range tc.want {
+			ap := netip.MustParseAddrPort(dst)
+			got := policy.Evaluate(&e.Egress, res.IPSets, policy.Packet{Src: e.IP, Dst: ap.Addr(), Protocol: 6, DstPort: ap.Port()}).Allow
+			if got != want {
+				t.Errorf("%s: to %s allowed %v, want %v", tc.name, dst, got, want)
+			}
+		}
+	}
+}
+
+// An SCTP port is refused by name (the datapath carries TCP and UDP ports
+// only): it allows nothing, and the policy's other ports still apply.
+func TestSCTPPortIsRefusedByName(t *testing.T) {
+	web := pod("shop", "web", "10.1.0.10", map[string]string{"app": "web"})
+	c := Cluster{Pods: []*v1.Pod{web}, Namespaces: []*v1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}},
+		Policies: []*netv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "sctp"}, Spec: netv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			Ingress: []netv1.NetworkPolicyIngressRule{{Ports: []netv1.NetworkPolicyPort{
+				{Protocol: ptr(v1.ProtocolSCTP), Port: ptr(intstr.FromInt32(3868))}, tcpPort(80)}}},
+		}}}}
+	res := Translate(c, "node-a")
+	if len(res.Errors) != 1 || !strings.Contains(res.Errors[0].Error(), "shop/sctp") || !strings.Contains(res.Errors[0].Error(), "SCTP") {
+		t.Fatalf("errors %v: want one naming the policy and SCTP", res.Errors)
+	}
+	e := res.Endpoints["shop/web"]
+	for _, tc := range []struct {
+		proto uint8
+		port  uint16
+		want  bool
+	}{{132, 3868, false}, {6, 3868, false}, {6, 80, true}} {
+		got := policy.Evaluate(&e.Ingress, res.IPSets, policy.Packet{Src: netip.MustParseAddr("10.9.9.9"), Dst: e.IP, Protocol: tc.proto, DstPort: tc.port}).Allow
+		if got != tc.want {
+			t.Errorf("proto %d port %d: allowed %v, want %v", tc.proto, tc.port, got, tc.want)
+		}
+	}
+}
