@@ -260,6 +260,20 @@ __subprog int handled_upstream(struct __sk_buff *skb, struct packet *p, enum hoo
 	return judge_stateless(skb, p, POLICY_DIR_INGRESS);
 }
 
+/* judge_other: a packet of a protocol the datapath neither balances nor
+ * tracks (SCTP, GRE, ESP, ...). A workload's policy judges it packet by
+ * packet at the workload's hooks, so isolation holds for every protocol (a
+ * rule with ports never matches it: ports are TCP's and UDP's); elsewhere it
+ * passes. */
+static __always_inline int judge_other(struct __sk_buff *skb, const struct packet *p, enum hook hook)
+{
+	if (hook == HOOK_FROM_WL)
+		return judge_stateless(skb, p, POLICY_DIR_EGRESS);
+	if (hook == HOOK_TO_WL)
+		return judge_stateless(skb, p, POLICY_DIR_INGRESS);
+	return TC_ACT_OK;
+}
+
 /* l2_len: ETH_HLEN, or 0 on an L3 device (parse.h). */
 static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const __u32 l2_len)
 {
@@ -278,7 +292,7 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		}
 		if (p.proto == IPPROTO_ICMP)
 			return handle_icmp(skb, &p, hook);
-		return TC_ACT_OK;
+		return judge_other(skb, &p, hook);
 	}
 	if (p.fragment) {
 		if (!p.l4_absent)
