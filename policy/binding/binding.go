@@ -31,6 +31,9 @@ type Options struct {
 type Stats struct {
 	Compiled int // policies compiled and loaded
 	Kept     int // policies taken over from the programs of a previous process
+	// Errors counts what the latest Update could not translate as written
+	// (each error names its object; see k8s.Result.Errors).
+	Errors int
 }
 
 // Binder keeps the policies of a node's pods installed. It is safe for
@@ -128,6 +131,7 @@ func (b *Binder) Update(c k8s.Cluster) (endpoints map[string]k8s.Endpoint, first
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.logged = errs
+	b.stats.Errors = len(errs)
 	for _, s := range b.retired {
 		b.rt.Remove(s)
 	}

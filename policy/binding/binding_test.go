@@ -167,3 +167,23 @@ func TestBinderTakesOverAfterARestart(t *testing.T) {
 		t.Fatalf("stats %+v: want both policies kept and none compiled", st)
 	}
 }
+
+// What a translation cannot apply is counted while it lasts (the agent's
+// sluice_policy_errors), and the count falls when the policy is fixed.
+func TestTranslationErrorsAreCountedWhileTheyLast(t *testing.T) {
+	n := newNode(t)
+	b := n.binder()
+	c := cluster("client", 80)
+	sctp := v1.ProtocolSCTP
+	c.Policies[0].Spec.Ingress[0].Ports[0].Protocol = &sctp
+	b.Update(c)
+	b.Finish()
+	if got := b.Stats().Errors; got != 1 {
+		t.Fatalf("an SCTP port: %d errors, want 1", got)
+	}
+	b.Update(cluster("client", 80))
+	b.Finish()
+	if got := b.Stats().Errors; got != 0 {
+		t.Fatalf("once fixed: %d errors, want 0", got)
+	}
+}

@@ -356,6 +356,9 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	reg.MustRegister(kubeproxy.NewCounterCollector(func() (map[string]uint64, error) { return maps.ReadCounters(counters, names) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_policy_errors",
+		Help: "NetworkPolicy constructs the latest translation could not apply as written (each is logged, naming its object)"},
+		func() float64 { return float64(feed.b.Stats().Errors) }))
 	scanner, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Logger: log, Interval: cfg.ConntrackScanPeriod,
 		OnScan: metrics.ObserveScan,
 		Scanners: []conntrack.EntryScanner{&conntrack.Liveness{Timeouts: a.timeouts()},
