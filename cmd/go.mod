@@ -1,6 +1,6 @@
 module github.com/sluice-net/sluice/cmd
 
-go 1.26.0
+go 1.26.6
 
 require (
 	github.com/cilium/ebpf v0.22.0
@@ -20,6 +20,8 @@ require (
 )
 
 require golang.org/x/sync v0.23.0
+
+require sigs.k8s.io/network-policy-api v0.3.0
 
 require (
 	github.com/blang/semver/v4 v4.0.0 // indirect
@@ -52,7 +54,7 @@ require (
 	github.com/go-openapi/swag/stringutils v0.27.1 // indirect
 	github.com/go-openapi/swag/typeutils v0.27.1 // indirect
 	github.com/go-openapi/swag/yamlutils v0.27.1 // indirect
-	github.com/google/gnostic-models v0.7.0 // indirect
+	github.com/google/gnostic-models v0.7.1 // indirect
 	github.com/google/gopacket v1.1.19 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect

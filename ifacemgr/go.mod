@@ -1,6 +1,6 @@
 module github.com/sluice-net/sluice/ifacemgr
 
-go 1.26.0
+go 1.26.6
 
 require (
 	github.com/cilium/ebpf v0.22.0

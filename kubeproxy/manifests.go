@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
+	npav1alpha1 "sigs.k8s.io/network-policy-api/apis/v1alpha1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -28,7 +30,18 @@ type Object struct {
 	Obj  runtime.Object
 }
 
-var decoder = serializer.NewCodecFactory(scheme.Scheme).UniversalDeserializer()
+// decoder reads the kinds of client-go's scheme and the network policy API's
+// (ClusterNetworkPolicy, and the older AdminNetworkPolicy and
+// BaselineAdminNetworkPolicy), which are custom resources in a cluster.
+var decoder = func() runtime.Decoder {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{scheme.AddToScheme, npav1beta1.AddToScheme, npav1alpha1.AddToScheme} {
+		if err := add(s); err != nil {
+			panic(err) // static registrations: cannot fail
+		}
+	}
+	return serializer.NewCodecFactory(s).UniversalDeserializer()
+}()
 
 // isManifest tells a manifest file by its name.
 func isManifest(name string) bool {

@@ -4,9 +4,10 @@ go 1.26.0
 
 require (
 	github.com/cilium/ebpf v0.22.0
-	github.com/google/gopacket v1.1.19
 	github.com/sluice-net/sluice/gen v0.0.0
 	golang.org/x/sys v0.48.0
 )
+
+require github.com/google/gopacket v1.1.19 // indirect
 
 replace github.com/sluice-net/sluice/gen => ../gen

@@ -1,6 +1,6 @@
 module github.com/sluice-net/sluice/policy
 
-go 1.26.0
+go 1.26.6
 
 replace (
 	github.com/sluice-net/sluice/gen => ../gen
@@ -13,6 +13,7 @@ require (
 	github.com/sluice-net/sluice/maps v0.0.0-00010101000000-000000000000
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
+	sigs.k8s.io/network-policy-api v0.3.0
 )
 
 require (

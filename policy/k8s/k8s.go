@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	alpha "sigs.k8s.io/network-policy-api/apis/v1alpha1"
+	npa "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
 // Cluster is what the translation reads.
@@ -22,6 +24,13 @@ type Cluster struct {
 	Pods       []*v1.Pod
 	Namespaces []*v1.Namespace
 	Policies   []*netv1.NetworkPolicy
+	// ClusterNetworkPolicies (policy.networking.k8s.io/v1beta1) of the Admin
+	// and Baseline tiers around NetworkPolicy.
+	ClusterNetworkPolicies []*npa.ClusterNetworkPolicy
+	// AdminNetworkPolicies and BaselineAdminNetworkPolicies (v1alpha1), their
+	// predecessors, converted to ClusterNetworkPolicies (ConvertANP).
+	AdminNetworkPolicies         []*alpha.AdminNetworkPolicy
+	BaselineAdminNetworkPolicies []*alpha.BaselineAdminNetworkPolicy
 }
 
 // Endpoint is one pod's compiled-ready policy.
@@ -67,6 +76,13 @@ func Translate(c Cluster, node string) *Result {
 	for _, ns := range c.Namespaces {
 		t.nsLabel[ns.Name] = labels.Set(ns.Labels)
 	}
+	t.c.ClusterNetworkPolicies = slices.Clone(c.ClusterNetworkPolicies)
+	for _, p := range c.AdminNetworkPolicies {
+		t.c.ClusterNetworkPolicies = append(t.c.ClusterNetworkPolicies, ConvertANP(p))
+	}
+	for _, p := range c.BaselineAdminNetworkPolicies {
+		t.c.ClusterNetworkPolicies = append(t.c.ClusterNetworkPolicies, ConvertBANP(p))
+	}
 	pols := slices.Clone(c.Policies)
 	slices.SortFunc(pols, func(a, b *netv1.NetworkPolicy) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
@@ -83,8 +99,8 @@ func Translate(c Cluster, node string) *Result {
 			continue
 		}
 		ep := Endpoint{Namespace: pod.Namespace, Name: pod.Name, IP: ip}
-		ep.Ingress = t.direction(pod, pols, netv1.PolicyTypeIngress)
-		ep.Egress = t.direction(pod, pols, netv1.PolicyTypeEgress)
+		ep.Ingress = t.withAdminTiers(pod, t.direction(pod, pols, netv1.PolicyTypeIngress), true)
+		ep.Egress = t.withAdminTiers(pod, t.direction(pod, pols, netv1.PolicyTypeEgress), false)
 		t.res.Endpoints[pod.Namespace+"/"+pod.Name] = ep
 	}
 	return t.res
@@ -98,7 +114,7 @@ func hasType(p *netv1.NetworkPolicy, typ netv1.PolicyType) bool {
 }
 
 func (t *translator) direction(pod *v1.Pod, pols []*netv1.NetworkPolicy, typ netv1.PolicyType) policy.EndpointPolicy {
-	tier := policy.Tier{Name: "kubernetes", DefaultAction: policy.Deny}
+	tier := policy.Tier{Name: tierKubernetes, DefaultAction: policy.Deny}
 	for _, np := range pols {
 		if np.Namespace != pod.Namespace || !hasType(np, typ) {
 			continue

@@ -13,6 +13,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	npav1alpha1 "sigs.k8s.io/network-policy-api/apis/v1alpha1"
+	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
 // clusterOf picks the policy inputs out of a folder's objects.
@@ -26,6 +28,12 @@ func clusterOf(objs []kubeproxy.Object) k8s.Cluster {
 			c.Namespaces = append(c.Namespaces, x)
 		case *netv1.NetworkPolicy:
 			c.Policies = append(c.Policies, x)
+		case *npav1beta1.ClusterNetworkPolicy:
+			c.ClusterNetworkPolicies = append(c.ClusterNetworkPolicies, x)
+		case *npav1alpha1.AdminNetworkPolicy:
+			c.AdminNetworkPolicies = append(c.AdminNetworkPolicies, x)
+		case *npav1alpha1.BaselineAdminNetworkPolicy:
+			c.BaselineAdminNetworkPolicies = append(c.BaselineAdminNetworkPolicies, x)
 		}
 	}
 	return c
