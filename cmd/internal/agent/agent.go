@@ -33,6 +33,7 @@ import (
 	"github.com/sluice-net/sluice/kubeproxy"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -386,14 +387,22 @@ func (a *Agent) start(ctx context.Context) error {
 		}}
 		a.spawn(ctx, "manifests", func() error { src.Run(ctx, a.Proxier); return nil })
 	} else {
-		client, err := a.client()
+		rc, err := a.restConfig()
+		if err != nil {
+			return err
+		}
+		client, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return err
+		}
+		dyn, err := dynamic.NewForConfig(rc)
 		if err != nil {
 			return err
 		}
 		if err := kubeproxy.RunInformers(ctx, client, a.Proxier, 15*time.Minute); err != nil {
 			return err
 		}
-		policies, err := policyInformers(ctx, client, feed)
+		policies, err := policyInformers(ctx, client, dyn, log, feed.Update)
 		if err != nil {
 			return err
 		}
@@ -572,7 +581,9 @@ func (a *Agent) writeNodeConfig() error {
 	return nil
 }
 
-func (a *Agent) client() (kubernetes.Interface, error) {
+// restConfig is how the agent reaches the API server: in-cluster, or by
+// --kubeconfig/--master, with the configured rate and content type.
+func (a *Agent) restConfig() (*rest.Config, error) {
 	var rc *rest.Config
 	var err error
 	if a.cfg.Kubeconfig == "" && a.cfg.Master == "" {
@@ -592,7 +603,7 @@ func (a *Agent) client() (kubernetes.Interface, error) {
 	if a.cfg.KubeAPIContentType != "" {
 		rc.ContentType = a.cfg.KubeAPIContentType
 	}
-	return kubernetes.NewForConfig(rc)
+	return rc, nil
 }
 
 // timeouts are conntrack's defaults with the configured replacements.

@@ -3,13 +3,23 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/sluice-net/sluice/kubeproxy"
 	"github.com/sluice-net/sluice/policy/k8s"
 	v1 "k8s.io/api/core/v1"
 	netv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -39,13 +49,87 @@ func clusterOf(objs []kubeproxy.Object) k8s.Cluster {
 	return c
 }
 
-// policyInformers follows Pods, Namespaces and NetworkPolicies and returns
-// the loop that translates them: once the caches are synced, and again on
-// changes, coalesced by the shim's bounded-frequency runner (at most every
-// 200 ms, and every 15 minutes anyway).
-func policyInformers(ctx context.Context, client kubernetes.Interface, feed *policyFeed) (func() error, error) {
+// adminPolicyResources are the network policy API's kinds, custom resources
+// a cluster serves once their CRDs are installed.
+var adminPolicyResources = []schema.GroupVersionResource{
+	npav1beta1.SchemeGroupVersion.WithResource("clusternetworkpolicies"),
+	npav1alpha1.SchemeGroupVersion.WithResource("adminnetworkpolicies"),
+	npav1alpha1.SchemeGroupVersion.WithResource("baselineadminnetworkpolicies"),
+}
+
+// servedResources lists which of resources the API server serves.
+func servedResources(d discovery.DiscoveryInterface, resources []schema.GroupVersionResource) ([]schema.GroupVersionResource, error) {
+	var out []schema.GroupVersionResource
+	for _, r := range resources {
+		list, err := d.ServerResourcesForGroupVersion(r.GroupVersion().String())
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("discovering %s: %w", r.GroupVersion(), err)
+		}
+		if slices.ContainsFunc(list.APIResources, func(a metav1.APIResource) bool { return a.Name == r.Resource }) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// addAdminPolicies converts what a dynamic informer holds into c.
+func addAdminPolicies(c *k8s.Cluster, r schema.GroupVersionResource, items []any) error {
+	for _, item := range items {
+		u, ok := item.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		var err error
+		switch r.Resource {
+		case "clusternetworkpolicies":
+			p := new(npav1beta1.ClusterNetworkPolicy)
+			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err == nil {
+				c.ClusterNetworkPolicies = append(c.ClusterNetworkPolicies, p)
+			}
+		case "adminnetworkpolicies":
+			p := new(npav1alpha1.AdminNetworkPolicy)
+			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err == nil {
+				c.AdminNetworkPolicies = append(c.AdminNetworkPolicies, p)
+			}
+		case "baselineadminnetworkpolicies":
+			p := new(npav1alpha1.BaselineAdminNetworkPolicy)
+			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err == nil {
+				c.BaselineAdminNetworkPolicies = append(c.BaselineAdminNetworkPolicies, p)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", r.Resource, u.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// policyInformers follows Pods, Namespaces, NetworkPolicies and, where the
+// API server serves them (their CRDs are installed when the agent starts),
+// ClusterNetworkPolicies, AdminNetworkPolicies and
+// BaselineAdminNetworkPolicies. It returns the loop that hands them to
+// update: once the caches are synced, and again on changes, coalesced by the
+// shim's bounded-frequency runner (at most every 200 ms, and every 15 minutes
+// anyway).
+func policyInformers(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, log *slog.Logger, update func(k8s.Cluster)) (func() error, error) {
 	f := informers.NewSharedInformerFactory(client, 15*time.Minute)
 	pods, nss, pols := f.Core().V1().Pods(), f.Core().V1().Namespaces(), f.Networking().V1().NetworkPolicies()
+	served, err := servedResources(client.Discovery(), adminPolicyResources)
+	if err != nil {
+		return nil, err
+	}
+	if len(served) == 0 {
+		log.Info("the API server serves no ClusterNetworkPolicy, AdminNetworkPolicy or BaselineAdminNetworkPolicy (CRDs not installed); NetworkPolicy only")
+	}
+	df := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 15*time.Minute)
+	admin := map[schema.GroupVersionResource]cache.SharedIndexInformer{}
+	for _, r := range served {
+		admin[r] = df.ForResource(r).Informer()
+		log.Info("following admin network policies", "resource", r.String())
+	}
 	runner := kubeproxy.NewRunner(func() error {
 		var c k8s.Cluster
 		var err error
@@ -54,10 +138,15 @@ func policyInformers(ctx context.Context, client kubernetes.Interface, feed *pol
 				c.Policies, err = pols.Lister().List(labels.Everything())
 			}
 		}
+		for _, r := range served {
+			if err == nil {
+				err = addAdminPolicies(&c, r, admin[r].GetStore().List())
+			}
+		}
 		if err != nil {
 			return fmt.Errorf("listing policy inputs: %w", err) // retried with backoff
 		}
-		feed.Update(c)
+		update(c)
 		return nil
 	}, 200*time.Millisecond, 15*time.Minute)
 	poke := cache.ResourceEventHandlerFuncs{
@@ -65,14 +154,21 @@ func policyInformers(ctx context.Context, client kubernetes.Interface, feed *pol
 		UpdateFunc: func(any, any) { runner.Trigger() },
 		DeleteFunc: func(any) { runner.Trigger() },
 	}
-	for _, inf := range []cache.SharedIndexInformer{pods.Informer(), nss.Informer(), pols.Informer()} {
+	all := []cache.SharedIndexInformer{pods.Informer(), nss.Informer(), pols.Informer()}
+	for _, inf := range admin {
+		all = append(all, inf)
+	}
+	synced := make([]cache.InformerSynced, 0, len(all))
+	for _, inf := range all {
 		if _, err := inf.AddEventHandler(poke); err != nil {
 			return nil, err
 		}
+		synced = append(synced, inf.HasSynced)
 	}
 	f.Start(ctx.Done())
+	df.Start(ctx.Done())
 	return func() error {
-		if !cache.WaitForCacheSync(ctx.Done(), pods.Informer().HasSynced, nss.Informer().HasSynced, pols.Informer().HasSynced) {
+		if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 			return ctx.Err()
 		}
 		runner.Trigger()

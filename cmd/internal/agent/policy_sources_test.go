@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
+	"github.com/sluice-net/sluice/policy/k8s"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+)
+
+// crd is a CustomResourceDefinition of our own for one of the network
+// policy API's kinds, accepting any content (the tests write valid objects).
+func crd(r schema.GroupVersionResource, kind string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+		"metadata": map[string]any{"name": r.Resource + "." + r.Group,
+			// k8s.io groups need it; the project's own CRDs carry the URL of its API review.
+			"annotations": map[string]any{"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/network-policy-api/pull/347"}},
+		"spec": map[string]any{
+			"group": r.Group, "scope": "Cluster",
+			"names": map[string]any{"plural": r.Resource, "kind": kind},
+			"versions": []any{map[string]any{"name": r.Version, "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
+		},
+	}}
+}
+
+// Against a real kube-apiserver: without the CRDs the agent follows
+// NetworkPolicy only; with them installed it follows ClusterNetworkPolicies
+// and AdminNetworkPolicies created through the API.
+func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
+	s := apiservertest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if served, err := servedResources(s.Client.Discovery(), adminPolicyResources); err != nil || len(served) != 0 {
+		t.Fatalf("before the CRDs: served %v (%v), want none", served, err)
+	}
+	dyn, err := dynamic.NewForConfig(s.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+	kinds := []string{"ClusterNetworkPolicy", "AdminNetworkPolicy", "BaselineAdminNetworkPolicy"}
+	for i, r := range adminPolicyResources {
+		if _, err := crds.Create(ctx, crd(r, kinds[i]), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		served, err := servedResources(s.Client.Discovery(), adminPolicyResources)
+		if err == nil && len(served) == len(adminPolicyResources) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CRDs not served: %v %v", served, err)
+		}
+	}
+
+	updates := make(chan k8s.Cluster, 100)
+	run, err := policyInformers(ctx, s.Client, dyn, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
+	if err != nil {
+		t.Fatal(err)
+	}
+	go run()
+	create := func(r schema.GroupVersionResource, obj map[string]any) {
+		t.Helper()
+		if _, err := dyn.Resource(r).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create(adminPolicyResources[0], map[string]any{"apiVersion": "policy.networking.k8s.io/v1beta1", "kind": "ClusterNetworkPolicy",
+		"metadata": map[string]any{"name": "deny-guests"},
+		"spec": map[string]any{"tier": "Admin", "priority": int64(7), "subject": map[string]any{"namespaces": map[string]any{}},
+			"ingress": []any{map[string]any{"action": "Deny", "from": []any{map[string]any{"namespaces": map[string]any{
+				"matchLabels": map[string]any{"team": "guest"}}}}}}}})
+	create(adminPolicyResources[1], map[string]any{"apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy",
+		"metadata": map[string]any{"name": "pass-ops"},
+		"spec": map[string]any{"priority": int64(3), "subject": map[string]any{"namespaces": map[string]any{}},
+			"ingress": []any{map[string]any{"action": "Pass", "from": []any{map[string]any{"namespaces": map[string]any{}}}}}}})
+	for deadline := time.After(20 * time.Second); ; {
+		select {
+		case c := <-updates:
+			if len(c.ClusterNetworkPolicies) == 1 && len(c.AdminNetworkPolicies) == 1 {
+				cnp, anp := c.ClusterNetworkPolicies[0], c.AdminNetworkPolicies[0]
+				if cnp.Spec.Priority != 7 || cnp.Spec.Ingress[0].Action != "Deny" || anp.Spec.Priority != 3 || anp.Spec.Ingress[0].Action != "Pass" {
+					t.Fatalf("read back %+v and %+v", cnp.Spec, anp.Spec)
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatal("the informers never delivered both policies")
+		}
+	}
+}
