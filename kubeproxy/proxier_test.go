@@ -498,3 +498,29 @@ func TestStaleAffinitySweptEverySyncPeriod(t *testing.T) {
 		return errors.Is(err, maps.ErrKeyNotExist)
 	})
 }
+
+// An SCTP Service port is refused by name and counted, as any object the
+// datapath cannot carry; the Service's TCP port and the other Services are
+// programmed.
+func TestSCTPServicePortIsRefusedByName(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	tr := e.p.Tracker()
+	tr.OnService(svc("mixed", "10.96.0.40", func(s *v1.Service) {
+		s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "diameter", Port: 3868, Protocol: v1.ProtocolSCTP})
+	}), false)
+	tr.OnService(svc("good", "10.96.0.41"), false)
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+	e.eventually("the TCP ports programmed", func() bool {
+		fe := e.frontends()
+		_, mixed := fe["10.96.0.40:80/6"]
+		_, good := fe["10.96.0.41:80/6"]
+		return mixed && good
+	})
+	if _, ok := e.frontends()["10.96.0.40:3868/132"]; ok {
+		t.Fatal("an SCTP frontend was programmed")
+	}
+	if got := testutil.ToFloat64(e.metrics.SkippedObjects); got != 1 {
+		t.Fatalf("skipped objects counted %v, want 1", got)
+	}
+}
