@@ -41,6 +41,7 @@
 #include "ifstate.h"
 #include "parse.h"
 #include "policy.h"
+#include "prefilter.h"
 #include "reject.h"
 #include "rewrite.h"
 #include "service.h"
@@ -60,6 +61,29 @@ __subprog int reject(struct __sk_buff *skb, const struct packet *p)
 		return drop(CNT_DROP_REJECT_FAILED);
 	count(CNT_REJECT_NO_ENDPOINTS);
 	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* ---- Host endpoints: policy on traffic to and from the node itself ---- */
+
+/* failsafe: a flow to a port of the failsafe list (sl_failsafe_v1: SSH, the
+ * API server, health checks) is never judged by a host endpoint's policy, so
+ * a wrong host policy cannot lock the node out. */
+static __always_inline int failsafe(const struct packet *p)
+{
+	struct failsafe_key k = { .proto = p->proto, .port = p->dport };
+
+	return bpf_map_lookup_elem(&sl_failsafe_v1, &k) != NULL;
+}
+
+/* host_ingress_slot: the host endpoint policy that judges a new flow
+ * entering through a data interface, or IFSTATE_NO_POLICY. to_node: the flow
+ * is for the node itself or for a Service (judged before DNAT); traffic
+ * forwarded to pods or elsewhere is not the host's and is not judged here. */
+static __always_inline __u32 host_ingress_slot(struct __sk_buff *skb, const struct packet *p, int to_node)
+{
+	if (!to_node || failsafe(p))
+		return IFSTATE_NO_POLICY;
+	return policy_slot(skb, POLICY_DIR_EGRESS); /* the entry hook's slot */
 }
 
 /* drop_create_failed drops a new flow whose conntrack entries could not be
@@ -159,9 +183,15 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0) |
 		     (snat_addr ? CT_SNAT : 0);
 
-	/* Traffic from a workload waits for its egress policy; other traffic has
-	 * no source workload to judge it. */
-	__u32 slot = from_host ? IFSTATE_NO_POLICY : policy_slot(skb, POLICY_DIR_EGRESS);
+	/* Traffic from a workload waits for its egress policy; external
+	 * traffic for its host endpoint's ingress policy, on the tuple it came
+	 * with (before DNAT: Calico's pre-DNAT policy). */
+	__u32 slot = from_host ? host_ingress_slot(skb, p, 1) : policy_slot(skb, POLICY_DIR_EGRESS);
+	/* The tuple as it came, for a judgement before DNAT, goes to cb now
+	 * (a copy on the stack would take the chain of calls over the
+	 * verifier's 512 bytes). */
+	if (from_host && slot != IFSTATE_NO_POLICY)
+		policy_tuple_pre_nat(skb, p);
 	__be16 sport;
 	int err = ct_create(p, fe->svc_id, &be, &snat_addr, cfg, &flags,
 			    slot == IFSTATE_NO_POLICY ? POL_ALLOWED : POL_UNJUDGED, &sport);
@@ -171,11 +201,13 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 		return drop(CNT_DROP_MALFORMED);
 	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
 		return drop(CNT_DROP_MALFORMED);
-	if (slot != IFSTATE_NO_POLICY) {
-		/* Judged on the tuple the destination will see: after NAT. */
-		return policy_handoff(skb, p, POLICY_DIR_EGRESS, slot);
-	}
-	return TC_ACT_OK;
+	if (slot == IFSTATE_NO_POLICY)
+		return TC_ACT_OK;
+	if (from_host)
+		return policy_handoff_pre_nat(skb, p, POLICY_DIR_EGRESS, slot);
+	/* A workload's egress is judged on the tuple the destination will see:
+	 * after NAT. */
+	return policy_handoff(skb, p, POLICY_DIR_EGRESS, slot);
 }
 
 __subprog int handle_icmp(struct __sk_buff *skb, struct packet *p, enum hook hook)
@@ -260,6 +292,26 @@ __subprog int handled_upstream(struct __sk_buff *skb, struct packet *p, enum hoo
 	return judge_stateless(skb, p, POLICY_DIR_INGRESS);
 }
 
+/* host_new_flow_out: a packet leaving through a data interface that no
+ * conntrack entry knows and no managed interface handled. When it is the
+ * node's own (no ingress interface) and the interface has a host endpoint,
+ * its flow is tracked, so that replies pass by conntrack, and a TCP SYN or a
+ * datagram is judged by the host endpoint's egress policy (failsafe ports
+ * excepted). Anything else leaves as it is. */
+__subprog int host_new_flow_out(struct __sk_buff *skb, struct packet *p)
+{
+	struct ifstate_key k = { .ifindex = skb->ifindex };
+	struct ifstate_value *st = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
+
+	if (skb->ingress_ifindex || !st ||
+	    (st->ingress_policy == IFSTATE_NO_POLICY && st->egress_policy == IFSTATE_NO_POLICY))
+		return TC_ACT_OK;
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+		return TC_ACT_OK;
+	/* The exit hook's slot (ifstate.h): the host endpoint's egress. */
+	return track_flow(skb, p, POLICY_DIR_INGRESS, failsafe(p) ? IFSTATE_NO_POLICY : st->ingress_policy);
+}
+
 /* judge_other: a packet of a protocol the datapath neither balances nor
  * tracks (SCTP, GRE, ESP, ...). A workload's policy judges it packet by
  * packet at the workload's hooks, so isolation holds for every protocol (a
@@ -326,13 +378,20 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 			return enforce(skb, &p, v, POLICY_DIR_EGRESS);
 		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)
 			return enforce(skb, &p, v, POLICY_DIR_INGRESS);
+		/* A flow that entered from outside carries its host endpoint's
+		 * verdict, judged on its first packet (ALLOWED when none judged
+		 * it); the node's own flows are judged as they leave. */
+		if (v->type == CT_FORWARD && hook == HOOK_FROM_HOST && v->pol_egress != POL_ALLOWED)
+			return drop(CNT_DROP_POLICY);
+		if (v->type == CT_FORWARD && hook == HOOK_TO_HOST && !skb->ingress_ifindex)
+			return enforce(skb, &p, v, POLICY_DIR_INGRESS);
 		return TC_ACT_OK; /* a reply, or a hook without policy */
 	}
 
 	if (p.l4_absent)
 		return untracked_fragment(skb, &p, hook);
 	if (hook == HOOK_TO_HOST)
-		return TC_ACT_OK;
+		return host_new_flow_out(skb, &p);
 	if (hook == HOOK_TO_WL)
 		return to_workload_new(skb, &p);
 	/* Only a connection's first segment is balanced: a segment of a flow
@@ -344,7 +403,7 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	if (fe)
 		return new_flow(skb, &p, hook, fe);
 	/* Traffic from a workload waits for its egress policy; traffic from
-	 * outside has no source workload to judge it. */
+	 * outside to the node itself, for its host endpoint's ingress policy. */
 	return track_flow(skb, &p, POLICY_DIR_EGRESS,
-			  hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS) : IFSTATE_NO_POLICY);
+			  hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS) : host_ingress_slot(skb, &p, is_host_ip(p.daddr)));
 }

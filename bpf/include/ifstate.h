@@ -30,8 +30,14 @@ ASSERT_SIZE(struct ifstate_key, 4);
 
 struct ifstate_value {
 	enum ifstate_flags flags;		/* host order */
-	__u32 ingress_policy;			/* host order: slot, or IFSTATE_NO_POLICY */
-	__u32 egress_policy;			/* host order: slot, or IFSTATE_NO_POLICY */
+	/* Policy slots (or IFSTATE_NO_POLICY), named from a workload's side.
+	 * egress_policy is judged where traffic enters the datapath through
+	 * the interface: a workload's egress at FROM_WL; for a data interface
+	 * its host endpoint's ingress at FROM_HOST. ingress_policy is judged
+	 * where traffic leaves through it: a workload's ingress at TO_WL; a
+	 * host endpoint's egress at TO_HOST. Both host order. */
+	__u32 ingress_policy;
+	__u32 egress_policy;
 	char name[IFSTATE_NAME_LEN];		/* NUL-padded interface name */
 };
 ASSERT_SIZE(struct ifstate_value, 28);

@@ -32,6 +32,10 @@
 #define POLICY_DIR_SHIFT	24
 #define POLICY_ALLOW		(1u << 28)
 #define POLICY_DENY		(1u << 29)
+/* The tuple in cb is the flow's forward key, the packet as it entered (a
+ * host endpoint's ingress policy judges external traffic to a Service before
+ * DNAT), rather than the tuple the destination sees. */
+#define POLICY_PRE_NAT		(1u << 30)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
@@ -92,6 +96,25 @@ static __always_inline int policy_handoff(struct __sk_buff *skb, const struct pa
 	skb->cb[1] = p->daddr;
 	skb->cb[2] = (__u32)p->sport | ((__u32)p->dport << 16);
 	skb->cb[3] = (__u32)p->proto | ((__u32)p->icmp_type << 8) | ((__u32)p->icmp_code << 16) | (dir << POLICY_DIR_SHIFT);
+	skb->cb[4] = slot;
+	return JUDGE_BY_POLICY;
+}
+
+/* policy_tuple_pre_nat writes a packet's tuple as it entered (its flow's
+ * forward key) to cb, before the packet is translated; policy_handoff_pre_nat
+ * then hands it over to be judged on that tuple. Nothing between the two may
+ * use cb. */
+static __always_inline void policy_tuple_pre_nat(struct __sk_buff *skb, const struct packet *p)
+{
+	skb->cb[0] = p->saddr;
+	skb->cb[1] = p->daddr;
+	skb->cb[2] = (__u32)p->sport | ((__u32)p->dport << 16);
+}
+
+static __always_inline int policy_handoff_pre_nat(struct __sk_buff *skb, const struct packet *p, __u32 dir, __u32 slot)
+{
+	skb->cb[3] = (__u32)p->proto | ((__u32)p->icmp_type << 8) | ((__u32)p->icmp_code << 16) |
+		     (dir << POLICY_DIR_SHIFT) | POLICY_PRE_NAT;
 	skb->cb[4] = slot;
 	return JUDGE_BY_POLICY;
 }
@@ -157,28 +180,45 @@ static __always_inline int judge_stateless(struct __sk_buff *skb, const struct p
 	return policy_handoff(skb, p, dir, slot);
 }
 
-/* policy_record writes the verdict on both entries of the flow whose
- * destination-side tuple is in cb: its reverse entry is keyed by the reversed
- * tuple, and names the forward entry as its peer. */
+/* policy_record writes the verdict on both entries of the flow whose tuple
+ * is in cb: the destination-side tuple, whose reversal keys the reverse entry
+ * (which names the forward entry as its peer), or with POLICY_PRE_NAT the
+ * forward key itself. */
 static __always_inline void policy_record(struct __sk_buff *skb, __u32 dir, enum pol_verdict verdict)
 {
-	struct ct_key rk = {
+	struct ct_key key = {
 		.saddr = skb->cb[1], .daddr = skb->cb[0],
 		.sport = skb->cb[2] >> 16, .dport = skb->cb[2] & 0xffff,
 		.proto = skb->cb[3] & 0xff,
 	};
-	struct ct_value *rev = bpf_map_lookup_elem(&sl_ct_v2, &rk);
+	struct ct_value *rev, *fwd;
 
-	if (!rev)
-		return;
-	struct ct_key fk = rev->peer;
-	struct ct_value *fwd = bpf_map_lookup_elem(&sl_ct_v2, &fk);
+	if (skb->cb[3] & POLICY_PRE_NAT) {
+		/* cb is the forward key itself; the reverse entry is its peer. */
+		key.saddr = skb->cb[0];
+		key.daddr = skb->cb[1];
+		key.sport = skb->cb[2] & 0xffff;
+		key.dport = skb->cb[2] >> 16;
+		fwd = bpf_map_lookup_elem(&sl_ct_v2, &key);
+		if (!fwd)
+			return;
+		struct ct_key rk = fwd->peer;
+		rev = bpf_map_lookup_elem(&sl_ct_v2, &rk);
+	} else {
+		rev = bpf_map_lookup_elem(&sl_ct_v2, &key);
+		if (!rev)
+			return;
+		struct ct_key fk = rev->peer;
+		fwd = bpf_map_lookup_elem(&sl_ct_v2, &fk);
+	}
 	if (dir == POLICY_DIR_EGRESS) {
-		rev->pol_egress = verdict;
+		if (rev)
+			rev->pol_egress = verdict;
 		if (fwd)
 			fwd->pol_egress = verdict;
 	} else {
-		rev->pol_ingress = verdict;
+		if (rev)
+			rev->pol_ingress = verdict;
 		if (fwd)
 			fwd->pol_ingress = verdict;
 	}
