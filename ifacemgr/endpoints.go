@@ -14,11 +14,15 @@ type WorkloadEndpoint struct {
 type Endpoint struct {
 	ID       string
 	Policies []string
+	// Host marks a data or tunnel interface: the node's own, whose policy
+	// is its host endpoint's (the PolicyProvider finds it by the
+	// interface's name).
+	Host bool
 }
 
-// endpoints resolves which endpoint applies to an interface. Only workload
-// interfaces have endpoints: the datapath runs no policy on data interfaces
-// (host endpoints are issue 22's).
+// endpoints resolves which endpoint applies to an interface: a workload
+// endpoint for a pod's interface; every data and tunnel interface is a host
+// endpoint.
 type endpoints struct {
 	workloads map[string]WorkloadEndpoint
 }
@@ -38,9 +42,12 @@ func (e *endpoints) workloadFor(ifname string) (WorkloadEndpoint, bool) {
 
 // endpointFor resolves the endpoint of an interface of the given class.
 func (e *endpoints) endpointFor(ifname string, class Class) (Endpoint, bool) {
-	if class != Workload {
-		return Endpoint{}, false
+	switch class {
+	case Data, L3:
+		return Endpoint{Host: true}, true
+	case Workload:
+		w, ok := e.workloadFor(ifname)
+		return Endpoint{ID: w.ID, Policies: w.Policies}, ok
 	}
-	w, ok := e.workloadFor(ifname)
-	return Endpoint{ID: w.ID, Policies: w.Policies}, ok
+	return Endpoint{}, false
 }

@@ -33,15 +33,19 @@ type Object struct {
 // decoder reads the kinds of client-go's scheme and the network policy API's
 // (ClusterNetworkPolicy, and the older AdminNetworkPolicy and
 // BaselineAdminNetworkPolicy), which are custom resources in a cluster.
-var decoder = func() runtime.Decoder {
+var decoder = newDecoder(nil)
+
+// newDecoder is the decoder of the default kinds and more (a kind's
+// AddToScheme).
+func newDecoder(kinds []func(*runtime.Scheme) error) runtime.Decoder {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{scheme.AddToScheme, npav1beta1.AddToScheme, npav1alpha1.AddToScheme} {
+	for _, add := range append([]func(*runtime.Scheme) error{scheme.AddToScheme, npav1beta1.AddToScheme, npav1alpha1.AddToScheme}, kinds...) {
 		if err := add(s); err != nil {
-			panic(err) // static registrations: cannot fail
+			panic(err) // registrations of Go types: a bug if they fail
 		}
 	}
 	return serializer.NewCodecFactory(s).UniversalDeserializer()
-}()
+}
 
 // isManifest tells a manifest file by its name.
 func isManifest(name string) bool {
@@ -68,7 +72,7 @@ func ReadManifests(fsys fs.FS) ([]Object, []error) {
 			errs = append(errs, err)
 			return nil
 		}
-		o, e := parseManifest(path, data)
+		o, e := parseManifest(decoder, path, data)
 		objs, errs = append(objs, o...), append(errs, e...)
 		return nil
 	})
@@ -79,7 +83,7 @@ func ReadManifests(fsys fs.FS) ([]Object, []error) {
 }
 
 // parseManifest decodes the documents of one file.
-func parseManifest(path string, data []byte) ([]Object, []error) {
+func parseManifest(decoder runtime.Decoder, path string, data []byte) ([]Object, []error) {
 	var objs []Object
 	var errs []error
 	for i, doc := range splitDocuments(data) {
@@ -169,11 +173,22 @@ type ManifestSource struct {
 	// OnObjects, if set, receives every object read (the agent takes Nodes,
 	// Pods, Namespaces and NetworkPolicies from it).
 	OnObjects func([]Object)
+	// Kinds registers kinds to read beyond client-go's and the network
+	// policy API's (the agent adds Sluice's HostEndpoint).
+	Kinds []func(*runtime.Scheme) error
 
+	dec        runtime.Decoder
 	files      map[string]*manifestFile // by path relative to Dir
 	seen       map[string]Object        // by kind/namespace/name
 	stamp      string
 	unreadable error
+}
+
+func (m *ManifestSource) decoder() runtime.Decoder {
+	if m.dec == nil {
+		m.dec = newDecoder(m.Kinds)
+	}
+	return m.dec
 }
 
 // manifestFile is what one file gave when it was last read.
@@ -367,7 +382,7 @@ func (m *ManifestSource) readFolder(p *Proxier) (string, error) {
 		if data, err := os.ReadFile(filepath.Join(root, f.rel)); err != nil {
 			mf.errs = []error{fmt.Errorf("%s: %w", f.rel, err)}
 		} else {
-			mf.objs, mf.errs = parseManifest(f.rel, data)
+			mf.objs, mf.errs = parseManifest(m.decoder(), f.rel, data)
 		}
 		for _, err := range mf.errs {
 			m.log().Error("manifest document not applied; the objects this file held before are kept until it parses",

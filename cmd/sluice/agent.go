@@ -92,6 +92,17 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.IntVar(&cfg.ConntrackMin, "conntrack-min", 131072, "least flows tracked whatever the CPU count, with --conntrack-max-per-core")
 	fs.DurationVar(&cfg.ConntrackScanPeriod, "conntrack-scan-period", 10*time.Second, "first conntrack scan interval (it adapts)")
 	fs.BoolVar(&cfg.MasqueradeAll, "masquerade-all", false, "SNAT every Service flow to the node IP")
+	fs.Func("failsafe-ports", "TCP ports to the node that neither the XDP prefilter nor a host endpoint's policy ever blocks (default 22,6443,10256)", func(s string) error {
+		return parseList(s, &cfg.FailsafePorts, func(f string) (uint16, error) {
+			n, err := strconv.ParseUint(f, 10, 16)
+			if err != nil || n == 0 {
+				return 0, fmt.Errorf("port %q: want 1-65535", f)
+			}
+			return uint16(n), nil
+		})
+	})
+	fs.StringVar(&cfg.DefaultHostEndpoint, "default-host-endpoint", "",
+		"policy for the node's data interfaces no HostEndpoint names: \"\" (none) or deny-ingress (only the failsafe ports, replies and Services the node's own HostEndpoints allow reach the node)")
 	fs.Func("cluster-cidr", "the pods' CIDR: ClusterIP traffic from outside it is SNATed to the node IP (comma-separated: the IPv4 one is used)", func(s string) error {
 		for _, f := range splitComma(s) {
 			p, err := netip.ParsePrefix(f)

@@ -3,17 +3,26 @@ package main
 import (
 	"context"
 	"flag"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/sluice-net/sluice/cmd/internal/agent"
 	"github.com/sluice-net/sluice/kubeproxy"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
+	"github.com/sluice-net/sluice/policy/k8s"
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
 )
 
 // The deployment manifests are accepted by a real API server (server-side dry
@@ -21,7 +30,8 @@ import (
 // file uses only keys the agent knows.
 func TestDeployManifestsValidate(t *testing.T) {
 	s := apiservertest.Start(t)
-	objs, errs := kubeproxy.ReadManifests(os.DirFS(filepath.Join("..", "..", "deploy")))
+	deploy := os.DirFS(filepath.Join("..", "..", "deploy"))
+	objs, errs := kubeproxy.ReadManifests(withoutDir{deploy, "crds"}) // the CRDs: TestDeployCRDs
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
@@ -54,6 +64,80 @@ func TestDeployManifestsValidate(t *testing.T) {
 		if !kinds[k] {
 			t.Errorf("deploy/ has no %s", k)
 		}
+	}
+}
+
+// withoutDir hides one top-level folder of a file system.
+type withoutDir struct {
+	fs.FS
+	dir string
+}
+
+func (w withoutDir) ReadDir(name string) ([]fs.DirEntry, error) {
+	entries, err := fs.ReadDir(w.FS, name)
+	if name != "." {
+		return entries, err
+	}
+	return slices.DeleteFunc(entries, func(e fs.DirEntry) bool { return e.Name() == w.dir }), err
+}
+
+// The CRDs of Sluice's own kinds are accepted by a real API server, and a
+// HostEndpoint written as the README shows is accepted through them and
+// read back by the agent's converter.
+func TestDeployCRDs(t *testing.T) {
+	s := apiservertest.Start(t)
+	ctx := context.Background()
+	dyn, err := dynamic.NewForConfig(s.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+	files, err := filepath.Glob(filepath.Join("..", "..", "deploy", "crds", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no CRDs in deploy/crds: %v", err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var obj map[string]any
+		if err := yaml.Unmarshal(data, &obj); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if _, err := crds.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("%s rejected by the API server: %v", f, err)
+		}
+	}
+	heps := dyn.Resource(k8s.SchemeGroupVersion.WithResource("hostendpoints"))
+	var js map[string]any
+	if err := yaml.Unmarshal([]byte(hostEndpoint), &js); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, err = heps.Create(ctx, &unstructured.Unstructured{Object: js}, metav1.CreateOptions{})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a HostEndpoint through the CRD: %v", err)
+		}
+	}
+	got, err := heps.Get(ctx, "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h k8s.HostEndpoint
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &h); err != nil {
+		t.Fatal(err)
+	}
+	if h.Spec.InterfaceName != "*" || len(h.Spec.Ingress) != 1 || h.Spec.Ingress[0].Ports[0].Port.IntVal != 30080 {
+		t.Fatalf("read back %+v", h.Spec)
+	}
+	bad := map[string]any{"apiVersion": "sluice.dev/v1alpha1", "kind": "HostEndpoint", "metadata": map[string]any{"name": "bad"},
+		"spec": map[string]any{"node": "n"}}
+	if _, err := heps.Create(ctx, &unstructured.Unstructured{Object: bad}, metav1.CreateOptions{}); err == nil {
+		t.Fatal("a HostEndpoint without an interfaceName was accepted")
 	}
 }
 

@@ -162,10 +162,22 @@ func (b *Binder) Finish() {
 	}
 }
 
-// Slots returns the ingress and egress slots for the interface ifindex
-// serving the endpoint id ("" for none: an interface without a pod, or a
-// host interface), compiling a policy whose content is new. Before the first
-// Update it returns what the interface already has.
+// Has tells whether the last Update translated an endpoint id (a pod's
+// "namespace/name", or k8s.HostEndpointID).
+func (b *Binder) Has(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.result.Endpoints[id]
+	return ok
+}
+
+// Slots returns the slots for the interface ifindex serving the endpoint id
+// ("" for none: an interface without a pod or host endpoint), in the order of
+// its sl_ifstate_v1 entry, compiling a policy whose content is new: for a
+// pod its ingress and egress policy; for a host endpoint its egress and
+// ingress (ifstate.h names slots from a workload's side: the first is judged
+// where traffic leaves through the interface, the second where it enters).
+// Before the first Update it returns what the interface already has.
 func (b *Binder) Slots(ifindex int, id string) (in, out uint32, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -178,11 +190,17 @@ func (b *Binder) Slots(ifindex int, id string) (in, out uint32, err error) {
 	}
 	if e, ok := b.result.Endpoints[id]; ok && id != "" {
 		prev := b.slots[ifindex]
+		if e.Interface != "" { // a host endpoint: by hook, egress first
+			prev[0], prev[1] = prev[1], prev[0]
+		}
 		if in, err = b.slotFor(id+"/in", &e.Ingress, prev[0]); err != nil {
 			return 0, 0, err
 		}
 		if out, err = b.slotFor(id+"/out", &e.Egress, prev[1]); err != nil {
 			return 0, 0, err
+		}
+		if e.Interface != "" {
+			in, out = out, in
 		}
 	}
 	b.release(ifindex, in, out)

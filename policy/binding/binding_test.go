@@ -187,3 +187,26 @@ func TestTranslationErrorsAreCountedWhileTheyLast(t *testing.T) {
 		t.Fatalf("once fixed: %d errors, want 0", got)
 	}
 }
+
+// A host endpoint's slots come in the order of its interface's
+// sl_ifstate_v1 entry: its egress policy where traffic leaves (TO_HOST),
+// its ingress policy where traffic enters (FROM_HOST).
+func TestHostEndpointSlotsByHook(t *testing.T) {
+	n := newNode(t)
+	b := n.binder()
+	c := cluster("client", 80)
+	c.HostEndpoints = []*k8s.HostEndpoint{{ObjectMeta: metav1.ObjectMeta{Name: "edge"},
+		Spec: k8s.HostEndpointSpec{InterfaceName: k8s.AllInterfaces}}} // ingress only: default deny
+	b.Update(c)
+	if !b.Has(k8s.HostEndpointID(k8s.AllInterfaces)) || b.Has(k8s.HostEndpointID("eth9")) {
+		t.Fatal("Has: want the \"*\" host endpoint only")
+	}
+	exit, entry, err := b.Slots(42, k8s.HostEndpointID(k8s.AllInterfaces))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit != policy.NoPolicy || entry == policy.NoPolicy {
+		t.Fatalf("slots (leaving %#x, entering %#x): want no egress policy and an ingress one", exit, entry)
+	}
+	b.Finish()
+}

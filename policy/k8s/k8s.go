@@ -31,17 +31,20 @@ type Cluster struct {
 	// predecessors, converted to ClusterNetworkPolicies (ConvertANP).
 	AdminNetworkPolicies         []*alpha.AdminNetworkPolicy
 	BaselineAdminNetworkPolicies []*alpha.BaselineAdminNetworkPolicy
+	// HostEndpoints put policy on the node's data interfaces.
+	HostEndpoints []*HostEndpoint
 }
 
-// Endpoint is one pod's compiled-ready policy.
+// Endpoint is one pod's compiled-ready policy, or a host endpoint's.
 type Endpoint struct {
 	Namespace, Name string
-	IP              netip.Addr
+	IP              netip.Addr            // a pod's; none for a host endpoint
+	Interface       string                // a host endpoint's interface name, or AllInterfaces
 	Ingress, Egress policy.EndpointPolicy // no tiers: not isolated in that direction
 }
 
-// Result is a translation: endpoints by "namespace/name", and the IP sets the
-// rules refer to.
+// Result is a translation: endpoints by "namespace/name" (pods) and by
+// HostEndpointID (host endpoints), and the IP sets the rules refer to.
 type Result struct {
 	Endpoints map[string]Endpoint
 	IPSets    policy.IPSets
@@ -103,6 +106,7 @@ func Translate(c Cluster, node string) *Result {
 		ep.Egress = t.withAdminTiers(pod, t.direction(pod, pols, netv1.PolicyTypeEgress), false)
 		t.res.Endpoints[pod.Namespace+"/"+pod.Name] = ep
 	}
+	t.hostEndpoints(node)
 	return t.res
 }
 

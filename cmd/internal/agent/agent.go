@@ -33,6 +33,10 @@ import (
 	"github.com/sluice-net/sluice/kubeproxy"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
+	"github.com/sluice-net/sluice/policy/k8s"
+	netv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -65,9 +69,12 @@ type Config struct {
 	DataIfaces                            string // regex; "" = interfaces holding a default route
 	Cgroup                                string // cgroup v2 for socket LB; "" disables it
 	FailsafePorts                         []uint16
-	NodeIPs                               []netip.Addr // when no Node object says them
-	Netns                                 string       // the node's network namespace ("" = the agent's own)
-	ConntrackScanPeriod                   time.Duration
+	// DefaultHostEndpoint puts a host endpoint on every data interface no
+	// HostEndpoint names: "" none, "deny-ingress" default deny inbound.
+	DefaultHostEndpoint string
+	NodeIPs             []netip.Addr // when no Node object says them
+	Netns               string       // the node's network namespace ("" = the agent's own)
+	ConntrackScanPeriod time.Duration
 	// CheckInterval is how often the agent verifies its pins and
 	// attachments and repairs what was removed behind its back (default
 	// 10 s).
@@ -286,6 +293,14 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	switch cfg.DefaultHostEndpoint {
+	case "":
+	case "deny-ingress":
+		feed.defaultHost = &k8s.HostEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "default-host-endpoint"},
+			Spec: k8s.HostEndpointSpec{InterfaceName: k8s.AllInterfaces, PolicyTypes: []netv1.PolicyType{netv1.PolicyTypeIngress}}}
+	default:
+		return fmt.Errorf("--default-host-endpoint %q: want \"\" or deny-ingress", cfg.DefaultHostEndpoint)
+	}
 	a.ifaces, err = ifacemgr.New(ifacemgr.Options{
 		Netns: cfg.Netns, PinDir: filepath.Join(cfg.PinDir, "links"), Classifier: classifier, IfState: ifstate, Sysctls: true,
 		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost,
@@ -382,7 +397,7 @@ func (a *Agent) start(ctx context.Context) error {
 		a.Proxier.SetNodeIPs(cfg.NodeIPs)
 	}
 	if cfg.Manifests != "" {
-		src := &kubeproxy.ManifestSource{Dir: cfg.Manifests, Log: log, OnObjects: func(objs []kubeproxy.Object) {
+		src := &kubeproxy.ManifestSource{Dir: cfg.Manifests, Log: log, Kinds: []func(*k8sruntime.Scheme) error{k8s.AddToScheme}, OnObjects: func(objs []kubeproxy.Object) {
 			feed.Update(clusterOf(objs))
 		}}
 		a.spawn(ctx, "manifests", func() error { src.Run(ctx, a.Proxier); return nil })

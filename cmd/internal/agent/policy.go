@@ -2,6 +2,8 @@ package agent
 
 import (
 	"log/slog"
+	stdmaps "maps"
+	"slices"
 
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/ifacemgr"
@@ -19,6 +21,11 @@ type policyFeed struct {
 	b      *binding.Binder
 	ifaces *ifacemgr.Manager
 	bound  map[string]bool // endpoint ids bound to interfaces
+	node   string
+	hosts  map[string]string // host endpoint id -> content hash, as last bound
+	// defaultHost applies to every data interface no HostEndpoint names
+	// when none is for "*" (--default-host-endpoint); nil: none.
+	defaultHost *k8s.HostEndpoint
 }
 
 func newPolicyFeed(set *maps.Set, objs *gen.SluiceObjects, netnsPath, node string, log *slog.Logger) (*policyFeed, error) {
@@ -26,15 +33,25 @@ func newPolicyFeed(set *maps.Set, objs *gen.SluiceObjects, netnsPath, node strin
 	if err != nil {
 		return nil, err
 	}
-	return &policyFeed{log: log, netns: netnsPath, b: b, bound: map[string]bool{}}, nil
+	return &policyFeed{log: log, netns: netnsPath, b: b, bound: map[string]bool{}, node: node}, nil
 }
 
 // Update translates the cluster's objects and binds each local pod's policy
 // to the interface the node routes the pod's IP through.
 func (f *policyFeed) Update(c k8s.Cluster) {
+	if f.defaultHost != nil && !slices.ContainsFunc(c.HostEndpoints, func(h *k8s.HostEndpoint) bool {
+		return h.Spec.InterfaceName == k8s.AllInterfaces && (h.Spec.Node == "" || h.Spec.Node == f.node)
+	}) {
+		c.HostEndpoints = append(slices.Clip(c.HostEndpoints), f.defaultHost)
+	}
 	endpoints, first := f.b.Update(c)
 	seen := map[string]bool{}
+	hosts := map[string]string{}
 	for id, ep := range endpoints {
+		if ep.Interface != "" {
+			hosts[id] = binding.Hash(&ep.Ingress) + binding.Hash(&ep.Egress)
+			continue
+		}
 		iface, err := ifacemgr.InterfaceForIP(f.netns, ep.IP)
 		if err != nil {
 			f.log.Warn("pod without a host interface yet", "pod", id, "err", err)
@@ -50,17 +67,27 @@ func (f *policyFeed) Update(c k8s.Cluster) {
 		}
 	}
 	f.bound = seen
-	if first {
-		f.ifaces.PoliciesChanged() // every interface, with or without a pod
+	if first || !stdmaps.Equal(hosts, f.hosts) {
+		// Every interface, with or without a pod: the first time, or when a
+		// host endpoint changed (interfaces find theirs by name).
+		f.ifaces.PoliciesChanged()
 	}
+	f.hosts = hosts
 	f.ifaces.Apply()
 	f.b.Finish()
 }
 
-// Install implements ifacemgr.PolicyProvider.
-func (f *policyFeed) Install(_ string, ifindex int, ep *ifacemgr.Endpoint) (uint32, uint32, error) {
+// Install implements ifacemgr.PolicyProvider. A data or tunnel interface
+// takes the HostEndpoint that names it, else the one for every interface.
+func (f *policyFeed) Install(ifname string, ifindex int, ep *ifacemgr.Endpoint) (uint32, uint32, error) {
 	id := ""
-	if ep != nil {
+	switch {
+	case ep == nil:
+	case ep.Host:
+		if id = k8s.HostEndpointID(ifname); !f.b.Has(id) {
+			id = k8s.HostEndpointID(k8s.AllInterfaces)
+		}
+	default:
 		id = ep.ID
 	}
 	return f.b.Slots(ifindex, id)

@@ -44,17 +44,21 @@ func clusterOf(objs []kubeproxy.Object) k8s.Cluster {
 			c.AdminNetworkPolicies = append(c.AdminNetworkPolicies, x)
 		case *npav1alpha1.BaselineAdminNetworkPolicy:
 			c.BaselineAdminNetworkPolicies = append(c.BaselineAdminNetworkPolicies, x)
+		case *k8s.HostEndpoint:
+			c.HostEndpoints = append(c.HostEndpoints, x)
 		}
 	}
 	return c
 }
 
-// adminPolicyResources are the network policy API's kinds, custom resources
-// a cluster serves once their CRDs are installed.
+// adminPolicyResources are the network policy API's kinds and Sluice's
+// HostEndpoint, custom resources a cluster serves once their CRDs are
+// installed.
 var adminPolicyResources = []schema.GroupVersionResource{
 	npav1beta1.SchemeGroupVersion.WithResource("clusternetworkpolicies"),
 	npav1alpha1.SchemeGroupVersion.WithResource("adminnetworkpolicies"),
 	npav1alpha1.SchemeGroupVersion.WithResource("baselineadminnetworkpolicies"),
+	k8s.SchemeGroupVersion.WithResource("hostendpoints"),
 }
 
 // servedResources lists which of resources the API server serves.
@@ -98,6 +102,11 @@ func addAdminPolicies(c *k8s.Cluster, r schema.GroupVersionResource, items []any
 			p := new(npav1alpha1.BaselineAdminNetworkPolicy)
 			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err == nil {
 				c.BaselineAdminNetworkPolicies = append(c.BaselineAdminNetworkPolicies, p)
+			}
+		case "hostendpoints":
+			h := new(k8s.HostEndpoint)
+			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, h); err == nil {
+				c.HostEndpoints = append(c.HostEndpoints, h)
 			}
 		}
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,11 +19,14 @@ import (
 // crd is a CustomResourceDefinition of our own for one of the network
 // policy API's kinds, accepting any content (the tests write valid objects).
 func crd(r schema.GroupVersionResource, kind string) *unstructured.Unstructured {
+	meta := map[string]any{"name": r.Resource + "." + r.Group}
+	if strings.HasSuffix(r.Group, ".k8s.io") {
+		// k8s.io groups need it; the project's own CRDs carry the URL of its API review.
+		meta["annotations"] = map[string]any{"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/network-policy-api/pull/347"}
+	}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-		"metadata": map[string]any{"name": r.Resource + "." + r.Group,
-			// k8s.io groups need it; the project's own CRDs carry the URL of its API review.
-			"annotations": map[string]any{"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/network-policy-api/pull/347"}},
+		"metadata": meta,
 		"spec": map[string]any{
 			"group": r.Group, "scope": "Cluster",
 			"names": map[string]any{"plural": r.Resource, "kind": kind},
@@ -33,8 +37,8 @@ func crd(r schema.GroupVersionResource, kind string) *unstructured.Unstructured 
 }
 
 // Against a real kube-apiserver: without the CRDs the agent follows
-// NetworkPolicy only; with them installed it follows ClusterNetworkPolicies
-// and AdminNetworkPolicies created through the API.
+// NetworkPolicy only; with them installed it follows ClusterNetworkPolicies,
+// AdminNetworkPolicies and HostEndpoints created through the API.
 func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 	s := apiservertest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -47,7 +51,7 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	kinds := []string{"ClusterNetworkPolicy", "AdminNetworkPolicy", "BaselineAdminNetworkPolicy"}
+	kinds := []string{"ClusterNetworkPolicy", "AdminNetworkPolicy", "BaselineAdminNetworkPolicy", "HostEndpoint"}
 	for i, r := range adminPolicyResources {
 		if _, err := crds.Create(ctx, crd(r, kinds[i]), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -84,18 +88,21 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 		"metadata": map[string]any{"name": "pass-ops"},
 		"spec": map[string]any{"priority": int64(3), "subject": map[string]any{"namespaces": map[string]any{}},
 			"ingress": []any{map[string]any{"action": "Pass", "from": []any{map[string]any{"namespaces": map[string]any{}}}}}}})
+	create(adminPolicyResources[3], map[string]any{"apiVersion": "sluice.dev/v1alpha1", "kind": "HostEndpoint",
+		"metadata": map[string]any{"name": "edge"}, "spec": map[string]any{"interfaceName": "*", "policyTypes": []any{"Ingress"}}})
 	for deadline := time.After(20 * time.Second); ; {
 		select {
 		case c := <-updates:
-			if len(c.ClusterNetworkPolicies) == 1 && len(c.AdminNetworkPolicies) == 1 {
+			if len(c.ClusterNetworkPolicies) == 1 && len(c.AdminNetworkPolicies) == 1 && len(c.HostEndpoints) == 1 {
 				cnp, anp := c.ClusterNetworkPolicies[0], c.AdminNetworkPolicies[0]
-				if cnp.Spec.Priority != 7 || cnp.Spec.Ingress[0].Action != "Deny" || anp.Spec.Priority != 3 || anp.Spec.Ingress[0].Action != "Pass" {
+				if cnp.Spec.Priority != 7 || cnp.Spec.Ingress[0].Action != "Deny" || anp.Spec.Priority != 3 || anp.Spec.Ingress[0].Action != "Pass" ||
+					c.HostEndpoints[0].Spec.InterfaceName != "*" {
 					t.Fatalf("read back %+v and %+v", cnp.Spec, anp.Spec)
 				}
 				return
 			}
 		case <-deadline:
-			t.Fatal("the informers never delivered both policies")
+			t.Fatal("the informers never delivered the three objects")
 		}
 	}
 }
