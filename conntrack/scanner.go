@@ -81,10 +81,35 @@ type ScanStats struct {
 	Entries          int
 	Forward, Reverse int
 	TCP, UDP, Other  int
-	Capacity         uint32
-	FillRatio        float64
-	Deleted          map[Reason]int
-	Duration         time.Duration
+	// Flows counts flows (forward entries) by protocol and state: TCP
+	// "opening" (no ACK from the client yet), "established", "closing" (a
+	// FIN or RST seen from the client); UDP and other protocols "active".
+	Flows     map[FlowState]int
+	Capacity  uint32
+	FillRatio float64
+	Deleted   map[Reason]int
+	Duration  time.Duration
+}
+
+// FlowState is a flow's protocol and state, as the scanner counts them.
+type FlowState struct{ Protocol, State string }
+
+// flowState classifies a flow by its forward entry alone (the scan reads
+// reverse entries only when it must).
+func flowState(proto uint8, seen uint32) FlowState {
+	switch proto {
+	case protoTCP:
+		switch {
+		case seen&(tcpFIN|tcpRST) != 0:
+			return FlowState{"tcp", "closing"}
+		case seen&tcpACK != 0:
+			return FlowState{"tcp", "established"}
+		}
+		return FlowState{"tcp", "opening"}
+	case protoUDP:
+		return FlowState{"udp", "active"}
+	}
+	return FlowState{"other", "active"}
 }
 
 // DeletedTotal sums the deletions of every reason.
@@ -166,7 +191,7 @@ func Monotonic() time.Duration { return gen.Monotonic() }
 func (s *Scanner) Scan() (ScanStats, error) {
 	start := time.Now()
 	now := s.opts.Clock()
-	st := ScanStats{Capacity: s.opts.Conntrack.MaxEntries(), Deleted: map[Reason]int{}}
+	st := ScanStats{Capacity: s.opts.Conntrack.MaxEntries(), Deleted: map[Reason]int{}, Flows: map[FlowState]int{}}
 	for _, sc := range s.opts.Scanners {
 		if err := sc.Prepare(now); err != nil {
 			return st, fmt.Errorf("conntrack scan: prepare: %w", err)
@@ -187,6 +212,7 @@ func (s *Scanner) Scan() (ScanStats, error) {
 		p := &s.pair
 		if v.Type == gen.SluiceCtTypeCT_FORWARD {
 			st.Forward++
+			st.Flows[flowState(k.Proto, v.TcpSeen)]++
 			*p = Pair{FwdKey: k, Fwd: v, HasFwd: true, RevKey: v.Peer}
 			readRev := s.pressure || s.needsReverse(p, now)
 			if readRev {

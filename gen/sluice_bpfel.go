@@ -314,6 +314,15 @@ type SluiceSvcnameValue struct {
 	Name [120]int8
 }
 
+type SluiceSvcstatsValue struct {
+	_          structs.HostLayout
+	FwdPackets uint64
+	FwdBytes   uint64
+	RevPackets uint64
+	RevBytes   uint64
+	NewFlows   uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -335,6 +344,7 @@ const (
 	SluiceMapSlSockV1         = "sl_sock_v1"
 	SluiceMapSlSrcrangeV1     = "sl_srcrange_v1"
 	SluiceMapSlSvcnameV1      = "sl_svcname_v1"
+	SluiceMapSlSvcstatsV1     = "sl_svcstats_v1"
 	SluiceProgSlConnect4      = "sl_connect4"
 	SluiceProgSlFromHost      = "sl_from_host"
 	SluiceProgSlFromHostL3    = "sl_from_host_l3"
@@ -428,6 +438,7 @@ type SluiceMapSpecs struct {
 	SlSockV1      *ebpf.MapSpec `ebpf:"sl_sock_v1"`
 	SlSrcrangeV1  *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1   *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
+	SlSvcstatsV1  *ebpf.MapSpec `ebpf:"sl_svcstats_v1"`
 }
 
 // SluiceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -473,6 +484,7 @@ type SluiceMaps struct {
 	SlSockV1      *ebpf.Map `ebpf:"sl_sock_v1"`
 	SlSrcrangeV1  *ebpf.Map `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1   *ebpf.Map `ebpf:"sl_svcname_v1"`
+	SlSvcstatsV1  *ebpf.Map `ebpf:"sl_svcstats_v1"`
 }
 
 func (m *SluiceMaps) Close() error {
@@ -494,6 +506,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlSockV1,
 		m.SlSrcrangeV1,
 		m.SlSvcnameV1,
+		m.SlSvcstatsV1,
 	)
 }
 

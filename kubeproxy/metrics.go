@@ -1,8 +1,13 @@
 package kubeproxy
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-net/sluice/conntrack"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/nat"
 )
 
 // Metrics are kube-proxy's metrics where the meaning is the same (prefix
@@ -26,6 +31,7 @@ type Metrics struct {
 	ConntrackEntries    prometheus.Gauge
 	ConntrackCapacity   prometheus.Gauge
 	ConntrackDeleted    *prometheus.CounterVec
+	ConntrackFlows      *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -68,16 +74,30 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Conntrack map capacity; new flows are refused when it is full"}),
 		ConntrackDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "conntrack_deleted_total",
 			Help: "Flows deleted by the conntrack scanner, by reason"}, []string{"reason"}),
+		ConntrackFlows: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "sluice", Name: "conntrack_flows",
+			Help: "Tracked flows at the last scan, by protocol and state (TCP opening, established or closing, as the client's flags say)"},
+			[]string{"protocol", "state"}),
 	}
 	reg.MustRegister(m.SyncDuration, m.LastSync, m.NetworkProgramming, m.EndpointChanges, m.ServiceChanges,
 		m.NoLocalEndpoints, m.Healthz, m.SkippedObjects, m.SyncErrors, m.ConntrackFlushed, m.MapWrites,
-		m.SourceUnreadable, m.ManifestErrors, m.PinsRepaired, m.AttachmentsRepaired, m.ConntrackEntries, m.ConntrackCapacity, m.ConntrackDeleted)
+		m.SourceUnreadable, m.ManifestErrors, m.PinsRepaired, m.AttachmentsRepaired, m.ConntrackEntries, m.ConntrackCapacity, m.ConntrackDeleted,
+		m.ConntrackFlows)
+	// Every deletion reason has a series from the start, so a dashboard's
+	// rate() sees the first deletion of each.
+	for _, r := range []conntrack.Reason{conntrack.ReasonExpired, conntrack.ReasonStaleNAT, conntrack.ReasonOrphan,
+		conntrack.ReasonFlushed, conntrack.ReasonEarlyDrop} {
+		m.ConntrackDeleted.WithLabelValues(string(r))
+	}
 	return m
 }
 
 // ObserveScan records a conntrack scan.
 func (m *Metrics) ObserveScan(st conntrack.ScanStats) {
 	m.ConntrackEntries.Set(float64(st.Entries))
+	m.ConntrackFlows.Reset()
+	for fs, n := range st.Flows {
+		m.ConntrackFlows.WithLabelValues(fs.Protocol, fs.State).Set(float64(n))
+	}
 	m.ConntrackCapacity.Set(float64(st.Capacity))
 	for reason, n := range st.Deleted {
 		m.ConntrackDeleted.WithLabelValues(string(reason)).Add(float64(n))
@@ -110,5 +130,104 @@ func (c *CounterCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, v := range values {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v), name)
+	}
+}
+
+// ServiceCollector exports the datapath's per-service traffic counters
+// (sl_svcstats_v1) at scrape time: packets and bytes by direction and new
+// flows, per service port. A scrape reads one per-CPU array slot per backend
+// set the syncer holds (a remote node's NodePort set counts with its
+// service), never a walk of a large map.
+type ServiceCollector struct {
+	IDs   func() map[nat.ServicePortName][]uint32
+	Stats *maps.PerCPUMap[uint32, gen.SluiceSvcstatsValue]
+
+	packets, bytes, flows *prometheus.Desc
+}
+
+// NewServiceCollector returns the collector; ids is usually
+// nat.Syncer.ServiceIDs.
+func NewServiceCollector(ids func() map[nat.ServicePortName][]uint32, stats *maps.PerCPUMap[uint32, gen.SluiceSvcstatsValue]) *ServiceCollector {
+	labels := []string{"namespace", "service", "port"}
+	return &ServiceCollector{IDs: ids, Stats: stats,
+		packets: prometheus.NewDesc("sluice_service_packets_total",
+			"Packets of a service's flows, by direction: to_service (client to backend) or reply", append(labels, "direction"), nil),
+		bytes: prometheus.NewDesc("sluice_service_bytes_total",
+			"IP bytes of a service's flows, by direction", append(labels, "direction"), nil),
+		flows: prometheus.NewDesc("sluice_service_new_flows_total",
+			"Flows balanced to a backend of the service", labels, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *ServiceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.packets
+	ch <- c.bytes
+	ch <- c.flows
+}
+
+// Collect implements prometheus.Collector.
+func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, ids := range c.IDs() {
+		var sum gen.SluiceSvcstatsValue
+		for _, id := range ids {
+			vs, err := c.Stats.Get(id)
+			if err != nil {
+				continue // an id beyond the array (adopted from an older agent): not counted
+			}
+			for _, v := range vs {
+				sum.FwdPackets += v.FwdPackets
+				sum.FwdBytes += v.FwdBytes
+				sum.RevPackets += v.RevPackets
+				sum.RevBytes += v.RevBytes
+				sum.NewFlows += v.NewFlows
+			}
+		}
+		l := []string{name.Namespace, name.Name, name.Port}
+		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(sum.FwdPackets), append(l, "to_service")...)
+		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(sum.RevPackets), append(l, "reply")...)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(sum.FwdBytes), append(l, "to_service")...)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(sum.RevBytes), append(l, "reply")...)
+		ch <- prometheus.MustNewConstMetric(c.flows, prometheus.CounterValue, float64(sum.NewFlows), l...)
+	}
+}
+
+// RuleCollector exports policy rule hits (sl_rulectr_v1, the new flows each
+// rule decided) at scrape time, named by Name (the policy and the rule). The
+// map holds the rules of this node's policies only; a scrape walks it.
+type RuleCollector struct {
+	Counters *maps.PerCPUMap[gen.SluiceRulectrKey, uint64]
+	// Name names a rule id; false for one no current policy has.
+	Name func(id uint32) (policy, rule string, ok bool)
+
+	desc *prometheus.Desc
+}
+
+// NewRuleCollector returns the collector.
+func NewRuleCollector(counters *maps.PerCPUMap[gen.SluiceRulectrKey, uint64], name func(uint32) (string, string, bool)) *RuleCollector {
+	return &RuleCollector{Counters: counters, Name: name, desc: prometheus.NewDesc("sluice_policy_rule_hits_total",
+		"New flows a policy rule decided, by policy and rule (ids of removed policies are left out)",
+		[]string{"policy", "rule", "rule_id"}, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *RuleCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *RuleCollector) Collect(ch chan<- prometheus.Metric) {
+	err := c.Counters.Iterate(func(k gen.SluiceRulectrKey, vs []uint64) bool {
+		policy, rule, ok := c.Name(uint32(k.RuleId))
+		if !ok {
+			return true
+		}
+		var sum uint64
+		for _, v := range vs {
+			sum += v
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(sum), policy, rule, strconv.FormatUint(k.RuleId, 10))
+		return true
+	})
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
 	}
 }

@@ -70,6 +70,7 @@ var (
 	SvcNames  = Def[gen.SluiceSvcnameKey, gen.SluiceSvcnameValue]{Name: gen.SluiceMapSlSvcnameV1}
 	IPSets    = Def[gen.SluiceIpsetKey, gen.SluiceIpsetValue]{Name: gen.SluiceMapSlIpsetV1}
 	RuleCtrs  = PerCPUDef[gen.SluiceRulectrKey, uint64]{Name: gen.SluiceMapSlRulectrV1}
+	SvcStats  = PerCPUDef[uint32, gen.SluiceSvcstatsValue]{Name: gen.SluiceMapSlSvcstatsV1}
 	// PolicyPrograms is a program array: use Set.Map(PolicyPrograms) with
 	// the policy runtime.
 	PolicyPrograms = gen.SluiceMapSlPolprogV1
@@ -94,6 +95,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlSvcnameV1:   "service id -> namespace/name:port, for inspection tools",
 	gen.SluiceMapSlIpsetV1:     "policy IP sets: LPM {set id, address}",
 	gen.SluiceMapSlRulectrV1:   "per-CPU hit counters of policy rules, by rule id",
+	gen.SluiceMapSlSvcstatsV1:  "per-CPU packets, bytes and new flows of each service, by service id",
 	gen.SluiceMapSlPolprogV1:   "policy programs by slot (0: the verdict program)",
 }
 
@@ -420,7 +422,7 @@ func StalePins(dir string) ([]string, error) {
 // an older layout of one of them can be removed without losing a connection.
 // sl_ifstats_v1 (the per-interface counters of the retired sl_count program)
 // has no current layout: its pin is removed as stale.
-var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_frag_v"}
+var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v"}
 
 // RemoveStaleDisposable removes the stale pins (StalePins) of maps whose
 // contents are disposable — counters and in-flight fragments — and returns

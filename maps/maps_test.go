@@ -86,6 +86,7 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.SvcNames.Name:  roundTrip(maps.SvcNames),
 	maps.IPSets.Name:    roundTripIPSets,
 	maps.RuleCtrs.Name:  roundTripRuleCounters,
+	maps.SvcStats.Name:  roundTripSvcStats,
 	maps.PolicyPrograms: checkProgramArray,
 }
 
@@ -115,6 +116,22 @@ func roundTripRuleCounters(t *testing.T, s *maps.Set) {
 	}
 	if n, err := maps.Sum(m, gen.SluiceRulectrKey{RuleId: 7}); err != nil || n != 41 {
 		t.Fatalf("sum %d %v", n, err)
+	}
+}
+
+func roundTripSvcStats(t *testing.T, s *maps.Set) {
+	m, err := maps.SvcStats.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := make([]gen.SluiceSvcstatsValue, ebpf.MustPossibleCPU())
+	vs[0].FwdPackets, vs[len(vs)-1].NewFlows = 3, 2
+	if err := m.Put(42, vs, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.Get(42)
+	if err != nil || got[0].FwdPackets != 3 || got[len(got)-1].NewFlows != 2 {
+		t.Fatalf("got %+v %v", got, err)
 	}
 }
 

@@ -2,7 +2,11 @@ package nat
 
 // Service ids: one per backend set, kept across restarts.
 
-import "github.com/sluice-net/sluice/gen"
+import (
+	"container/heap"
+
+	"github.com/sluice-net/sluice/gen"
+)
 
 // adoptIDs gives every service whose ClusterIP frontend is already in the maps
 // (a restart) that frontend's id before any new id is handed out.
@@ -37,13 +41,30 @@ func (s *Syncer) ServiceID(name ServicePortName) (uint32, bool) {
 	return id, ok
 }
 
+// ServiceIDs lists the ids of every service port's backend sets (its main
+// set, and one per remote node whose NodePort it programs): the ids the
+// datapath counts the service's traffic under (sl_svcstats_v1).
+func (s *Syncer) ServiceIDs() map[ServicePortName][]uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[ServicePortName][]uint32, len(s.ids.byKey))
+	for k, id := range s.ids.byKey {
+		out[k.name] = append(out[k.name], id)
+	}
+	return out
+}
+
 // idAllocator hands out service ids; an id freed in one Apply is reused only
-// after that Apply, when its backends are gone from the maps.
+// after that Apply, when its backends are gone from the maps. It hands out
+// the lowest free id, so ids stay below the number of service ports the
+// node has had at once: the datapath counts traffic per service in an array
+// indexed by id (sl_svcstats_v1).
 type idAllocator struct {
 	byKey   map[idKey]uint32
 	used    map[uint32]idKey
-	next    uint32
-	pending []uint32
+	next    uint32   // the lowest id never handed out
+	free    idHeap   // ids released before, lowest first
+	pending []uint32 // released in this Apply
 }
 
 func newIDAllocator() *idAllocator {
@@ -55,6 +76,7 @@ func (a *idAllocator) get(k idKey) (uint32, bool) {
 	return id, ok
 }
 
+// adopt takes over the id a previous process gave k.
 func (a *idAllocator) adopt(k idKey, id uint32) bool {
 	if _, taken := a.used[id]; taken {
 		return false
@@ -64,6 +86,13 @@ func (a *idAllocator) adopt(k idKey, id uint32) bool {
 }
 
 func (a *idAllocator) alloc(k idKey) uint32 {
+	for a.free.Len() > 0 {
+		id := heap.Pop(&a.free).(uint32)
+		if _, taken := a.used[id]; !taken {
+			a.byKey[k], a.used[id] = id, k
+			return id
+		}
+	}
 	for {
 		id := a.next
 		a.next++
@@ -88,6 +117,21 @@ func (a *idAllocator) release(id uint32) {
 func (a *idAllocator) releasePending() {
 	for _, id := range a.pending {
 		delete(a.used, id)
+		heap.Push(&a.free, id)
 	}
 	a.pending = a.pending[:0]
+}
+
+// idHeap is a min-heap of ids (container/heap).
+type idHeap []uint32
+
+func (h idHeap) Len() int           { return len(h) }
+func (h idHeap) Less(i, j int) bool { return h[i] < h[j] }
+func (h idHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *idHeap) Push(x any)        { *h = append(*h, x.(uint32)) }
+func (h *idHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

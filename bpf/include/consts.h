@@ -18,6 +18,7 @@
 #define SL_RULECTR_MAX		65536		/* per-rule counters */
 #define SL_IPSET_MAX		262144		/* IP set members */
 #define SL_FRAG_MAX		16384		/* datagrams in flight as fragments (LRU) */
+#define SL_SVCSTATS_MAX		65536		/* per-service counters, by service id */
 
 /* An unconnected UDP socket's translation is used for replies (recvmsg) up to
  * this long after its last send; later "replies" keep the backend's address. */

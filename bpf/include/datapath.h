@@ -45,6 +45,7 @@
 #include "reject.h"
 #include "rewrite.h"
 #include "service.h"
+#include "svcstats.h"
 
 enum hook {
 	HOOK_FROM_WL,
@@ -201,6 +202,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 		return drop(CNT_DROP_MALFORMED);
 	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
 		return drop(CNT_DROP_MALFORMED);
+	svcstats_count(fe->svc_id, p, 0, 1);
 	if (slot == IFSTATE_NO_POLICY)
 		return TC_ACT_OK;
 	if (from_host)
@@ -372,6 +374,9 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		v = NULL;
 	if (v) {
 		ct_touch(v, &p);
+		/* Each packet is counted once, at the hook that translates it. */
+		if (v->svc_id)
+			svcstats_count(v->svc_id, &p, v->type == CT_REVERSE, 0);
 		if (ct_apply(skb, &p, v))
 			return drop(CNT_DROP_MALFORMED);
 		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)

@@ -217,6 +217,15 @@ func (b *Binder) Release(ifindex int) {
 	delete(b.slots, ifindex)
 }
 
+// Rule names a rule id of the last Update's translation for people; false
+// for an id it does not know (a rule of a policy since removed).
+func (b *Binder) Rule(id uint32) (k8s.RuleInfo, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, ok := b.result.Rules[id]
+	return r, ok
+}
+
 // Stats reports what the Binder did so far.
 func (b *Binder) Stats() Stats {
 	b.mu.Lock()

@@ -155,10 +155,11 @@ func (t *translator) cnpRules(p *npa.ClusterNetworkPolicy, pod *v1.Pod, ingress 
 		}
 	}
 	for ri, r := range rules {
-		where := fmt.Sprintf("%s %s rule %d", cnpKey(p), dir, ri)
+		ruleName := fmt.Sprintf("%s rule %d", dir, ri)
 		if r.name != "" {
-			where += " (" + r.name + ")"
+			ruleName += " (" + r.name + ")"
 		}
+		where := cnpKey(p) + " " + ruleName
 		var action policy.Action
 		switch r.action {
 		case npa.ClusterNetworkPolicyRuleActionAccept:
@@ -187,7 +188,7 @@ func (t *translator) cnpRules(p *npa.ClusterNetworkPolicy, pod *v1.Pod, ingress 
 					for _, rl := range t.cnpProtocol(where, cond, proto, pod, peer, ingress, action) {
 						rl.Action = action
 						rl.ID = ruleID("cnp", p.Name, dir, ri, pi, qi, ci, rl.Protocol, fmt.Sprint(rl.DstPorts), pod.Namespace, pod.Name)
-						t.res.Rules[rl.ID] = fmt.Sprintf("%s peer %d protocol %d", where, pi, qi)
+						t.res.Rules[rl.ID] = RuleInfo{cnpKey(p), fmt.Sprintf("%s peer %d protocol %d", ruleName, pi, qi)}
 						out.Rules = append(out.Rules, rl)
 					}
 				}
@@ -374,6 +375,6 @@ func (t *translator) withAdminTiers(pod *v1.Pod, np policy.EndpointPolicy, ingre
 	}
 	out.Tiers = append(out.Tiers, policy.Tier{Name: tierDefault, DefaultAction: policy.Deny,
 		Policies: []policy.Policy{{Name: "default-allow", Rules: []policy.Rule{{ID: defaultAllowRule, Action: policy.Allow}}}}})
-	t.res.Rules[defaultAllowRule] = "allowed: no tier decided"
+	t.res.Rules[defaultAllowRule] = RuleInfo{"default", "allowed: no tier decided"}
 	return out
 }

@@ -25,6 +25,10 @@ func AddToScheme(s *runtime.Scheme) error {
 	return nil
 }
 
+// hostEndpointNamespace is the namespace a HostEndpoint's rules are
+// translated in: one no pod has, so a bare podSelector selects nothing.
+const hostEndpointNamespace = "hostendpoint"
+
 // AllInterfaces, as a HostEndpoint's interface name, binds it to every data
 // interface of its node that no HostEndpoint names.
 const AllInterfaces = "*"
@@ -96,7 +100,7 @@ func (t *translator) hostEndpoints(node string) {
 		}
 		// The rules are a NetworkPolicy's, of a "pod" that is the node's
 		// interface: no namespace of its own, no container ports.
-		np := &netv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: h.Name, Namespace: "hostendpoint"},
+		np := &netv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: h.Name, Namespace: hostEndpointNamespace},
 			Spec: netv1.NetworkPolicySpec{PolicyTypes: h.Spec.PolicyTypes, Ingress: h.Spec.Ingress, Egress: h.Spec.Egress}}
 		if len(np.Spec.PolicyTypes) == 0 {
 			np.Spec.PolicyTypes = []netv1.PolicyType{netv1.PolicyTypeIngress}
@@ -104,8 +108,8 @@ func (t *translator) hostEndpoints(node string) {
 				np.Spec.PolicyTypes = append(np.Spec.PolicyTypes, netv1.PolicyTypeEgress)
 			}
 		}
-		self := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "hostendpoint", Name: h.Name}}
-		ep := Endpoint{Namespace: "hostendpoint", Name: h.Name, Interface: h.Spec.InterfaceName}
+		self := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: hostEndpointNamespace, Name: h.Name}}
+		ep := Endpoint{Namespace: hostEndpointNamespace, Name: h.Name, Interface: h.Spec.InterfaceName}
 		for _, typ := range []netv1.PolicyType{netv1.PolicyTypeIngress, netv1.PolicyTypeEgress} {
 			if !slices.Contains(np.Spec.PolicyTypes, typ) {
 				continue

@@ -35,6 +35,14 @@ type Cluster struct {
 	HostEndpoints []*HostEndpoint
 }
 
+// RuleInfo names a compiled rule for people (metrics, counters): the policy
+// it came from, by kind ("networkpolicy ns/name", "clusternetworkpolicy
+// name", "hostendpoint name") and the rule within it.
+type RuleInfo struct {
+	Policy string `json:"policy"`
+	Rule   string `json:"rule"`
+}
+
 // Endpoint is one pod's compiled-ready policy, or a host endpoint's.
 type Endpoint struct {
 	Namespace, Name string
@@ -49,7 +57,7 @@ type Result struct {
 	Endpoints map[string]Endpoint
 	IPSets    policy.IPSets
 	// Rules describes each rule id for people (counters).
-	Rules map[uint32]string
+	Rules map[uint32]RuleInfo
 	// Errors lists policies or peers that could not be translated (each
 	// names the object); the rest is translated.
 	Errors []error
@@ -75,7 +83,7 @@ type translator struct {
 // "") with an IPv4 address.
 func Translate(c Cluster, node string) *Result {
 	t := &translator{c: c, nsLabel: map[string]labels.Set{}, setIDs: map[string]uint32{},
-		res: &Result{Endpoints: map[string]Endpoint{}, IPSets: policy.IPSets{}, Rules: map[uint32]string{}}}
+		res: &Result{Endpoints: map[string]Endpoint{}, IPSets: policy.IPSets{}, Rules: map[uint32]RuleInfo{}}}
 	for _, ns := range c.Namespaces {
 		t.nsLabel[ns.Name] = labels.Set(ns.Labels)
 	}
@@ -189,7 +197,11 @@ func (t *translator) rules(pod *v1.Pod, np *netv1.NetworkPolicy, typ netv1.Polic
 				ports = []netv1.NetworkPolicyPort{{}}
 			}
 			for qi, port := range ports {
-				where := fmt.Sprintf("%s/%s %s rule %d peer %d port %d", np.Namespace, np.Name, strings.ToLower(string(typ)), ri, pi, qi)
+				where := fmt.Sprintf("%s rule %d peer %d port %d", strings.ToLower(string(typ)), ri, pi, qi)
+				kind := "networkpolicy " + np.Namespace + "/" + np.Name
+				if np.Namespace == hostEndpointNamespace {
+					kind = "hostendpoint " + np.Name
+				}
 				if proto, _, ok := portProtocol(port); !ok {
 					t.err(fmt.Errorf("networkpolicy %s/%s: %s port of protocol %s: the datapath carries TCP and UDP ports only; it allows nothing (a rule without ports allows every protocol)",
 						np.Namespace, np.Name, strings.ToLower(string(typ)), proto))
@@ -200,7 +212,7 @@ func (t *translator) rules(pod *v1.Pod, np *netv1.NetworkPolicy, typ netv1.Polic
 					// the peer's pods give the name, each to those pods only.
 					for _, rl := range t.namedEgress(np, peer, port) {
 						rl.ID = ruleID(np.Namespace, np.Name, typ, ri, pi, qi, pod.Namespace, pod.Name, rl.DstPorts[0].First)
-						t.res.Rules[rl.ID] = fmt.Sprintf("%s (%s=%d)", where, port.Port.StrVal, rl.DstPorts[0].First)
+						t.res.Rules[rl.ID] = RuleInfo{kind, fmt.Sprintf("%s (%s=%d)", where, port.Port.StrVal, rl.DstPorts[0].First)}
 						out.Rules = append(out.Rules, rl)
 					}
 					continue
@@ -211,7 +223,7 @@ func (t *translator) rules(pod *v1.Pod, np *netv1.NetworkPolicy, typ netv1.Polic
 				if !applyPort(&rl, pod, port) {
 					continue
 				}
-				t.res.Rules[rl.ID] = where
+				t.res.Rules[rl.ID] = RuleInfo{kind, where}
 				out.Rules = append(out.Rules, rl)
 			}
 		}

@@ -372,6 +372,19 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	reg.MustRegister(kubeproxy.NewCounterCollector(func() (map[string]uint64, error) { return maps.ReadCounters(counters, names) }))
+	svcStats, err := maps.SvcStats.In(a.set)
+	if err != nil {
+		return err
+	}
+	ruleCtrs, err := maps.RuleCtrs.In(a.set)
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(kubeproxy.NewServiceCollector(syncer.ServiceIDs, svcStats),
+		kubeproxy.NewRuleCollector(ruleCtrs, func(id uint32) (string, string, bool) {
+			r, ok := feed.b.Rule(id)
+			return r.Policy, r.Rule, ok
+		}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_policy_errors",
 		Help: "NetworkPolicy constructs the latest translation could not apply as written (each is logged, naming its object)"},
 		func() float64 { return float64(feed.b.Stats().Errors) }))
