@@ -9,7 +9,9 @@ import (
 // handed out again, lowest first, after the Apply that freed it.
 func TestIDsAreReusedLowestFirst(t *testing.T) {
 	a := newIDAllocator()
-	key := func(i int) idKey { return idKey{name: ServicePortName{Namespace: "ns", Name: fmt.Sprint(i), Port: "p"}} }
+	key := func(i int) idKey {
+		return idKey{name: ServicePortName{Namespace: "ns", Name: fmt.Sprint(i), Port: "p"}}
+	}
 	for i := range 100 {
 		if id := a.alloc(key(i)); id != uint32(i+1) {
 			t.Fatalf("service %d got id %d", i, id)

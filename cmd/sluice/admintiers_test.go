@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/sluice-net/sluice/cmd/internal/agent"
 )
@@ -130,27 +129,18 @@ func TestAdminTiersOnRealTraffic(t *testing.T) {
 	}
 	defer a.Close()
 	client := topo.ns(topo.pods["client"])
-	reaches := func(addr string) bool { _, err := get(client, addr, "", 300*time.Millisecond); return err == nil }
-	until := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within 10 s: %s", what)
-			}
-		}
-	}
 	const b1, b2, b3 = "10.201.0.2:8080", "10.202.0.2:8080", "10.203.0.2:8080"
 
-	until("the NetworkPolicy admits ops to b1", func() bool { return reaches(b1) })
+	eventually(t, "the NetworkPolicy admits ops to b1", func() bool { return reaches(client, b1) })
 	write(anpDenyOps)
-	until("the ANP's Deny overrides the NetworkPolicy", func() bool { return !reaches(b1) })
-	until("the ANP denies b2 too (same namespace)", func() bool { return !reaches(b2) })
-	if !reaches(b3) {
+	eventually(t, "the ANP's Deny overrides the NetworkPolicy", func() bool { return !reaches(client, b1) })
+	eventually(t, "the ANP denies b2 too (same namespace)", func() bool { return !reaches(client, b2) })
+	if !reaches(client, b3) {
 		t.Fatal("b3, outside the ANP's subject, refused the client")
 	}
 
 	write(cnpPassAndBaseline)
-	until("Pass falls through to the NetworkPolicy, which admits ops to b1", func() bool { return reaches(b1) })
-	until("b2 has no NetworkPolicy: after Pass, nothing denies", func() bool { return reaches(b2) })
-	until("the Baseline denies ops to b3, which no NetworkPolicy isolates", func() bool { return !reaches(b3) })
+	eventually(t, "Pass falls through to the NetworkPolicy, which admits ops to b1", func() bool { return reaches(client, b1) })
+	eventually(t, "b2 has no NetworkPolicy: after Pass, nothing denies", func() bool { return reaches(client, b2) })
+	eventually(t, "the Baseline denies ops to b3, which no NetworkPolicy isolates", func() bool { return !reaches(client, b3) })
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/sluice-net/sluice/cmd/internal/agent"
 	"github.com/sluice-net/sluice/gen/netlab"
@@ -61,39 +60,30 @@ func TestHostEndpointsAndFailsafe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	reaches := func(addr string) bool { _, err := get(external, addr, "", 300*time.Millisecond); return err == nil }
-	until := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within 10 s: %s", what)
-			}
-		}
-	}
 	const own, safe, nodePort = "10.210.0.1:8081", "10.210.0.1:2222", "10.210.0.1:30080"
 
-	until("the default host endpoint closes the node's own port", func() bool { return !reaches(own) })
-	if !reaches(safe) {
+	eventually(t, "the default host endpoint closes the node's own port", func() bool { return !reaches(external, own) })
+	if !reaches(external, safe) {
 		t.Fatal("the default host endpoint closed the failsafe port")
 	}
-	if reaches(nodePort) {
+	if reaches(external, nodePort) {
 		t.Fatal("the default host endpoint let the NodePort in")
 	}
 
 	if err := os.WriteFile(filepath.Join(manifests, "host.yaml"), []byte(hostEndpoint), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	until("the HostEndpoint admits the NodePort it names", func() bool { return reaches(nodePort) })
-	if reaches(own) || !reaches(safe) {
-		t.Fatalf("under the HostEndpoint: own port reached %v (want false), failsafe %v (want true)", reaches(own), reaches(safe))
+	eventually(t, "the HostEndpoint admits the NodePort it names", func() bool { return reaches(external, nodePort) })
+	if reaches(external, own) || !reaches(external, safe) {
+		t.Fatalf("under the HostEndpoint: own port reached %v (want false), failsafe %v (want true)", reaches(external, own), reaches(external, safe))
 	}
 
 	wrong := "apiVersion: sluice.dev/v1alpha1\nkind: HostEndpoint\nmetadata: {name: edge}\nspec: {interfaceName: \"*\", policyTypes: [Ingress, Egress]}\n"
 	if err := os.WriteFile(filepath.Join(manifests, "host.yaml"), []byte(wrong), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	until("a deny-everything HostEndpoint closes the NodePort", func() bool { return !reaches(nodePort) })
-	if !reaches(safe) {
+	eventually(t, "a deny-everything HostEndpoint closes the NodePort", func() bool { return !reaches(external, nodePort) })
+	if !reaches(external, safe) {
 		t.Fatal("a deny-everything HostEndpoint locked out the failsafe port")
 	}
 }

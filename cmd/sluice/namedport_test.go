@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sluice-net/sluice/cmd/internal/agent"
 )
@@ -98,29 +97,19 @@ func TestNamedPortsFollowPodsAndLabels(t *testing.T) {
 	}
 	defer a.Close()
 	client := topo.ns(topo.pods["client"])
-	reaches := func(addr string) bool { _, err := get(client, addr, "", 300*time.Millisecond); return err == nil }
-	// until waits for the datapath to say so, and then for it to stay so.
-	until := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within 10 s: %s", what)
-			}
-		}
-	}
 
-	until("db refuses a guest of another team", func() bool { return !reaches("10.201.0.2:8080") })
+	eventually(t, "db refuses a guest of another team", func() bool { return !reaches(client, "10.201.0.2:8080") })
 	write("ops", "admin", "9999", dbAdmins)
-	until("db admits an admin of the ops team on its port named http", func() bool { return reaches("10.201.0.2:8080") })
+	eventually(t, "db admits an admin of the ops team on its port named http", func() bool { return reaches(client, "10.201.0.2:8080") })
 	write("ops", "guest", "9999", dbAdmins)
-	until("db refuses the client once it is no admin", func() bool { return !reaches("10.201.0.2:8080") })
+	eventually(t, "db refuses the client once it is no admin", func() bool { return !reaches(client, "10.201.0.2:8080") })
 
 	write("ops", "admin", "9999", dbAdmins, clientToWeb)
-	until("egress: web-2 on the 8080 it names http", func() bool { return reaches("10.202.0.2:8080") })
-	until("egress: not web-3 on 8080, which it does not name http", func() bool { return !reaches("10.203.0.2:8080") })
-	if reaches("10.201.0.2:8080") {
+	eventually(t, "egress: web-2 on the 8080 it names http", func() bool { return reaches(client, "10.202.0.2:8080") })
+	eventually(t, "egress: not web-3 on 8080, which it does not name http", func() bool { return !reaches(client, "10.203.0.2:8080") })
+	if reaches(client, "10.201.0.2:8080") {
 		t.Fatal("egress: the client reached db, which its egress policy does not name")
 	}
 	write("ops", "admin", "8080", dbAdmins, clientToWeb)
-	until("egress: web-3 once it names 8080 http", func() bool { return reaches("10.203.0.2:8080") })
+	eventually(t, "egress: web-3 once it names 8080 http", func() bool { return reaches(client, "10.203.0.2:8080") })
 }

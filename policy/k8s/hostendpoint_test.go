@@ -22,7 +22,7 @@ func TestHostEndpointTranslation(t *testing.T) {
 		Namespaces: []*v1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "ops", Labels: map[string]string{"team": "ops"}}}},
 		HostEndpoints: []*HostEndpoint{
 			hep("a-eth0", "node-a", "eth0", HostEndpointSpec{Ingress: []netv1.NetworkPolicyIngressRule{{
-				From: []netv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "ops"}}}},
+				From:  []netv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "ops"}}}},
 				Ports: []netv1.NetworkPolicyPort{tcpPort(22)}}}}),
 			hep("b-eth0", "node-a", "eth0", HostEndpointSpec{}), // a second for eth0: ignored, reported
 			hep("all", "", "*", HostEndpointSpec{Egress: []netv1.NetworkPolicyEgressRule{{To: []netv1.NetworkPolicyPeer{{IPBlock: &netv1.IPBlock{CIDR: "192.0.2.0/24"}}}}}}),

@@ -89,31 +89,29 @@ func addAdminPolicies(c *k8s.Cluster, r schema.GroupVersionResource, items []any
 		var err error
 		switch r.Resource {
 		case "clusternetworkpolicies":
-			p := new(npav1beta1.ClusterNetworkPolicy)
-			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err == nil {
-				c.ClusterNetworkPolicies = append(c.ClusterNetworkPolicies, p)
-			}
+			c.ClusterNetworkPolicies, err = appendConverted(c.ClusterNetworkPolicies, u)
 		case "adminnetworkpolicies":
-			p := new(npav1alpha1.AdminNetworkPolicy)
-			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err == nil {
-				c.AdminNetworkPolicies = append(c.AdminNetworkPolicies, p)
-			}
+			c.AdminNetworkPolicies, err = appendConverted(c.AdminNetworkPolicies, u)
 		case "baselineadminnetworkpolicies":
-			p := new(npav1alpha1.BaselineAdminNetworkPolicy)
-			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err == nil {
-				c.BaselineAdminNetworkPolicies = append(c.BaselineAdminNetworkPolicies, p)
-			}
+			c.BaselineAdminNetworkPolicies, err = appendConverted(c.BaselineAdminNetworkPolicies, u)
 		case "hostendpoints":
-			h := new(k8s.HostEndpoint)
-			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, h); err == nil {
-				c.HostEndpoints = append(c.HostEndpoints, h)
-			}
+			c.HostEndpoints, err = appendConverted(c.HostEndpoints, u)
 		}
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", r.Resource, u.GetName(), err)
 		}
 	}
 	return nil
+}
+
+// appendConverted converts an unstructured object to its typed kind T and
+// appends it.
+func appendConverted[T any](list []*T, u *unstructured.Unstructured) ([]*T, error) {
+	obj := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {
+		return list, err
+	}
+	return append(list, obj), nil
 }
 
 // policyInformers follows Pods, Namespaces, NetworkPolicies and, where the
