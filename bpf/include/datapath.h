@@ -302,13 +302,15 @@ __subprog int handled_upstream(struct __sk_buff *skb, struct packet *p, enum hoo
  * excepted). Anything else leaves as it is. */
 __subprog int host_new_flow_out(struct __sk_buff *skb, struct packet *p)
 {
+	/* The cheap tests first: most of what the node sends is established
+	 * TCP, which must not pay for the interface-state lookup. */
+	if (skb->ingress_ifindex ||
+	    (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN))
+		return TC_ACT_OK;
 	struct ifstate_key k = { .ifindex = skb->ifindex };
 	struct ifstate_value *st = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
 
-	if (skb->ingress_ifindex || !st ||
-	    (st->ingress_policy == IFSTATE_NO_POLICY && st->egress_policy == IFSTATE_NO_POLICY))
-		return TC_ACT_OK;
-	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+	if (!st || (st->ingress_policy == IFSTATE_NO_POLICY && st->egress_policy == IFSTATE_NO_POLICY))
 		return TC_ACT_OK;
 	/* The exit hook's slot (ifstate.h): the host endpoint's egress. */
 	return track_flow(skb, p, POLICY_DIR_INGRESS, failsafe(p) ? IFSTATE_NO_POLICY : st->ingress_policy);

@@ -88,6 +88,11 @@ func convertIngressPeers(in []alpha.AdminNetworkPolicyIngressPeer) []npa.Cluster
 	return out
 }
 
+// convertIngressRule converts an ingress rule, of either v1alpha1 kind.
+func convertIngressRule(name, action string, from []alpha.AdminNetworkPolicyIngressPeer, ports *[]alpha.AdminNetworkPolicyPort) npa.ClusterNetworkPolicyIngressRule {
+	return npa.ClusterNetworkPolicyIngressRule{Name: name, Action: convertAction(action), From: convertIngressPeers(from), Protocols: convertPorts(ports)}
+}
+
 // convertAction maps v1alpha1's Allow to Accept; Deny and Pass keep their
 // names (an unknown action stays unknown, and fails closed).
 func convertAction(a string) npa.ClusterNetworkPolicyRuleAction {
@@ -103,8 +108,7 @@ func ConvertANP(p *alpha.AdminNetworkPolicy) *npa.ClusterNetworkPolicy {
 	out := &npa.ClusterNetworkPolicy{ObjectMeta: convertedMeta("AdminNetworkPolicy", p.ObjectMeta), Spec: npa.ClusterNetworkPolicySpec{
 		Tier: npa.AdminTier, Priority: p.Spec.Priority, Subject: convertSubject(p.Spec.Subject)}}
 	for _, r := range p.Spec.Ingress {
-		out.Spec.Ingress = append(out.Spec.Ingress, npa.ClusterNetworkPolicyIngressRule{Name: r.Name,
-			Action: convertAction(string(r.Action)), From: convertIngressPeers(r.From), Protocols: convertPorts(r.Ports)})
+		out.Spec.Ingress = append(out.Spec.Ingress, convertIngressRule(r.Name, string(r.Action), r.From, r.Ports))
 	}
 	for _, r := range p.Spec.Egress {
 		var to []npa.ClusterNetworkPolicyEgressPeer
@@ -124,8 +128,7 @@ func ConvertBANP(p *alpha.BaselineAdminNetworkPolicy) *npa.ClusterNetworkPolicy 
 	out := &npa.ClusterNetworkPolicy{ObjectMeta: convertedMeta("BaselineAdminNetworkPolicy", p.ObjectMeta), Spec: npa.ClusterNetworkPolicySpec{
 		Tier: npa.BaselineTier, Subject: convertSubject(p.Spec.Subject)}}
 	for _, r := range p.Spec.Ingress {
-		out.Spec.Ingress = append(out.Spec.Ingress, npa.ClusterNetworkPolicyIngressRule{Name: r.Name,
-			Action: convertAction(string(r.Action)), From: convertIngressPeers(r.From), Protocols: convertPorts(r.Ports)})
+		out.Spec.Ingress = append(out.Spec.Ingress, convertIngressRule(r.Name, string(r.Action), r.From, r.Ports))
 	}
 	for _, r := range p.Spec.Egress {
 		var to []npa.ClusterNetworkPolicyEgressPeer
