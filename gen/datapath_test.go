@@ -239,18 +239,50 @@ func TestNodePortToRemoteBackendIsSNATed(t *testing.T) {
 	wantAP(t, "pod source", pod.Src, clientAP)
 }
 
-func TestHairpinIsSNATed(t *testing.T) {
+// A pod reaching itself through its Service: DNATed to itself, SNATed to
+// the node (the pod would not answer its own address), and sent straight
+// back out of the interface it came from, both ways: through the node's
+// stack the node-sourced packet is dropped as a spoof (hairpin_return).
+func TestHairpinIsSNATedAndSentBack(t *testing.T) {
 	d := newDP(t)
 	self := netip.AddrPortFrom(be1AP.Addr(), 45000)
 	d.AddService(webService())
-	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(self, vipAP, bpftest.SYN))
+	syn := bpftest.TCPPacket(self, vipAP, bpftest.SYN)
+	ret, frame := d.Run(d.Objs.SlFromWl, syn)
+	if ret != actRedirect {
+		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (back into the pod)", ret)
+	}
+	if !bytes.Equal(frame[0:6], syn[6:12]) || !bytes.Equal(frame[6:12], syn[0:6]) {
+		t.Fatal("MAC addresses not swapped")
+	}
+	out, err := bpftest.Decode(frame)
+	if err != nil {
+		t.Fatal(err)
+	}
 	wantAP(t, "destination", out.Dst, be1AP)
 	if out.Src.Addr() != nodeIP {
 		t.Fatalf("hairpin source %v, want the node IP", out.Src)
 	}
-	r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, out.Src, bpftest.SYN|bpftest.ACK))
+	ret, frame = d.Run(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, out.Src, bpftest.SYN|bpftest.ACK))
+	if ret != actRedirect {
+		t.Fatalf("reply verdict %d, want TC_ACT_REDIRECT", ret)
+	}
+	r, err := bpftest.Decode(frame)
+	if err != nil {
+		t.Fatal(err)
+	}
 	wantAP(t, "reply source", r.Src, vipAP)
 	wantAP(t, "reply destination", r.Dst, self)
+	if ret, _ := d.Run(d.Objs.SlFromWl, bpftest.TCPPacket(self, vipAP, bpftest.ACK)); ret != actRedirect {
+		t.Fatalf("established verdict %d, want TC_ACT_REDIRECT", ret)
+	}
+	if n := d.Counter(gen.SluiceCounterCNT_HAIRPIN_RETURNED); n != 3 {
+		t.Fatalf("%d hairpin packets counted, want 3", n)
+	}
+	// Another client of the same Service is not sent back.
+	if ret, _ := d.Run(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN)); ret != actOK {
+		t.Fatalf("other client's verdict %d, want TC_ACT_OK", ret)
+	}
 }
 
 func TestExternalTrafficPolicyLocal(t *testing.T) {

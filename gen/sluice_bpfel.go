@@ -97,7 +97,8 @@ const (
 	SluiceCounterCNT_TUPLE_REUSED             SluiceCounter = 21
 	SluiceCounterCNT_DROP_CT_FULL             SluiceCounter = 22
 	SluiceCounterCNT_FLOW_NOW_SERVICE         SluiceCounter = 23
-	SluiceCounterCNT_MAX                      SluiceCounter = 24
+	SluiceCounterCNT_HAIRPIN_RETURNED         SluiceCounter = 24
+	SluiceCounterCNT_MAX                      SluiceCounter = 25
 )
 
 type SluiceCtFlags uint8
@@ -106,6 +107,7 @@ const (
 	SluiceCtFlagsCT_SNAT          SluiceCtFlags = 1
 	SluiceCtFlagsCT_FROM_HOST     SluiceCtFlags = 2
 	SluiceCtFlagsCT_BACKEND_LOCAL SluiceCtFlags = 4
+	SluiceCtFlagsCT_HAIRPIN       SluiceCtFlags = 8
 )
 
 type SluiceCtKey struct {
@@ -330,7 +332,7 @@ const (
 	SluiceMapSlAffV1          = "sl_aff_v1"
 	SluiceMapSlBeV1           = "sl_be_v1"
 	SluiceMapSlConfigV1       = "sl_config_v1"
-	SluiceMapSlCountersV2     = "sl_counters_v2"
+	SluiceMapSlCountersV3     = "sl_counters_v3"
 	SluiceMapSlCtV2           = "sl_ct_v2"
 	SluiceMapSlFailsafeV1     = "sl_failsafe_v1"
 	SluiceMapSlFeV1           = "sl_fe_v1"
@@ -424,7 +426,7 @@ type SluiceMapSpecs struct {
 	SlAffV1       *ebpf.MapSpec `ebpf:"sl_aff_v1"`
 	SlBeV1        *ebpf.MapSpec `ebpf:"sl_be_v1"`
 	SlConfigV1    *ebpf.MapSpec `ebpf:"sl_config_v1"`
-	SlCountersV2  *ebpf.MapSpec `ebpf:"sl_counters_v2"`
+	SlCountersV3  *ebpf.MapSpec `ebpf:"sl_counters_v3"`
 	SlCtV2        *ebpf.MapSpec `ebpf:"sl_ct_v2"`
 	SlFailsafeV1  *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
 	SlFeV1        *ebpf.MapSpec `ebpf:"sl_fe_v1"`
@@ -470,7 +472,7 @@ type SluiceMaps struct {
 	SlAffV1       *ebpf.Map `ebpf:"sl_aff_v1"`
 	SlBeV1        *ebpf.Map `ebpf:"sl_be_v1"`
 	SlConfigV1    *ebpf.Map `ebpf:"sl_config_v1"`
-	SlCountersV2  *ebpf.Map `ebpf:"sl_counters_v2"`
+	SlCountersV3  *ebpf.Map `ebpf:"sl_counters_v3"`
 	SlCtV2        *ebpf.Map `ebpf:"sl_ct_v2"`
 	SlFailsafeV1  *ebpf.Map `ebpf:"sl_failsafe_v1"`
 	SlFeV1        *ebpf.Map `ebpf:"sl_fe_v1"`
@@ -492,7 +494,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlAffV1,
 		m.SlBeV1,
 		m.SlConfigV1,
-		m.SlCountersV2,
+		m.SlCountersV3,
 		m.SlCtV2,
 		m.SlFailsafeV1,
 		m.SlFeV1,

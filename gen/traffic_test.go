@@ -30,6 +30,10 @@ func TestRealTrafficThroughTheDatapath(t *testing.T) {
 		Backends: []bpftest.Backend{{AP: b1, Local: true}, {AP: b2, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
 	empty := netip.MustParseAddrPort("10.96.0.11:80")
 	d.AddService(bpftest.Service{ID: 4, Front: empty, Proto: protoTCP})
+	self := netip.MustParseAddrPort("10.96.0.12:80")
+	d.AddService(bpftest.Service{ID: 5, Front: self, Proto: protoTCP, Backends: []bpftest.Backend{{AP: b1, Local: true}}})
+	selfDNS := netip.MustParseAddrPort("10.96.0.12:53")
+	d.AddService(bpftest.Service{ID: 6, Front: selfDNS, Proto: protoUDP, Backends: []bpftest.Backend{{AP: netip.AddrPortFrom(topo.PodIP["b1"], 5353), Local: true}}})
 	client := topo.Pods["client"]
 	clientIP := topo.PodIP["client"].String()
 
@@ -58,6 +62,29 @@ func TestRealTrafficThroughTheDatapath(t *testing.T) {
 		}
 		if answer != "b1 query" {
 			t.Fatalf("answer %q", answer)
+		}
+	})
+
+	// A pod reaching itself through its own Service arrives from the node's
+	// address; through the node's stack that packet would be dropped as a
+	// spoof of the node's own address (and is, without hairpin_return).
+	t.Run("a pod reaches itself through its Service (hairpin)", func(t *testing.T) {
+		before := d.Counter(gen.SluiceCounterCNT_HAIRPIN_RETURNED)
+		for i := range 3 {
+			answer, err := bpftest.Exchange(topo.Pods["b1"], "tcp4", self.String(), fmt.Sprintf("me-%d", i))
+			if err != nil {
+				t.Fatalf("connection %d to its own Service: %v", i, err)
+			}
+			if f := strings.Fields(answer); len(f) != 3 || f[0] != "b1" || f[1] != topo.NodeIP.String() {
+				t.Fatalf("answer %q: want b1 answering the node's address", answer)
+			}
+		}
+		answer, err := bpftest.Exchange(topo.Pods["b1"], "udp4", selfDNS.String(), "query")
+		if err != nil || answer != "b1 query" {
+			t.Fatalf("UDP to its own Service: %q, %v", answer, err)
+		}
+		if d.Counter(gen.SluiceCounterCNT_HAIRPIN_RETURNED) == before {
+			t.Fatal("hairpin packets not counted")
 		}
 	})
 

@@ -56,6 +56,9 @@ enum ct_flags : __u8 {
 	CT_SNAT = 1 << 0,	/* the flow's source is translated too */
 	CT_FROM_HOST = 1 << 1,	/* the flow entered on a host (data) interface */
 	CT_BACKEND_LOCAL = 1 << 2, /* the backend runs on this node */
+	CT_HAIRPIN = 1 << 3,	/* a workload's flow to itself through its Service:
+				 * both directions go straight back into it
+				 * (hairpin_return) */
 };
 
 struct ct_value {

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v2; v2: the array grew with new
- * counters):
+/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v3;
+ * the version grows with the array, so an older agent's pin is never opened
+ * with a size it does not have):
  * a per-CPU array indexed by enum counter, each value a host-order __u64. */
 #pragma once
 
@@ -37,6 +38,8 @@ enum counter : __u32 {
 	CNT_DROP_CT_FULL,		/* a new flow refused: the conntrack map is full */
 	CNT_FLOW_NOW_SERVICE,		/* a flow tracked untranslated before its
 					 * destination became a frontend is balanced anew */
+	CNT_HAIRPIN_RETURNED,		/* a packet of a workload's flow to itself
+					 * through its Service sent straight back */
 	CNT_MAX,
 };
 
@@ -45,12 +48,12 @@ struct {
 	__uint(max_entries, CNT_MAX);
 	__type(key, enum counter);
 	__type(value, __u64);
-} sl_counters_v2 SEC(".maps");
+} sl_counters_v3 SEC(".maps");
 
 static __always_inline void count(enum counter c)
 {
 	enum counter key = c;
-	__u64 *v = bpf_map_lookup_elem(&sl_counters_v2, &key);
+	__u64 *v = bpf_map_lookup_elem(&sl_counters_v3, &key);
 
 	if (v)
 		*v += 1;	/* per-CPU: no other CPU writes this slot */

@@ -182,7 +182,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	struct config *cfg = config_get();
 	__be32 snat_addr = snat_source(skb, p, fe, &be, from_host, cfg);
 	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0) |
-		     (snat_addr ? CT_SNAT : 0);
+		     (snat_addr ? CT_SNAT : 0) | (!from_host && be.addr == p->saddr ? CT_HAIRPIN : 0);
 
 	/* Traffic from a workload waits for its egress policy; external
 	 * traffic for its host endpoint's ingress policy, on the tuple it came
@@ -204,12 +204,13 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 		return drop(CNT_DROP_MALFORMED);
 	svcstats_count(fe->svc_id, p, 0, 1);
 	if (slot == IFSTATE_NO_POLICY)
-		return TC_ACT_OK;
+		return (flags & CT_HAIRPIN) ? hairpin_return(skb) : TC_ACT_OK;
 	if (from_host)
 		return policy_handoff_pre_nat(skb, p, POLICY_DIR_EGRESS, slot);
 	/* A workload's egress is judged on the tuple the destination will see:
 	 * after NAT. */
-	return policy_handoff(skb, p, POLICY_DIR_EGRESS, slot);
+	int verdict = policy_handoff(skb, p, POLICY_DIR_EGRESS, slot);
+	return (flags & CT_HAIRPIN) ? hairpin_verdict(skb, verdict) : verdict;
 }
 
 __subprog int handle_icmp(struct __sk_buff *skb, struct packet *p, enum hook hook)
@@ -381,6 +382,8 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 			svcstats_count(v->svc_id, &p, v->type == CT_REVERSE, 0);
 		if (ct_apply(skb, &p, v))
 			return drop(CNT_DROP_MALFORMED);
+		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
+			return hairpin_verdict(skb, v->type == CT_FORWARD ? enforce(skb, &p, v, POLICY_DIR_EGRESS) : TC_ACT_OK);
 		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)
 			return enforce(skb, &p, v, POLICY_DIR_EGRESS);
 		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)

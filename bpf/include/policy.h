@@ -25,6 +25,7 @@
 #include "counters.h"
 #include "ifstate.h"
 #include "parse.h"
+#include "rewrite.h"
 
 #define POLICY_VERDICT_SLOT	0
 #define POLICY_DIR_EGRESS	0	/* judged leaving a workload (sl_from_wl) */
@@ -36,6 +37,9 @@
  * host endpoint's ingress policy judges external traffic to a Service before
  * DNAT), rather than the tuple the destination sees. */
 #define POLICY_PRE_NAT		(1u << 30)
+/* The packet is a workload's to itself through its Service: once allowed it
+ * is sent straight back (hairpin_return), not up the node's stack. */
+#define POLICY_HAIRPIN		(1u << 31)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
@@ -122,6 +126,18 @@ static __always_inline int policy_handoff_pre_nat(struct __sk_buff *skb, const s
 /* policy_dispatch finishes an entry program: a TC verdict is returned as it
  * is; JUDGE_BY_POLICY becomes the tail call into the slot's policy program,
  * and a slot without a program drops (fail closed). */
+/* hairpin_verdict finishes a stage's verdict on a hairpin packet (a
+ * workload's to itself through its Service): passed, it is sent straight
+ * back; waiting for its policy, it is sent back once allowed. */
+static __always_inline int hairpin_verdict(struct __sk_buff *skb, int verdict)
+{
+	if (verdict == TC_ACT_OK)
+		return hairpin_return(skb);
+	if (verdict == JUDGE_BY_POLICY)
+		skb->cb[3] |= POLICY_HAIRPIN;
+	return verdict;
+}
+
 static __always_inline int policy_dispatch(struct __sk_buff *skb, int verdict)
 {
 	if (verdict != JUDGE_BY_POLICY)
@@ -246,7 +262,7 @@ static __always_inline int policy_verdict(struct __sk_buff *skb)
 	rule_count(skb->cb[4]);
 	policy_record(skb, dir, allow ? POL_ALLOWED : POL_DENIED);
 	if (allow)
-		return TC_ACT_OK;
+		return (skb->cb[3] & POLICY_HAIRPIN) ? hairpin_return(skb) : TC_ACT_OK;
 	count(CNT_DROP_POLICY);
 	return TC_ACT_SHOT;
 }

@@ -27,15 +27,7 @@ struct tcp_raw {
 /* An L3 device's packets have no link-layer header (l3_off 0): nothing to swap. */
 static __always_inline int swap_macs(struct __sk_buff *skb, const struct packet *p)
 {
-	__u8 macs[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
-
-	if (!p->l3_off)
-		return 0;
-	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)))
-		return -1;
-	__builtin_memcpy(swapped, macs + ETH_ALEN, ETH_ALEN);
-	__builtin_memcpy(swapped + ETH_ALEN, macs, ETH_ALEN);
-	return bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0);
+	return p->l3_off ? swap_eth(skb) : 0;
 }
 
 static __always_inline void reply_iphdr(struct iphdr *ip, const struct packet *p, __u8 proto, __u16 len)

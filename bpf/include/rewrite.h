@@ -16,6 +16,7 @@
 #include "common.h"
 #include "config.h"
 #include "conntrack.h"
+#include "counters.h"
 #include "ifstate.h"
 #include "parse.h"
 #include "service.h"
@@ -144,6 +145,36 @@ static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, con
 	if (v->flags & CT_SNAT)
 		return rewrite_dst(skb, p, v->snat_addr, v->snat_port);
 	return 0;
+}
+
+/* swap_eth swaps an Ethernet frame's source and destination addresses, for
+ * a frame sent back out of the interface it came in on. */
+static __always_inline int swap_eth(struct __sk_buff *skb)
+{
+	__u8 macs[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
+
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)))
+		return -1;
+	__builtin_memcpy(swapped, macs + ETH_ALEN, ETH_ALEN);
+	__builtin_memcpy(swapped + ETH_ALEN, macs, ETH_ALEN);
+	return bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0);
+}
+
+/* hairpin_return sends a packet of a workload's flow to itself (through its
+ * own Service: DNATed to itself and SNATed to the node's address, or the
+ * reply to such a packet) straight back into the workload. Through the
+ * node's stack it would be lost: the kernel drops a packet that arrives with
+ * one of the node's own addresses as its source as a spoof (a martian), and
+ * the reply, from the Service address, fails a strict reverse-path check on
+ * the pod's interface. kube-proxy masquerades after routing, where neither
+ * check applies; at TC, before routing, the packet skips the stack. Only a
+ * workload's interface (with an Ethernet header) hairpins. */
+static __always_inline int hairpin_return(struct __sk_buff *skb)
+{
+	if (swap_eth(skb))
+		return drop(CNT_DROP_MALFORMED);
+	count(CNT_HAIRPIN_RETURNED);
+	return bpf_redirect(skb->ifindex, 0);
 }
 
 /* ---- Which new flows leave with the node's address ---- */
