@@ -13,7 +13,7 @@ import (
 )
 
 // policyFeed wires the policy binder to the interface manager: it binds each
-// local pod to the interface the node routes its IP through, and answers the
+// local pod to its host-side interface (ifacemgr.PodInterfaces), and answers the
 // manager's questions (ifacemgr.PolicyProvider) from the binder.
 type policyFeed struct {
 	log    *slog.Logger
@@ -37,7 +37,7 @@ func newPolicyFeed(set *maps.Set, objs *gen.SluiceObjects, netnsPath, node strin
 }
 
 // Update translates the cluster's objects and binds each local pod's policy
-// to the interface the node routes the pod's IP through.
+// to the pod's host-side interface.
 func (f *policyFeed) Update(c k8s.Cluster) {
 	if f.defaultHost != nil && !slices.ContainsFunc(c.HostEndpoints, func(h *k8s.HostEndpoint) bool {
 		return h.Spec.InterfaceName == k8s.AllInterfaces && (h.Spec.Node == "" || h.Spec.Node == f.node)
@@ -47,12 +47,22 @@ func (f *policyFeed) Update(c k8s.Cluster) {
 	endpoints, first := f.b.Update(c)
 	seen := map[string]bool{}
 	hosts := map[string]string{}
+	pods, err := ifacemgr.NewPodInterfaces(f.netns)
+	if err != nil {
+		f.log.Error("cannot read the node's interfaces: pods keep their bindings until the next sync", "err", err)
+	} else {
+		defer pods.Close()
+	}
 	for id, ep := range endpoints {
 		if ep.Interface != "" {
 			hosts[id] = binding.Hash(&ep.Ingress) + binding.Hash(&ep.Egress)
 			continue
 		}
-		iface, err := ifacemgr.InterfaceForIP(f.netns, ep.IP)
+		if pods == nil {
+			seen[id] = f.bound[id] // kept as it is, not unbound
+			continue
+		}
+		iface, err := pods.Interface(ep.IP)
 		if err != nil {
 			f.log.Warn("pod without a host interface yet", "pod", id, "err", err)
 			continue
