@@ -98,7 +98,8 @@ const (
 	SluiceCounterCNT_DROP_CT_FULL             SluiceCounter = 22
 	SluiceCounterCNT_FLOW_NOW_SERVICE         SluiceCounter = 23
 	SluiceCounterCNT_HAIRPIN_RETURNED         SluiceCounter = 24
-	SluiceCounterCNT_MAX                      SluiceCounter = 25
+	SluiceCounterCNT_FIB_FORWARDED            SluiceCounter = 25
+	SluiceCounterCNT_MAX                      SluiceCounter = 26
 )
 
 type SluiceCtFlags uint8

@@ -97,6 +97,11 @@ func TestRealTrafficThroughTheDatapath(t *testing.T) {
 		if f := strings.Fields(answer); len(f) != 3 || f[1] != "10.210.0.2" {
 			t.Fatalf("answer %q: backend should see the external client's address", answer)
 		}
+		// The replies left the backend with the node IP as source: routed by
+		// the FIB, not dropped by the node as spoofs of its own address.
+		if d.Counter(gen.SluiceCounterCNT_FIB_FORWARDED) == 0 {
+			t.Fatal("NodePort replies not routed by fib_forward")
+		}
 	})
 
 	t.Run("service without endpoints refuses at once", func(t *testing.T) {

@@ -40,6 +40,8 @@ enum counter : __u32 {
 					 * destination became a frontend is balanced anew */
 	CNT_HAIRPIN_RETURNED,		/* a packet of a workload's flow to itself
 					 * through its Service sent straight back */
+	CNT_FIB_FORWARDED,		/* a workload's packet whose source became the
+					 * node's address routed by the FIB, not the stack */
 	CNT_MAX,
 };
 

@@ -22,8 +22,9 @@
  * This file joins them per hook: pipeline() at the bottom reads top-down,
  * and the functions above it are its branches.
  *
- * Every stage returns a TC verdict or JUDGE_BY_POLICY (policy.h); the entry
- * programs in sluice.c turn the latter into the tail call.
+ * Every stage returns a TC verdict, JUDGE_BY_POLICY or FORWARD_BY_FIB
+ * (policy.h); the entry programs in sluice.c turn the latter two into the
+ * tail call and the FIB's redirect.
  *
  * Policy (policy.h): a workload's egress policy judges a new flow at
  * FROM_WL once its backend is chosen and NAT applied; its ingress policy at
@@ -203,14 +204,17 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
 		return drop(CNT_DROP_MALFORMED);
 	svcstats_count(fe->svc_id, p, 0, 1);
+	/* A workload's flow SNATed to the node (not to itself) is routed here:
+	 * the stack would take its source for a spoof. */
+	int fib = !from_host && snat_addr && !(flags & CT_HAIRPIN);
 	if (slot == IFSTATE_NO_POLICY)
-		return (flags & CT_HAIRPIN) ? hairpin_return(skb) : TC_ACT_OK;
+		return (flags & CT_HAIRPIN) ? hairpin_return(skb) : fib ? FORWARD_BY_FIB : TC_ACT_OK;
 	if (from_host)
 		return policy_handoff_pre_nat(skb, p, POLICY_DIR_EGRESS, slot);
 	/* A workload's egress is judged on the tuple the destination will see:
 	 * after NAT. */
 	int verdict = policy_handoff(skb, p, POLICY_DIR_EGRESS, slot);
-	return (flags & CT_HAIRPIN) ? hairpin_verdict(skb, verdict) : verdict;
+	return (flags & CT_HAIRPIN) ? hairpin_verdict(skb, verdict) : fib ? fib_verdict(skb, verdict) : verdict;
 }
 
 __subprog int handle_icmp(struct __sk_buff *skb, struct packet *p, enum hook hook)
@@ -384,6 +388,11 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 			return drop(CNT_DROP_MALFORMED);
 		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
 			return hairpin_verdict(skb, v->type == CT_FORWARD ? enforce(skb, &p, v, POLICY_DIR_EGRESS) : TC_ACT_OK);
+		/* Leaving a workload with the node's address as source (a
+		 * NodePort reply from a local backend, a flow SNATed to the
+		 * node): routed here, as the stack would drop it. */
+		if (hook == HOOK_FROM_WL && is_host_ip(p.saddr))
+			return fib_verdict(skb, v->type == CT_FORWARD ? enforce(skb, &p, v, POLICY_DIR_EGRESS) : TC_ACT_OK);
 		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)
 			return enforce(skb, &p, v, POLICY_DIR_EGRESS);
 		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)

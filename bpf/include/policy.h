@@ -40,6 +40,9 @@
 /* The packet is a workload's to itself through its Service: once allowed it
  * is sent straight back (hairpin_return), not up the node's stack. */
 #define POLICY_HAIRPIN		(1u << 31)
+/* The packet leaves a workload with the node's address as source: once
+ * allowed it is routed by the FIB (fib_forward), not the node's stack. */
+#define POLICY_FIB_FORWARD	(1u << 25)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
@@ -89,6 +92,10 @@ struct {
  * it hold more than 256 bytes of stack, and the stages' frames hold more. So
  * the entry program makes the call (policy_dispatch), from its own frame. */
 #define JUDGE_BY_POLICY 0x10000
+/* FORWARD_BY_FIB: "this packet passes, routed by fib_forward", which the
+ * entry program calls from its own frame (policy_dispatch), so that the FIB
+ * lookup's stack does not add to the stages'. */
+#define FORWARD_BY_FIB 0x20000
 
 /* policy_handoff writes the packet's tuple (as the destination will see it)
  * and the policy slot into skb->cb, for policy_dispatch. The slot is kept in
@@ -124,8 +131,9 @@ static __always_inline int policy_handoff_pre_nat(struct __sk_buff *skb, const s
 }
 
 /* policy_dispatch finishes an entry program: a TC verdict is returned as it
- * is; JUDGE_BY_POLICY becomes the tail call into the slot's policy program,
- * and a slot without a program drops (fail closed). */
+ * is; FORWARD_BY_FIB becomes fib_forward; JUDGE_BY_POLICY becomes the tail
+ * call into the slot's policy program, and a slot without a program drops
+ * (fail closed). */
 /* hairpin_verdict finishes a stage's verdict on a hairpin packet (a
  * workload's to itself through its Service): passed, it is sent straight
  * back; waiting for its policy, it is sent back once allowed. */
@@ -138,8 +146,22 @@ static __always_inline int hairpin_verdict(struct __sk_buff *skb, int verdict)
 	return verdict;
 }
 
+/* fib_verdict finishes a stage's verdict on a workload's packet whose
+ * source is now the node's address: passed, it is routed by the FIB; waiting
+ * for its policy, it is routed once allowed. */
+static __always_inline int fib_verdict(struct __sk_buff *skb, int verdict)
+{
+	if (verdict == TC_ACT_OK)
+		return FORWARD_BY_FIB;
+	if (verdict == JUDGE_BY_POLICY)
+		skb->cb[3] |= POLICY_FIB_FORWARD;
+	return verdict;
+}
+
 static __always_inline int policy_dispatch(struct __sk_buff *skb, int verdict)
 {
+	if (verdict == FORWARD_BY_FIB)
+		return fib_forward(skb);
 	if (verdict != JUDGE_BY_POLICY)
 		return verdict;
 	__u32 slot = skb->cb[4];
@@ -261,8 +283,13 @@ static __always_inline int policy_verdict(struct __sk_buff *skb)
 
 	rule_count(skb->cb[4]);
 	policy_record(skb, dir, allow ? POL_ALLOWED : POL_DENIED);
-	if (allow)
-		return (skb->cb[3] & POLICY_HAIRPIN) ? hairpin_return(skb) : TC_ACT_OK;
+	if (allow) {
+		if (skb->cb[3] & POLICY_HAIRPIN)
+			return hairpin_return(skb);
+		if (skb->cb[3] & POLICY_FIB_FORWARD)
+			return fib_forward(skb);
+		return TC_ACT_OK;
+	}
 	count(CNT_DROP_POLICY);
 	return TC_ACT_SHOT;
 }

@@ -44,10 +44,10 @@ func NewTopology(t testing.TB, d *Datapath, pods ...string) *Topology {
 	topo := &Topology{DP: d, Node: NewNetNS(t), Pods: map[string]*NetNS{},
 		PodIP: map[string]netip.Addr{}, PodIface: map[string]string{}, NodeIP: netip.MustParseAddr("10.210.0.1")}
 	n := topo.Node
-	for _, s := range []string{"net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0",
-		// Replies of NodePort flows leave with the node IP as source, which the
-		// node must accept on a workload interface.
-		"net.ipv4.conf.all.accept_local=1"} {
+	// No accept_local: replies of NodePort flows, which leave a workload with
+	// the node IP as source, must get through a node that would drop them
+	// as spoofs (the datapath routes them itself: fib_forward).
+	for _, s := range []string{"net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"} {
 		n.Run("sysctl", "-qw", s)
 	}
 	for i, name := range pods {
