@@ -1,7 +1,7 @@
 // Package apiservertest runs a real kube-apiserver backed by a real etcd on
 // loopback, for integration tests and benchmarks. The kube-apiserver binary is
 // built from k8s.io/kubernetes at the version matching client-go by the
-// test-only module test/kube-apiserver (.ci/run builds it and sets
+// test-only module test/kubernetes (.ci/run builds it and sets
 // SLUICE_KUBE_APISERVER); etcd comes from Debian's etcd-server package.
 package apiservertest
 
@@ -58,7 +58,7 @@ func (s *Server) Dial(ctx context.Context, network, addr string) (net.Conn, erro
 func Binaries() (apiserver, etcd string, err error) {
 	apiserver = os.Getenv(BinaryEnv)
 	if apiserver == "" {
-		return "", "", fmt.Errorf("%s is not set (build test/kube-apiserver; .ci/run does)", BinaryEnv)
+		return "", "", fmt.Errorf("%s is not set (build test/kubernetes; .ci/run does)", BinaryEnv)
 	}
 	if _, err := os.Stat(apiserver); err != nil {
 		return "", "", fmt.Errorf("kube-apiserver: %w", err)
