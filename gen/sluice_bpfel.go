@@ -109,6 +109,7 @@ const (
 	SluiceCtFlagsCT_FROM_HOST     SluiceCtFlags = 2
 	SluiceCtFlagsCT_BACKEND_LOCAL SluiceCtFlags = 4
 	SluiceCtFlagsCT_HAIRPIN       SluiceCtFlags = 8
+	SluiceCtFlagsCT_NODE_SOURCE   SluiceCtFlags = 16
 )
 
 type SluiceCtKey struct {

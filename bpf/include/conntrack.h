@@ -59,6 +59,10 @@ enum ct_flags : __u8 {
 	CT_HAIRPIN = 1 << 3,	/* a workload's flow to itself through its Service:
 				 * both directions go straight back into it
 				 * (hairpin_return) */
+	CT_NODE_SOURCE = 1 << 4, /* a direction of the flow leaves a workload with
+				 * the node's address as source (SNATed to the
+				 * node, or replies to a node address): routed
+				 * by fib_forward, not the node's stack */
 };
 
 struct ct_value {

@@ -184,6 +184,11 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	__be32 snat_addr = snat_source(skb, p, fe, &be, from_host, cfg);
 	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0) |
 		     (snat_addr ? CT_SNAT : 0) | (!from_host && be.addr == p->saddr ? CT_HAIRPIN : 0);
+	/* A workload's packets of this flow may leave it with the node's
+	 * address as source: SNATed to the node, or the replies of a flow to a
+	 * node address (a NodePort) from a local backend. */
+	if (!(flags & CT_HAIRPIN) && ((!from_host && snat_addr) || is_host_ip(p->daddr)))
+		flags |= CT_NODE_SOURCE;
 
 	/* Traffic from a workload waits for its egress policy; external
 	 * traffic for its host endpoint's ingress policy, on the tuple it came
@@ -206,7 +211,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	svcstats_count(fe->svc_id, p, 0, 1);
 	/* A workload's flow SNATed to the node (not to itself) is routed here:
 	 * the stack would take its source for a spoof. */
-	int fib = !from_host && snat_addr && !(flags & CT_HAIRPIN);
+	int fib = !from_host && (flags & CT_NODE_SOURCE) && snat_addr;
 	if (slot == IFSTATE_NO_POLICY)
 		return (flags & CT_HAIRPIN) ? hairpin_return(skb) : fib ? FORWARD_BY_FIB : TC_ACT_OK;
 	if (from_host)
@@ -391,7 +396,7 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		/* Leaving a workload with the node's address as source (a
 		 * NodePort reply from a local backend, a flow SNATed to the
 		 * node): routed here, as the stack would drop it. */
-		if (hook == HOOK_FROM_WL && is_host_ip(p.saddr))
+		if (hook == HOOK_FROM_WL && (v->flags & CT_NODE_SOURCE) && is_host_ip(p.saddr))
 			return fib_verdict(skb, v->type == CT_FORWARD ? enforce(skb, &p, v, POLICY_DIR_EGRESS) : TC_ACT_OK);
 		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)
 			return enforce(skb, &p, v, POLICY_DIR_EGRESS);

@@ -130,10 +130,6 @@ static __always_inline int policy_handoff_pre_nat(struct __sk_buff *skb, const s
 	return JUDGE_BY_POLICY;
 }
 
-/* policy_dispatch finishes an entry program: a TC verdict is returned as it
- * is; FORWARD_BY_FIB becomes fib_forward; JUDGE_BY_POLICY becomes the tail
- * call into the slot's policy program, and a slot without a program drops
- * (fail closed). */
 /* hairpin_verdict finishes a stage's verdict on a hairpin packet (a
  * workload's to itself through its Service): passed, it is sent straight
  * back; waiting for its policy, it is sent back once allowed. */
@@ -158,6 +154,10 @@ static __always_inline int fib_verdict(struct __sk_buff *skb, int verdict)
 	return verdict;
 }
 
+/* policy_dispatch finishes an entry program: a TC verdict is returned as it
+ * is; FORWARD_BY_FIB becomes fib_forward; JUDGE_BY_POLICY becomes the tail
+ * call into the slot's policy program, and a slot without a program drops
+ * (fail closed). */
 static __always_inline int policy_dispatch(struct __sk_buff *skb, int verdict)
 {
 	if (verdict == FORWARD_BY_FIB)
