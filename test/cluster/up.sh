@@ -124,6 +124,8 @@ declare -A tunables=([vm/overcommit_memory]=1 [vm/panic_on_oom]=0 [kernel/panic]
 for t in "${!tunables[@]}"; do
 	echo "${tunables[$t]}" >"$STATE/tunables/${t//\//_}"
 done
+# The nodes' own resolver, for pods with dnsPolicy Default (CoreDNS): this
+# machine has no upstream DNS to offer, so it names an address nothing answers.
 echo "nameserver 127.0.0.53" >"$STATE/resolv.conf"
 
 for i in $(seq "$NODES"); do
