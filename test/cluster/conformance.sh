@@ -8,7 +8,9 @@
 # FOCUS defaults to the issue's whole set: Services, Networking, Conntrack,
 # EndpointSlice(Mirroring) and NetworkPolicy/Netpol. SKIP names what this
 # cluster cannot run, whatever proxies it (each reason in SKIP_REASONS);
-# SLUICE_E2E_PROCS sets the parallelism (default 4).
+# SLUICE_E2E_PROCS sets the parallelism (default 4). --num-nodes is given:
+# the framework counts the nodes on its first process only, and specs that
+# need two nodes skip themselves on the others.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 out=${1:?usage: conformance.sh OUTDIR [FOCUS]}
@@ -33,7 +35,7 @@ out=$(cd "$out" && pwd)
 set +e
 in_cp "$BIN/ginkgo" --procs "${SLUICE_E2E_PROCS:-4}" --timeout 3h --output-dir "$out" --json-report report.json \
 	--focus "$focus" --skip "$skip" --no-color --succinct \
-	"$BIN/e2e.test" -- --kubeconfig "$STATE/admin.kubeconfig" --provider local \
+	"$BIN/e2e.test" -- --kubeconfig "$STATE/admin.kubeconfig" --provider local --num-nodes "$NODES" \
 	--kubectl-path "$BIN/kubectl" --report-dir "$out" >"$out/e2e.log" 2>&1
 rc=$?
 set -e
