@@ -383,6 +383,16 @@ func TestAgentExportsDatapathMetrics(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
+	// kube-proxy's /proxyMode, beside the metrics.
+	if resp, err := http.Get("http://" + cfg.MetricsBindAddress + "/proxyMode"); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(b) != agent.ProxyMode {
+			t.Fatalf("/proxyMode: %d %q, want 200 %q", resp.StatusCode, b, agent.ProxyMode)
+		}
+	}
 	var body string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if body = scrape(); strings.Contains(body, "sluice_conntrack_capacity 524288") {

@@ -445,11 +445,18 @@ func (a *Agent) start(ctx context.Context) error {
 	if a.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		// kube-proxy names its mode here; tools (and the upstream e2e
+		// spec "Networking should check kube-proxy urls") ask for it.
+		mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, ProxyMode) })
 		a.serve(ctx, "metrics", a.metricsLn, mux)
 	}
 	log.Info("sluice agent running", "node", cfg.NodeName, "pins", cfg.PinDir)
 	return nil
 }
+
+// ProxyMode is what /proxyMode answers on the metrics address, where
+// kube-proxy answers iptables, ipvs or nftables.
+const ProxyMode = "sluice-ebpf"
 
 // guard pins the agent's maps again when a pin is removed behind its back
 // (the next start would otherwise create an empty map the running programs
