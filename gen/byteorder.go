@@ -41,3 +41,14 @@ func NetUint32(v uint32) uint32 {
 	binary.BigEndian.PutUint32(b[:], v)
 	return binary.NativeEndian.Uint32(b[:])
 }
+
+// NetAddr6 returns an address as a 16-byte network-order field value (an
+// IPv4 address becomes IPv4-mapped).
+func NetAddr6(a netip.Addr) [16]uint8 {
+	return a.As16()
+}
+
+// AddrFromNet6 converts a 16-byte network-order address field to an address.
+func AddrFromNet6(v [16]uint8) netip.Addr {
+	return netip.AddrFrom16(v)
+}

@@ -13,6 +13,22 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type SluiceAff6Key struct {
+	_      structs.HostLayout
+	SvcId  uint32
+	Client [16]uint8
+}
+
+type SluiceAff6Value struct {
+	_       structs.HostLayout
+	Ts      uint64
+	Addr    [16]uint8
+	Port    uint16
+	Flags   SluiceBeFlags
+	Pad     uint8
+	Ordinal uint32
+}
+
 type SluiceAffKey struct {
 	_      structs.HostLayout
 	SvcId  uint32
@@ -28,6 +44,14 @@ type SluiceAffValue struct {
 	Pad     uint8
 	Ordinal uint32
 	Pad2    uint32
+}
+
+type SluiceBe6Value struct {
+	_     structs.HostLayout
+	Addr  [16]uint8
+	Port  uint16
+	Flags SluiceBeFlags
+	Pad   uint8
 }
 
 type SluiceBeFlags uint8
@@ -60,6 +84,13 @@ type SluiceConfig struct {
 	Pad             uint32
 	ClusterNet      uint32
 	ClusterMask     uint32
+}
+
+type SluiceConfig6 struct {
+	_           structs.HostLayout
+	NodeIp      [16]uint8
+	ClusterNet  [16]uint8
+	ClusterMask [16]uint8
 }
 
 type SluiceConfigFlags uint32
@@ -101,6 +132,40 @@ const (
 	SluiceCounterCNT_FIB_FORWARDED            SluiceCounter = 25
 	SluiceCounterCNT_MAX                      SluiceCounter = 26
 )
+
+type SluiceCt6Key struct {
+	_     structs.HostLayout
+	Saddr [16]uint8
+	Daddr [16]uint8
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type SluiceCt6Scratch struct {
+	_      structs.HostLayout
+	RevKey SluiceCt6Key
+	V      SluiceCt6Value
+}
+
+type SluiceCt6Value struct {
+	_          structs.HostLayout
+	Created    uint64
+	LastSeen   uint64
+	Peer       SluiceCt6Key
+	NatAddr    [16]uint8
+	SnatAddr   [16]uint8
+	NatPort    uint16
+	SnatPort   uint16
+	SvcId      uint32
+	TcpSeen    uint32
+	Type       SluiceCtType
+	Flags      SluiceCtFlags
+	PolEgress  SluicePolVerdict
+	PolIngress SluicePolVerdict
+	Pad        [2]uint32
+}
 
 type SluiceCtFlags uint8
 
@@ -165,6 +230,14 @@ type SluiceFailsafeValue struct {
 	Flags uint32
 }
 
+type SluiceFe6Key struct {
+	_     structs.HostLayout
+	Addr  [16]uint8
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
 type SluiceFeFlags uint32
 
 const (
@@ -192,6 +265,15 @@ type SluiceFeValue struct {
 	ClusterStart    uint32
 }
 
+type SluiceFrag6Key struct {
+	_     structs.HostLayout
+	Saddr [16]uint8
+	Daddr [16]uint8
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type SluiceFragKey struct {
 	_     structs.HostLayout
 	Saddr uint32
@@ -207,6 +289,11 @@ type SluiceFragValue struct {
 	Sport   uint16
 	Dport   uint16
 	Pad     uint32
+}
+
+type SluiceHostip6Key struct {
+	_    structs.HostLayout
+	Addr [16]uint8
 }
 
 type SluiceHostipKey struct {
@@ -296,6 +383,13 @@ type SluiceSockValue struct {
 	Ordinal      uint32
 }
 
+type SluiceSrcrange6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Src       [16]uint8
+}
+
 type SluiceSrcrangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -331,21 +425,30 @@ type SluiceSvcstatsValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	SluiceMapSlAff6V1         = "sl_aff6_v1"
 	SluiceMapSlAffV1          = "sl_aff_v1"
+	SluiceMapSlBe6V1          = "sl_be6_v1"
 	SluiceMapSlBeV1           = "sl_be_v1"
+	SluiceMapSlConfig6V1      = "sl_config6_v1"
 	SluiceMapSlConfigV1       = "sl_config_v1"
 	SluiceMapSlCountersV3     = "sl_counters_v3"
+	SluiceMapSlCt6V1          = "sl_ct6_v1"
 	SluiceMapSlCtV2           = "sl_ct_v2"
 	SluiceMapSlFailsafeV1     = "sl_failsafe_v1"
+	SluiceMapSlFe6V1          = "sl_fe6_v1"
 	SluiceMapSlFeV1           = "sl_fe_v1"
+	SluiceMapSlFrag6V1        = "sl_frag6_v1"
 	SluiceMapSlFragV1         = "sl_frag_v1"
+	SluiceMapSlHostip6V1      = "sl_hostip6_v1"
 	SluiceMapSlHostipV1       = "sl_hostip_v1"
 	SluiceMapSlIfstateV1      = "sl_ifstate_v1"
 	SluiceMapSlIpsetV1        = "sl_ipset_v1"
 	SluiceMapSlPolprogV1      = "sl_polprog_v1"
 	SluiceMapSlPrefilterV1    = "sl_prefilter_v1"
 	SluiceMapSlRulectrV1      = "sl_rulectr_v1"
+	SluiceMapSlScratch6V1     = "sl_scratch6_v1"
 	SluiceMapSlSockV1         = "sl_sock_v1"
+	SluiceMapSlSrcrange6V1    = "sl_srcrange6_v1"
 	SluiceMapSlSrcrangeV1     = "sl_srcrange_v1"
 	SluiceMapSlSvcnameV1      = "sl_svcname_v1"
 	SluiceMapSlSvcstatsV1     = "sl_svcstats_v1"
@@ -425,21 +528,30 @@ type SluiceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceMapSpecs struct {
+	SlAff6V1      *ebpf.MapSpec `ebpf:"sl_aff6_v1"`
 	SlAffV1       *ebpf.MapSpec `ebpf:"sl_aff_v1"`
+	SlBe6V1       *ebpf.MapSpec `ebpf:"sl_be6_v1"`
 	SlBeV1        *ebpf.MapSpec `ebpf:"sl_be_v1"`
+	SlConfig6V1   *ebpf.MapSpec `ebpf:"sl_config6_v1"`
 	SlConfigV1    *ebpf.MapSpec `ebpf:"sl_config_v1"`
 	SlCountersV3  *ebpf.MapSpec `ebpf:"sl_counters_v3"`
+	SlCt6V1       *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
 	SlCtV2        *ebpf.MapSpec `ebpf:"sl_ct_v2"`
 	SlFailsafeV1  *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
+	SlFe6V1       *ebpf.MapSpec `ebpf:"sl_fe6_v1"`
 	SlFeV1        *ebpf.MapSpec `ebpf:"sl_fe_v1"`
+	SlFrag6V1     *ebpf.MapSpec `ebpf:"sl_frag6_v1"`
 	SlFragV1      *ebpf.MapSpec `ebpf:"sl_frag_v1"`
+	SlHostip6V1   *ebpf.MapSpec `ebpf:"sl_hostip6_v1"`
 	SlHostipV1    *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
 	SlIfstateV1   *ebpf.MapSpec `ebpf:"sl_ifstate_v1"`
 	SlIpsetV1     *ebpf.MapSpec `ebpf:"sl_ipset_v1"`
 	SlPolprogV1   *ebpf.MapSpec `ebpf:"sl_polprog_v1"`
 	SlPrefilterV1 *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
 	SlRulectrV1   *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
+	SlScratch6V1  *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
 	SlSockV1      *ebpf.MapSpec `ebpf:"sl_sock_v1"`
+	SlSrcrange6V1 *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1  *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1   *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
 	SlSvcstatsV1  *ebpf.MapSpec `ebpf:"sl_svcstats_v1"`
@@ -471,21 +583,30 @@ func (o *SluiceObjects) Close() error {
 //
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluiceMaps struct {
+	SlAff6V1      *ebpf.Map `ebpf:"sl_aff6_v1"`
 	SlAffV1       *ebpf.Map `ebpf:"sl_aff_v1"`
+	SlBe6V1       *ebpf.Map `ebpf:"sl_be6_v1"`
 	SlBeV1        *ebpf.Map `ebpf:"sl_be_v1"`
+	SlConfig6V1   *ebpf.Map `ebpf:"sl_config6_v1"`
 	SlConfigV1    *ebpf.Map `ebpf:"sl_config_v1"`
 	SlCountersV3  *ebpf.Map `ebpf:"sl_counters_v3"`
+	SlCt6V1       *ebpf.Map `ebpf:"sl_ct6_v1"`
 	SlCtV2        *ebpf.Map `ebpf:"sl_ct_v2"`
 	SlFailsafeV1  *ebpf.Map `ebpf:"sl_failsafe_v1"`
+	SlFe6V1       *ebpf.Map `ebpf:"sl_fe6_v1"`
 	SlFeV1        *ebpf.Map `ebpf:"sl_fe_v1"`
+	SlFrag6V1     *ebpf.Map `ebpf:"sl_frag6_v1"`
 	SlFragV1      *ebpf.Map `ebpf:"sl_frag_v1"`
+	SlHostip6V1   *ebpf.Map `ebpf:"sl_hostip6_v1"`
 	SlHostipV1    *ebpf.Map `ebpf:"sl_hostip_v1"`
 	SlIfstateV1   *ebpf.Map `ebpf:"sl_ifstate_v1"`
 	SlIpsetV1     *ebpf.Map `ebpf:"sl_ipset_v1"`
 	SlPolprogV1   *ebpf.Map `ebpf:"sl_polprog_v1"`
 	SlPrefilterV1 *ebpf.Map `ebpf:"sl_prefilter_v1"`
 	SlRulectrV1   *ebpf.Map `ebpf:"sl_rulectr_v1"`
+	SlScratch6V1  *ebpf.Map `ebpf:"sl_scratch6_v1"`
 	SlSockV1      *ebpf.Map `ebpf:"sl_sock_v1"`
+	SlSrcrange6V1 *ebpf.Map `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1  *ebpf.Map `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1   *ebpf.Map `ebpf:"sl_svcname_v1"`
 	SlSvcstatsV1  *ebpf.Map `ebpf:"sl_svcstats_v1"`
@@ -493,21 +614,30 @@ type SluiceMaps struct {
 
 func (m *SluiceMaps) Close() error {
 	return _SluiceClose(
+		m.SlAff6V1,
 		m.SlAffV1,
+		m.SlBe6V1,
 		m.SlBeV1,
+		m.SlConfig6V1,
 		m.SlConfigV1,
 		m.SlCountersV3,
+		m.SlCt6V1,
 		m.SlCtV2,
 		m.SlFailsafeV1,
+		m.SlFe6V1,
 		m.SlFeV1,
+		m.SlFrag6V1,
 		m.SlFragV1,
+		m.SlHostip6V1,
 		m.SlHostipV1,
 		m.SlIfstateV1,
 		m.SlIpsetV1,
 		m.SlPolprogV1,
 		m.SlPrefilterV1,
 		m.SlRulectrV1,
+		m.SlScratch6V1,
 		m.SlSockV1,
+		m.SlSrcrange6V1,
 		m.SlSrcrangeV1,
 		m.SlSvcnameV1,
 		m.SlSvcstatsV1,

@@ -71,6 +71,17 @@ var (
 	IPSets    = Def[gen.SluiceIpsetKey, gen.SluiceIpsetValue]{Name: gen.SluiceMapSlIpsetV1}
 	RuleCtrs  = PerCPUDef[gen.SluiceRulectrKey, uint64]{Name: gen.SluiceMapSlRulectrV1}
 	SvcStats  = PerCPUDef[uint32, gen.SluiceSvcstatsValue]{Name: gen.SluiceMapSlSvcstatsV1}
+
+	// The IPv6 twins: one map set per family, so the IPv4 maps keep their
+	// small keys (bpf/include/ipv6.h).
+	Frontends6 = Def[gen.SluiceFe6Key, gen.SluiceFeValue]{Name: gen.SluiceMapSlFe6V1}
+	Backends6  = Def[gen.SluiceBeKey, gen.SluiceBe6Value]{Name: gen.SluiceMapSlBe6V1}
+	SrcRanges6 = Def[gen.SluiceSrcrange6Key, gen.SluiceSrcrangeValue]{Name: gen.SluiceMapSlSrcrange6V1}
+	Affinity6  = Def[gen.SluiceAff6Key, gen.SluiceAff6Value]{Name: gen.SluiceMapSlAff6V1}
+	Conntrack6 = Def[gen.SluiceCt6Key, gen.SluiceCt6Value]{Name: gen.SluiceMapSlCt6V1}
+	Fragments6 = Def[gen.SluiceFrag6Key, gen.SluiceFragValue]{Name: gen.SluiceMapSlFrag6V1}
+	Config6    = Def[uint32, gen.SluiceConfig6]{Name: gen.SluiceMapSlConfig6V1}
+	HostIPs6   = Def[gen.SluiceHostip6Key, gen.SluiceHostipValue]{Name: gen.SluiceMapSlHostip6V1}
 	// PolicyPrograms is a program array: use Set.Map(PolicyPrograms) with
 	// the policy runtime.
 	PolicyPrograms = gen.SluiceMapSlPolprogV1
@@ -97,6 +108,15 @@ var docs = map[string]string{
 	gen.SluiceMapSlRulectrV1:   "per-CPU hit counters of policy rules, by rule id",
 	gen.SluiceMapSlSvcstatsV1:  "per-CPU packets, bytes and new flows of each service, by service id",
 	gen.SluiceMapSlPolprogV1:   "policy programs by slot (0: the verdict program)",
+	gen.SluiceMapSlFe6V1:       "IPv6 service frontends: {IP, port, protocol} -> service id, backend counts, affinity, flags",
+	gen.SluiceMapSlBe6V1:       "IPv6 service backends: {service id, ordinal} -> backend IP:port, local flag",
+	gen.SluiceMapSlSrcrange6V1: "IPv6 loadBalancerSourceRanges: LPM {service id, source CIDR}",
+	gen.SluiceMapSlAff6V1:      "IPv6 session affinity: {service id, client IP} -> backend, time chosen (LRU)",
+	gen.SluiceMapSlCt6V1:       "IPv6 conntrack: forward and reverse entry per tracked flow (full: new flows refused)",
+	gen.SluiceMapSlFrag6V1:     "IPv6 fragments: {source, destination, fragment id, protocol} -> the first fragment's ports (LRU)",
+	gen.SluiceMapSlConfig6V1:   "node-wide IPv6 settings: node IPv6 address for SNAT, IPv6 pod CIDR",
+	gen.SluiceMapSlHostip6V1:   "this node's IPv6 addresses (NodePort wildcard matching)",
+	gen.SluiceMapSlScratch6V1:  "per-CPU scratch space where the datapath builds IPv6 conntrack entries; holds nothing between packets",
 }
 
 // Info describes one map of the catalogue.

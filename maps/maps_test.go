@@ -1,6 +1,7 @@
 package maps_test
 
 import (
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"net/netip"
@@ -88,6 +89,59 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.RuleCtrs.Name:  roundTripRuleCounters,
 	maps.SvcStats.Name:  roundTripSvcStats,
 	maps.PolicyPrograms: checkProgramArray,
+
+	maps.Frontends6.Name:      roundTrip(maps.Frontends6),
+	maps.Backends6.Name:       roundTrip(maps.Backends6),
+	maps.SrcRanges6.Name:      roundTripLPM6,
+	maps.Affinity6.Name:       roundTrip(maps.Affinity6),
+	maps.Conntrack6.Name:      roundTrip(maps.Conntrack6),
+	maps.Fragments6.Name:      roundTrip(maps.Fragments6),
+	maps.Config6.Name:         roundTripConfig6,
+	maps.HostIPs6.Name:        roundTrip(maps.HostIPs6),
+	gen.SluiceMapSlScratch6V1: checkScratch,
+}
+
+func roundTripLPM6(t *testing.T, s *maps.Set) {
+	m, err := maps.SrcRanges6.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := gen.SluiceSrcrange6Key{Prefixlen: 32 + 48, SvcId: gen.NetUint32(7), Src: gen.NetAddr6(netip.MustParseAddr("2001:db8:1::"))}
+	v := gen.SluiceSrcrangeValue{Flags: 3}
+	if err := m.Put(k, v, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Get(k); err != nil || got != v {
+		t.Fatalf("got %+v %v", got, err)
+	}
+}
+
+func roundTripConfig6(t *testing.T, s *maps.Set) {
+	m, err := maps.Config6.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := gen.SluiceConfig6{NodeIp: gen.NetAddr6(netip.MustParseAddr("fd00::1")),
+		ClusterNet: gen.NetAddr6(netip.MustParseAddr("fd00:10::")), ClusterMask: gen.NetAddr6(netip.MustParseAddr("ffff:ffff::"))}
+	if err := m.Put(0, v, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Get(0); err != nil || got != v {
+		t.Fatalf("got %+v %v", got, err)
+	}
+}
+
+// The IPv6 scratch map is the datapath's own: one per-CPU slot of the size
+// of what it builds there.
+func checkScratch(t *testing.T, s *maps.Set) {
+	m := s.Map(gen.SluiceMapSlScratch6V1)
+	if m == nil {
+		t.Fatal("not open")
+	}
+	var sc gen.SluiceCt6Key
+	if m.Type() != ebpf.PerCPUArray || m.MaxEntries() != 1 || m.ValueSize() < uint32(binary.Size(sc)) {
+		t.Fatalf("scratch map: %v, %d entries, value %d bytes", m.Type(), m.MaxEntries(), m.ValueSize())
+	}
 }
 
 func roundTripIPSets(t *testing.T, s *maps.Set) {

@@ -22,6 +22,15 @@
 #define ICMP_PORT_UNREACH	3	/* code of ICMP_DEST_UNREACH */
 #define ICMP_FRAG_NEEDED	4	/* code of ICMP_DEST_UNREACH */
 
+/* ICMPv6 (RFC 4443): its header has the layout of struct icmphdr. */
+#define IPPROTO_ICMPV6		58
+#define ICMPV6_DEST_UNREACH	1
+#define ICMPV6_PKT_TOOBIG	2
+#define ICMPV6_TIME_EXCEED	3
+#define ICMPV6_ECHO_REQUEST	128
+#define ICMPV6_ECHO_REPLY	129
+#define ICMPV6_PORT_UNREACH	4	/* code of ICMPV6_DEST_UNREACH */
+
 struct icmphdr {
 	__u8 type;
 	__u8 code;

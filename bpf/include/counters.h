@@ -67,3 +67,12 @@ static __always_inline int drop(enum counter c)
 	count(c);
 	return TC_ACT_SHOT;
 }
+
+/* drop_create_failed drops a new flow whose conntrack entries could not be
+ * written, counted by why: a full map, or (snat set) no free SNAT port. */
+static __always_inline int drop_create_failed(int err, int snat)
+{
+	if (err == -E2BIG)
+		return drop(CNT_DROP_CT_FULL);
+	return drop(snat ? CNT_DROP_SNAT_PORTS : CNT_DROP_CT_CREATE);
+}

@@ -38,6 +38,7 @@
 #include "ct_new.h"
 #include "counters.h"
 #include "frag.h"
+#include "hook.h"
 #include "icmp_error.h"
 #include "ifstate.h"
 #include "parse.h"
@@ -48,12 +49,8 @@
 #include "service.h"
 #include "svcstats.h"
 
-enum hook {
-	HOOK_FROM_WL,
-	HOOK_TO_WL,
-	HOOK_FROM_HOST,
-	HOOK_TO_HOST,
-};
+/* The IPv6 pipeline (datapath6.h), which pipeline() hands IPv6 packets to. */
+__subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len);
 
 __subprog int reject(struct __sk_buff *skb, const struct packet *p)
 {
@@ -86,15 +83,6 @@ static __always_inline __u32 host_ingress_slot(struct __sk_buff *skb, const stru
 	if (!to_node || failsafe(p))
 		return IFSTATE_NO_POLICY;
 	return policy_slot(skb, POLICY_DIR_EGRESS); /* the entry hook's slot */
-}
-
-/* drop_create_failed drops a new flow whose conntrack entries could not be
- * written, counted by why. */
-static __always_inline int drop_create_failed(int err, __be32 snat_addr)
-{
-	if (err == -E2BIG)
-		return drop(CNT_DROP_CT_FULL);
-	return drop(snat_addr ? CNT_DROP_SNAT_PORTS : CNT_DROP_CT_CREATE);
 }
 
 /* track_flow tracks a flow that no Service translates, so that its tuple is
@@ -347,6 +335,10 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 
 	switch (parse_packet(skb, &p, l2_len)) {
 	case PARSE_NOT_IPV4:
+		/* IPv6 has a pipeline of its own (datapath6.h), in a frame of
+		 * its own. */
+		if (skb->protocol == bpf_htons(ETH_P_IPV6))
+			return pipeline6(skb, hook, l2_len);
 		return TC_ACT_OK;
 	case PARSE_MALFORMED:
 		return drop(CNT_DROP_MALFORMED);
@@ -431,3 +423,5 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	return track_flow(skb, &p, POLICY_DIR_EGRESS,
 			  hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS) : host_ingress_slot(skb, &p, is_host_ip(p.daddr)));
 }
+
+#include "datapath6.h"

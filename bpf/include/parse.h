@@ -12,7 +12,8 @@
  * link type.
  *
  * Rules (documented in README "Datapath rules"):
- *  - Anything that is not IPv4 is PARSE_NOT_IPV4 and passes untouched.
+ *  - Anything that is not IPv4 is PARSE_NOT_IPV4 and passes untouched (IPv6
+ *    has its own parser in ipv6.h, which hands over to parse_l4 here).
  *  - An IPv4 header shorter than 20 bytes, a header length field below 5, a total
  *    length shorter than the header, or an L4 header cut short is PARSE_MALFORMED.
  *  - IP options are skipped using the header length; they do not change the verdict.
@@ -124,9 +125,9 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 	}
 }
 
-/* parse_ipv4 reads the IPv4 header at p->l3_off: the one function that knows
- * the address family's header. An IPv6 parser (issue 17) sits beside it, fills
- * the same struct packet, and hands over to the same parse_l4. */
+/* parse_ipv4 reads the IPv4 header at p->l3_off: the one function here that
+ * knows the address family's header. The IPv6 parser (ipv6.h) sits beside it
+ * and hands over to the same parse_l4. */
 static __always_inline int parse_ipv4(struct __sk_buff *skb, struct packet *p)
 {
 	if (pull(skb, p->l3_off + sizeof(struct iphdr)))

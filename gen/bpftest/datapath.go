@@ -17,9 +17,10 @@ const (
 
 // IP protocol numbers as the maps store them.
 const (
-	ProtoICMP = 1
-	ProtoTCP  = 6
-	ProtoUDP  = 17
+	ProtoICMP   = 1
+	ProtoTCP    = 6
+	ProtoUDP    = 17
+	ProtoICMPv6 = 58
 )
 
 // Datapath is Sluice's programs loaded with private maps, for tests and
@@ -52,6 +53,14 @@ func NewDatapathWithMaps(tb testing.TB, nodeIP netip.Addr, m map[string]*ebpf.Ma
 	return d
 }
 
+// SetNodeIP6 configures nodeIP as the node's IPv6 address (SNAT source of
+// IPv6 flows and NodePort wildcard match).
+func (d *Datapath) SetNodeIP6(nodeIP netip.Addr) {
+	d.TB.Helper()
+	d.Put(d.Objs.SlConfig6V1, uint32(0), gen.SluiceConfig6{NodeIp: gen.NetAddr6(nodeIP)})
+	d.Put(d.Objs.SlHostip6V1, gen.SluiceHostip6Key{Addr: gen.NetAddr6(nodeIP)}, gen.SluiceHostipValue{})
+}
+
 // Put writes one map entry or fails the test.
 func (d *Datapath) Put(m *ebpf.Map, k, v any) {
 	d.TB.Helper()
@@ -69,7 +78,7 @@ type Backend struct {
 // Service is one frontend with its backends.
 type Service struct {
 	ID       uint32
-	Front    netip.AddrPort // the NodePort wildcard is 255.255.255.255
+	Front    netip.AddrPort // the NodePort wildcard is 255.255.255.255 (IPv6: all ones); its family picks the maps
 	Proto    uint8
 	Backends []Backend // local ones first
 	Affinity uint32    // seconds
@@ -79,6 +88,10 @@ type Service struct {
 // AddService writes the backends, then the frontend that points at them.
 func (d *Datapath) AddService(s Service) {
 	d.TB.Helper()
+	if s.Front.Addr().Is6() {
+		d.addService6(s)
+		return
+	}
 	local := uint32(0)
 	for i, b := range s.Backends {
 		v := gen.SluiceBeValue{Addr: gen.NetAddr(b.AP.Addr()), Port: gen.NetPort(b.AP.Port())}
@@ -92,6 +105,42 @@ func (d *Datapath) AddService(s Service) {
 		SvcId: s.ID, Count: uint32(len(s.Backends)), LocalCount: local,
 		AffinityTimeout: s.Affinity, Flags: s.Flags,
 	})
+}
+
+func (d *Datapath) addService6(s Service) {
+	local := uint32(0)
+	for i, b := range s.Backends {
+		v := gen.SluiceBe6Value{Addr: gen.NetAddr6(b.AP.Addr()), Port: gen.NetPort(b.AP.Port())}
+		if b.Local {
+			v.Flags = gen.SluiceBeFlagsBE_LOCAL
+			local++
+		}
+		d.Put(d.Objs.SlBe6V1, gen.SluiceBeKey{SvcId: s.ID, Ordinal: uint32(i)}, v)
+	}
+	d.Put(d.Objs.SlFe6V1, FeKey6(s.Front, s.Proto), gen.SluiceFeValue{
+		SvcId: s.ID, Count: uint32(len(s.Backends)), LocalCount: local,
+		AffinityTimeout: s.Affinity, Flags: s.Flags,
+	})
+}
+
+// FeKey6 is the IPv6 frontend key of ap and proto.
+func FeKey6(ap netip.AddrPort, proto uint8) gen.SluiceFe6Key {
+	return gen.SluiceFe6Key{Addr: gen.NetAddr6(ap.Addr()), Port: gen.NetPort(ap.Port()), Proto: proto}
+}
+
+// CtKey6 is the IPv6 conntrack key of a packet from src to dst.
+func CtKey6(src, dst netip.AddrPort, proto uint8) gen.SluiceCt6Key {
+	return gen.SluiceCt6Key{
+		Saddr: gen.NetAddr6(src.Addr()), Daddr: gen.NetAddr6(dst.Addr()),
+		Sport: gen.NetPort(src.Port()), Dport: gen.NetPort(dst.Port()), Proto: proto,
+	}
+}
+
+// CT6 returns the IPv6 conntrack entry of k.
+func (d *Datapath) CT6(k gen.SluiceCt6Key) (gen.SluiceCt6Value, bool) {
+	var v gen.SluiceCt6Value
+	err := d.Objs.SlCt6V1.Lookup(k, &v)
+	return v, err == nil
 }
 
 // FeKey is the frontend key of ap and proto.
@@ -153,7 +202,19 @@ func (d *Datapath) CT(k gen.SluiceCtKey) (gen.SluiceCtValue, bool) {
 	return v, err == nil
 }
 
-// CTCount counts conntrack entries.
+// CT6Count counts IPv6 conntrack entries.
+func (d *Datapath) CT6Count() int {
+	n := 0
+	var k gen.SluiceCt6Key
+	var v gen.SluiceCt6Value
+	it := d.Objs.SlCt6V1.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n
+}
+
+// CTCount counts conntrack entries of both families.
 func (d *Datapath) CTCount() int {
 	n := 0
 	var k gen.SluiceCtKey
@@ -162,5 +223,5 @@ func (d *Datapath) CTCount() int {
 	for it.Next(&k, &v) {
 		n++
 	}
-	return n
+	return n + d.CT6Count()
 }

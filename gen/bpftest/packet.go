@@ -26,13 +26,14 @@ const (
 	ACK
 )
 
-// PacketSpec describes an Ethernet/IPv4 frame to build.
+// PacketSpec describes an Ethernet/IPv4 or Ethernet/IPv6 frame to build: the
+// family is Src's.
 type PacketSpec struct {
 	Src, Dst netip.AddrPort
-	Proto    layers.IPProtocol // TCP, UDP or ICMPv4
+	Proto    layers.IPProtocol // TCP, UDP, ICMPv4 or ICMPv6
 	TCPFlags uint8             // for TCP
 	Seq      uint32            // for TCP
-	ICMPType uint8             // for ICMPv4
+	ICMPType uint8             // for ICMPv4 and ICMPv6
 	ICMPCode uint8
 	ICMPID   uint16 // echo identifier
 	Payload  []byte
@@ -47,6 +48,9 @@ type PacketSpec struct {
 
 // Build serialises spec with valid lengths and checksums.
 func Build(spec PacketSpec) []byte {
+	if spec.Src.Addr().Is6() {
+		return build6(spec)
+	}
 	ttl := spec.TTL
 	if ttl == 0 {
 		ttl = 64
@@ -108,17 +112,22 @@ func UDPPacket(src, dst netip.AddrPort, payload []byte) []byte {
 // Decoded is a parsed frame with the fields tests assert on.
 type Decoded struct {
 	Packet   gopacket.Packet
-	IP       *layers.IPv4
+	IP       *layers.IPv4 // nil for IPv6
+	IP6      *layers.IPv6 // nil for IPv4
 	TCP      *layers.TCP
 	UDP      *layers.UDP
 	ICMP     *layers.ICMPv4
+	ICMP6    *layers.ICMPv6
 	Src, Dst netip.AddrPort
 }
 
-// Decode parses an Ethernet frame and verifies the IPv4 and L4 checksums.
+// Decode parses an Ethernet frame and verifies the IP and L4 checksums.
 func Decode(frame []byte) (*Decoded, error) {
 	p := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
 	d := &Decoded{Packet: p}
+	if ip6, ok := p.Layer(layers.LayerTypeIPv6).(*layers.IPv6); ok {
+		return decode6(frame, p, d, ip6)
+	}
 	ipl, ok := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
 	if !ok {
 		return nil, fmt.Errorf("decode: no IPv4 layer: %v", p.ErrorLayer())
@@ -149,6 +158,9 @@ func Decode(frame []byte) (*Decoded, error) {
 // checksum of an Ethernet frame, computed from scratch.
 func VerifyChecksums(frame []byte) error {
 	const ethLen = 14
+	if len(frame) >= ethLen && binary.BigEndian.Uint16(frame[12:14]) == 0x86dd {
+		return verifyChecksums6(frame[ethLen:])
+	}
 	if len(frame) < ethLen+20 {
 		return fmt.Errorf("frame too short: %d bytes", len(frame))
 	}

@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* IPv6 conntrack (sl_ct6_v1) and fragments (sl_frag6_v1): the twins of
+ * conntrack.h, ct_new.h and frag.h with 16-byte addresses. The layout rules,
+ * the clash rules and the scanner's contract are the IPv4 ones, documented
+ * there; the entry's type, flags, tcp_seen marks and policy verdicts are the
+ * same enums, so userspace reads both maps with one set of rules. */
+#pragma once
+
+#include "common.h"
+#include "config.h"
+#include "conntrack.h"
+#include "consts.h"
+#include "counters.h"
+#include "ct_new.h"
+#include "ipv6.h"
+#include "service6.h"
+
+struct ct6_key {
+	__u8 saddr[16];		/* network order */
+	__u8 daddr[16];		/* network order */
+	__be16 sport;		/* network order */
+	__be16 dport;		/* network order */
+	__u8 proto;		/* IPPROTO_TCP / IPPROTO_UDP */
+	__u8 pad[3];		/* 0 */
+};
+ASSERT_SIZE(struct ct6_key, 40);
+
+struct ct6_value {
+	__u64 created;		/* host order, as ct_value's */
+	__u64 last_seen;	/* host order */
+	struct ct6_key peer;	/* the other entry of the pair */
+	__u8 nat_addr[16];	/* network order, as ct_value's */
+	__u8 snat_addr[16];	/* network order, as ct_value's */
+	__be16 nat_port;	/* network order */
+	__be16 snat_port;	/* network order */
+	__u32 svc_id;		/* host order */
+	__u32 tcp_seen;		/* host order: TCP_FLAG_* and enum ct_seen */
+	enum ct_type type;
+	enum ct_flags flags;
+	enum pol_verdict pol_egress;
+	enum pol_verdict pol_ingress;
+	__u32 pad[2];		/* 0 */
+};
+ASSERT_SIZE(struct ct6_value, 112);
+
+/* A plain hash, as sl_ct_v2: full means new flows are refused, never that
+ * established ones are evicted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_CT_MAX);
+	__type(key, struct ct6_key);
+	__type(value, struct ct6_value);
+} sl_ct6_v1 SEC(".maps");
+
+/* Per-CPU scratch space where ct6_create builds a flow's entries: on the
+ * stack they would take the IPv6 path over the verifier's 512 bytes (a
+ * stage's frame adds to the entry program's and the pipeline's). It holds
+ * nothing from one packet to the next. */
+struct ct6_scratch {
+	struct ct6_key rev_key;
+	struct ct6_value v;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ct6_scratch);
+} sl_scratch6_v1 SEC(".maps");
+
+static __always_inline void ct6_key_of(const struct packet6 *p6, struct ct6_key *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	addr6_copy(k->saddr, p6->saddr);
+	addr6_copy(k->daddr, p6->daddr);
+	k->sport = p6->p.sport;
+	k->dport = p6->p.dport;
+	k->proto = p6->p.proto;
+}
+
+static __always_inline struct ct6_value *ct6_lookup_reversed(const struct packet6 *p6)
+{
+	struct ct6_key rk = { .sport = p6->p.dport, .dport = p6->p.sport, .proto = p6->p.proto };
+
+	addr6_copy(rk.saddr, p6->daddr);
+	addr6_copy(rk.daddr, p6->saddr);
+	return bpf_map_lookup_elem(&sl_ct6_v1, &rk);
+}
+
+__subprog enum ct_seen fin_first6(const struct ct6_key *peer)
+{
+	struct ct6_value *o = bpf_map_lookup_elem(&sl_ct6_v1, peer);
+
+	return o && (o->tcp_seen & TCP_FLAG_FIN) ? (enum ct_seen)0 : CT_SEEN_FIN_FIRST;
+}
+
+/* ct6_touch: ct_touch (conntrack.h). */
+static __always_inline void ct6_touch(struct ct6_value *v, const struct packet *p)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (now - v->last_seen > CT_REFRESH_NS)
+		v->last_seen = now;
+	if (p->proto == IPPROTO_TCP) {
+		__u32 f = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_ACK);
+		if ((v->tcp_seen | f) != v->tcp_seen) {
+			if ((f & ~v->tcp_seen) & TCP_FLAG_FIN)
+				f |= fin_first6(&v->peer);
+			__sync_fetch_and_or(&v->tcp_seen, f);
+		}
+	} else if (!(v->tcp_seen & CT_SEEN_PACKET)) {
+		__sync_fetch_and_or(&v->tcp_seen, CT_SEEN_PACKET);
+	}
+}
+
+/* superseded6: superseded (ct_new.h). */
+__subprog int superseded6(const struct packet6 *p6, const struct ct6_value *fwd)
+{
+	const struct packet *p = &p6->p;
+	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+
+	if (syn) {
+		int ended = fwd->tcp_seen & (TCP_FLAG_FIN | TCP_FLAG_RST);
+		if (!ended) {
+			struct ct6_key peer = fwd->peer;
+			struct ct6_value *rev = bpf_map_lookup_elem(&sl_ct6_v1, &peer);
+			ended = rev && (rev->tcp_seen & TCP_FLAG_RST);
+		}
+		if (ended) {
+			count(CNT_TUPLE_REUSED);
+			return 1;
+		}
+	}
+	if (fwd->svc_id || p->l4_absent)
+		return 0;
+	if (!syn && !(p->proto == IPPROTO_UDP && bpf_ktime_get_ns() - fwd->last_seen > CT_REFRESH_NS))
+		return 0;
+	if (!fe6_lookup(p6->daddr, p->dport, p->proto))
+		return 0;
+	count(CNT_FLOW_NOW_SERVICE);
+	return 1;
+}
+
+static __always_inline int own_tuple6(const struct ct6_value *r, const struct packet6 *p6)
+{
+	return r->type == CT_REVERSE && addr6_eq(r->peer.saddr, p6->saddr) && addr6_eq(r->peer.daddr, p6->daddr) &&
+	       r->peer.sport == p6->p.sport && r->peer.dport == p6->p.dport;
+}
+
+/* ct6_create: ct_create (ct_new.h), whose comment states the rules.
+ * fwd_key is the packet's own tuple (ct6_key_of), which the caller has
+ * already built for its lookup. With *snat set the source is translated to
+ * snat_addr (the node's address, or the client's own when only its port is
+ * remapped, which snat_addr then holds). */
+static __always_inline int ct6_create(const struct packet6 *p6, const struct ct6_key *fwd_key, __u32 svc_id,
+				      const struct be6_value *be, int *snat, __u8 *snat_addr, __u8 *flags,
+				      __be16 *sport)
+{
+	const struct packet *p = &p6->p;
+	__u32 zero = 0;
+	struct ct6_scratch *sc = bpf_map_lookup_elem(&sl_scratch6_v1, &zero);
+	if (!sc)
+		return -1;
+	struct ct6_key *rev_key = &sc->rev_key;
+	struct ct6_value *v = &sc->v;
+	__u64 now = bpf_ktime_get_ns();
+	int remap = 0, err;
+
+	__builtin_memset(sc, 0, sizeof(*sc));
+	addr6_copy(rev_key->saddr, be->addr);
+	addr6_copy(rev_key->daddr, *snat ? snat_addr : p6->saddr);
+	rev_key->sport = be->port;
+	rev_key->dport = p->sport;
+	rev_key->proto = p->proto;
+	v->created = now;
+	v->last_seen = now;
+	v->peer = *fwd_key;
+	addr6_copy(v->nat_addr, p6->daddr);
+	v->nat_port = p->dport;
+	addr6_copy(v->snat_addr, p6->saddr);
+	v->snat_port = p->sport;
+	v->svc_id = svc_id;
+	v->type = CT_REVERSE;
+	v->flags = *flags;
+	/* No IPv6 policy yet: every flow is allowed. */
+	v->pol_egress = POL_ALLOWED;
+	v->pol_ingress = POL_ALLOWED;
+
+	if (!*snat && (err = bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_NOEXIST))) {
+		if (err == -E2BIG)
+			return -E2BIG;
+		struct ct6_value *held = bpf_map_lookup_elem(&sl_ct6_v1, rev_key);
+		if (held && own_tuple6(held, p6)) {
+			if (bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_ANY))
+				return -1;
+		} else {
+			remap = 1;
+			*snat = 1;
+			addr6_copy(snat_addr, p6->saddr);
+			*flags |= CT_SNAT;
+			v->flags = *flags;
+			count(CNT_TUPLE_REMAPPED);
+		}
+	}
+	if (*snat) {
+		int i;
+		for (i = 0; i < SNAT_PORT_TRIES; i++) {
+			err = bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_NOEXIST);
+			if (!err)
+				break;
+			if (err == -E2BIG)
+				return -E2BIG;
+			rev_key->dport = random_snat_port(config_get(), remap);
+		}
+		if (i == SNAT_PORT_TRIES)
+			return -1;
+	}
+
+	/* The same value, turned into the forward entry. */
+	v->peer = *rev_key;
+	addr6_copy(v->nat_addr, be->addr);
+	v->nat_port = be->port;
+	if (*snat)
+		addr6_copy(v->snat_addr, snat_addr);
+	else
+		__builtin_memset(v->snat_addr, 0, sizeof(v->snat_addr));
+	v->snat_port = rev_key->dport;
+	v->tcp_seen = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK);
+	v->type = CT_FORWARD;
+	if ((err = bpf_map_update_elem(&sl_ct6_v1, fwd_key, v, BPF_ANY))) {
+		bpf_map_delete_elem(&sl_ct6_v1, rev_key);
+		return err == -E2BIG ? -E2BIG : -1;
+	}
+	*sport = rev_key->dport;
+	return 0;
+}
+
+/* ---- Fragments: frag.h's rules, keyed by the fragment header's 32-bit id ---- */
+
+struct frag6_key {
+	__u8 saddr[16];		/* network order */
+	__u8 daddr[16];		/* network order */
+	__be32 id;		/* network order: the fragment header's identification */
+	__u8 proto;		/* IPPROTO_TCP / IPPROTO_UDP */
+	__u8 pad[3];		/* 0 */
+};
+ASSERT_SIZE(struct frag6_key, 40);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SL_FRAG_MAX);
+	__type(key, struct frag6_key);
+	__type(value, struct frag_value);
+} sl_frag6_v1 SEC(".maps");
+
+static __always_inline void frag6_key_of(const struct packet6 *p6, struct frag6_key *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	addr6_copy(k->saddr, p6->saddr);
+	addr6_copy(k->daddr, p6->daddr);
+	k->id = p6->frag_id;
+	k->proto = p6->p.proto;
+}
+
+static __always_inline void frag6_learn(const struct packet6 *p6)
+{
+	struct frag6_key k;
+	struct frag_value v = { .created = bpf_ktime_get_ns(), .sport = p6->p.sport, .dport = p6->p.dport };
+
+	frag6_key_of(p6, &k);
+	bpf_map_update_elem(&sl_frag6_v1, &k, &v, BPF_ANY);
+}
+
+static __always_inline int frag6_ports(struct packet6 *p6)
+{
+	struct frag6_key k;
+
+	frag6_key_of(p6, &k);
+	struct frag_value *v = bpf_map_lookup_elem(&sl_frag6_v1, &k);
+	if (!v || bpf_ktime_get_ns() - v->created > FRAG_TIMEOUT_NS)
+		return -1;
+	p6->p.sport = v->sport;
+	p6->p.dport = v->dport;
+	return 0;
+}

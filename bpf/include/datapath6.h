@@ -1,0 +1,425 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The IPv6 service datapath: parse -> conntrack -> service lookup -> NAT ->
+ * verdict, as datapath.h's pipeline for IPv4, on the IPv6 maps.
+ *
+ * Served today: ClusterIP, NodePort (on the node's IPv6 addresses and the
+ * wildcard), externalIPs and load balancer IPs; traffic policies, topology,
+ * session affinity and source ranges (all in the shared struct fe_value);
+ * SNAT to the node's IPv6 address where kube-proxy masquerades; the clash
+ * rules (ct6_create); fragments; hairpin; TCP RST and ICMPv6 port unreachable
+ * for a Service without endpoints; echo replies from service IPs; ICMPv6
+ * errors about NATed flows (Packet Too Big first: IPv6 routers never fragment,
+ * so path-MTU discovery must work through the proxy) translated back.
+ * Neighbour discovery and other ICMPv6 pass untouched.
+ *
+ * Not yet: network policy (a workload's IPv6 traffic is not judged; policy
+ * programs see IPv4 only) and host endpoint policy. The pipeline therefore
+ * returns TC verdicts only, never JUDGE_BY_POLICY or FORWARD_BY_FIB. */
+#pragma once
+
+#include "common.h"
+#include "config.h"
+#include "conntrack6.h"
+#include "counters.h"
+#include "csum.h"
+#include "hook.h"
+#include "ifstate.h"
+#include "ipv6.h"
+#include "reject.h"
+#include "rewrite6.h"
+#include "service6.h"
+#include "svcstats.h"
+
+/* The IPv6 pseudo header of an upper-layer checksum (RFC 8200 8.1). */
+struct pseudo6 {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be32 len;
+	__u8 zero[3];
+	__u8 next;
+};
+
+static __always_inline void reply_ip6hdr(struct ip6_raw *ip, const struct packet6 *p6, __u8 next, __u16 payload)
+{
+	__builtin_memset(ip, 0, sizeof(*ip));
+	ip->ver_tc_flow = bpf_htonl(6 << 28);
+	ip->payload_len = bpf_htons(payload);
+	ip->nexthdr = next;
+	ip->hop_limit = 64;	/* Linux's default (net.ipv6.conf.*.hop_limit) */
+	addr6_copy(ip->saddr, p6->daddr);
+	addr6_copy(ip->daddr, p6->saddr);
+}
+
+static __always_inline __s64 pseudo6_sum(const struct packet6 *p6, __u8 next, __u32 len)
+{
+	struct pseudo6 ph = { .len = bpf_htonl(len), .next = next };
+
+	addr6_copy(ph.saddr, p6->daddr);
+	addr6_copy(ph.daddr, p6->saddr);
+	return bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+}
+
+/* reject6_tcp: reject_tcp (reject.h). Extension headers are dropped: the
+ * RST is built from scratch after the link layer. */
+static __always_inline int reject6_tcp(struct __sk_buff *skb, const struct packet6 *p6)
+{
+	const struct packet *p = &p6->p;
+	struct tcp_raw in, rst = {};
+	struct ip6_raw ip;
+
+	if (bpf_skb_load_bytes(skb, p->l4_off, &in, sizeof(in)))
+		return -1;
+	__u32 seg_len = p->ip_len - (p->l4_off - p->l3_off) - (in.doff_res >> 4) * 4;
+	if (in.flags & TCP_FLAG_SYN)
+		seg_len++;
+	if (in.flags & TCP_FLAG_FIN)
+		seg_len++;
+	rst.source = in.dest;
+	rst.dest = in.source;
+	rst.doff_res = 5 << 4;	/* data offset: 5 words (no options) */
+	if (in.flags & TCP_FLAG_ACK) {
+		rst.seq = in.ack_seq;
+		rst.flags = TCP_FLAG_RST;
+	} else {
+		rst.ack_seq = bpf_htonl(bpf_ntohl(in.seq) + seg_len);
+		rst.flags = TCP_FLAG_RST | TCP_FLAG_ACK;
+	}
+	__s64 sum = pseudo6_sum(p6, IPPROTO_TCP, sizeof(rst));
+	rst.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&rst, sizeof(rst), sum));
+	reply_ip6hdr(&ip, p6, IPPROTO_TCP, sizeof(rst));
+
+	if (bpf_skb_change_tail(skb, p->l3_off + sizeof(ip) + sizeof(rst), 0) ||
+	    bpf_skb_store_bytes(skb, p->l3_off, &ip, sizeof(ip), 0) ||
+	    bpf_skb_store_bytes(skb, p->l3_off + sizeof(ip), &rst, sizeof(rst), 0) ||
+	    swap_macs(skb, p))
+		return -1;
+	return 0;
+}
+
+/* The ICMPv6 error quotes the IPv6 header and the first 8 bytes after it:
+ * the UDP header, which is what the sender's stack matches the error by. */
+#define ICMP6_QUOTE_LEN (IPV6_HLEN + 8)
+
+/* reject6_udp turns a datagram into the ICMPv6 port unreachable that
+ * answers it. A datagram with extension headers would quote them instead of
+ * its ports, so it is refused (the caller drops), as reject_udp refuses IPv4
+ * options. */
+static __always_inline int reject6_udp(struct __sk_buff *skb, const struct packet6 *p6)
+{
+	const struct packet *p = &p6->p;
+	struct {
+		struct ip6_raw ip;
+		struct icmphdr icmp;
+		__u8 quote[ICMP6_QUOTE_LEN];
+	} reply = {};
+	const __u32 grow = sizeof(reply.ip) + sizeof(reply.icmp);
+	const __u32 icmp_len = sizeof(reply.icmp) + sizeof(reply.quote);
+
+	if (p->l4_off != p->l3_off + IPV6_HLEN)
+		return -1;
+	if (bpf_skb_load_bytes(skb, p->l3_off, reply.quote, sizeof(reply.quote)))
+		return -1;
+	reply.icmp.type = ICMPV6_DEST_UNREACH;
+	reply.icmp.code = ICMPV6_PORT_UNREACH;
+	reply.icmp.checksum = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&reply.icmp, icmp_len,
+						      pseudo6_sum(p6, IPPROTO_ICMPV6, icmp_len)));
+	reply_ip6hdr(&reply.ip, p6, IPPROTO_ICMPV6, icmp_len);
+
+	if (bpf_skb_adjust_room(skb, grow, BPF_ADJ_ROOM_MAC, 0) ||
+	    bpf_skb_change_tail(skb, p->l3_off + sizeof(reply), 0) ||
+	    bpf_skb_store_bytes(skb, p->l3_off, &reply, sizeof(reply), 0) ||
+	    swap_macs(skb, p))
+		return -1;
+	return 0;
+}
+
+__subprog int reject6(struct __sk_buff *skb, const struct packet6 *p6)
+{
+	int err = p6->p.proto == IPPROTO_TCP ? reject6_tcp(skb, p6) : reject6_udp(skb, p6);
+
+	if (err)
+		return drop(CNT_DROP_REJECT_FAILED);
+	count(CNT_REJECT_NO_ENDPOINTS);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* answer_echo6 turns an echo request into its reply: the addresses swap
+ * (the pseudo header's sum stays), the type changes from 128 to 129. */
+static __always_inline int answer_echo6(struct __sk_buff *skb, const struct packet6 *p6)
+{
+	const struct packet *p = &p6->p;
+	__u8 addrs[32];
+	__u8 type = ICMPV6_ECHO_REPLY;
+
+	addr6_copy(addrs, p6->daddr);
+	addr6_copy(addrs + 16, p6->saddr);
+	if (bpf_l4_csum_replace(skb, p->l4_off + offsetof(struct icmphdr, checksum),
+				bpf_htons(ICMPV6_ECHO_REQUEST << 8), bpf_htons(ICMPV6_ECHO_REPLY << 8), 2) ||
+	    bpf_skb_store_bytes(skb, p->l4_off, &type, 1, 0) ||
+	    bpf_skb_store_bytes(skb, p->l3_off + IP6_SADDR_OFF, addrs, sizeof(addrs), 0) ||
+	    swap_macs(skb, p))
+		return -1;
+	return 0;
+}
+
+/* quote6_rewrite rewrites an address and a port of the packet an ICMPv6
+ * error quotes. The quoted IPv6 header has no checksum; both changes go into
+ * the ICMPv6 checksum, which covers the quote. */
+static __always_inline int quote6_rewrite(struct __sk_buff *skb, __u32 icmp_csum_off, __u32 quote_off,
+					  __u32 addr_off, const __u8 *old_addr, const __u8 *new_addr,
+					  __u32 port_off, __be16 old_port, __be16 new_port)
+{
+	if (!addr6_eq(old_addr, new_addr)) {
+		__s64 diff = bpf_csum_diff((__be32 *)old_addr, 16, (__be32 *)new_addr, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, icmp_csum_off, 0, diff, 0) ||
+		    bpf_skb_store_bytes(skb, quote_off + addr_off, new_addr, 16, 0))
+			return -1;
+	}
+	if (old_port != new_port &&
+	    (bpf_l4_csum_replace(skb, icmp_csum_off, old_port, new_port, sizeof(new_port)) ||
+	     bpf_skb_store_bytes(skb, quote_off + IPV6_HLEN + port_off, &new_port, sizeof(new_port), 0)))
+		return -1;
+	return 0;
+}
+
+/* icmp6_error_rnat: icmp_error_rnat (icmp_error.h) for destination
+ * unreachable, packet too big and time exceeded. A quote whose next header
+ * is not TCP or UDP is not about one of the datapath's flows. Returns 0 when
+ * translated or not about a NATed flow, -1 when a rewrite failed. */
+__subprog int icmp6_error_rnat(struct __sk_buff *skb, struct packet6 *p6)
+{
+	struct packet *p = &p6->p;
+	__u32 quote_off = p->l4_off + sizeof(struct icmphdr);
+	__u32 icmp_csum_off = p->l4_off + offsetof(struct icmphdr, checksum);
+	struct ip6_raw q;
+	__be16 qports[2];
+
+	if (bpf_skb_load_bytes(skb, quote_off, &q, sizeof(q)) ||
+	    bpf_skb_load_bytes(skb, quote_off + sizeof(q), qports, sizeof(qports)))
+		return 0;
+	if (q.nexthdr != IPPROTO_TCP && q.nexthdr != IPPROTO_UDP)
+		return 0;
+
+	struct ct6_key key = { .sport = qports[1], .dport = qports[0], .proto = q.nexthdr };
+	addr6_copy(key.saddr, q.daddr);
+	addr6_copy(key.daddr, q.saddr);
+	struct ct6_value *v = bpf_map_lookup_elem(&sl_ct6_v1, &key);
+	if (!v || v->type != CT_REVERSE)
+		return 0;
+
+	if (quote6_rewrite(skb, icmp_csum_off, quote_off, IP6_DADDR_OFF, q.daddr, v->nat_addr,
+			   2, qports[1], v->nat_port))
+		return -1;
+	if (v->flags & CT_SNAT) {
+		if (quote6_rewrite(skb, icmp_csum_off, quote_off, IP6_SADDR_OFF, q.saddr, v->snat_addr,
+				   0, qports[0], v->snat_port) ||
+		    rewrite_addr6(skb, p, IP6_DADDR_OFF, p6->daddr, v->snat_addr, 1))
+			return -1;
+	}
+	if (addr6_eq(p6->saddr, q.daddr) && rewrite_addr6(skb, p, IP6_SADDR_OFF, p6->saddr, v->nat_addr, 1))
+		return -1;
+	count(CNT_ICMP_ERROR_TRANSLATED);
+	return 0;
+}
+
+__subprog int handle_icmp6(struct __sk_buff *skb, struct packet6 *p6, enum hook hook)
+{
+	switch (p6->p.icmp_type) {
+	case ICMPV6_ECHO_REQUEST:
+		if ((hook != HOOK_FROM_WL && hook != HOOK_FROM_HOST) || !is_service_ip6(p6->daddr))
+			return TC_ACT_OK;
+		if (answer_echo6(skb, p6))
+			return drop(CNT_DROP_REJECT_FAILED);
+		count(CNT_ICMP_ECHO_ANSWERED);
+		return bpf_redirect(skb->ifindex, 0);
+	case ICMPV6_DEST_UNREACH:
+	case ICMPV6_PKT_TOOBIG:
+	case ICMPV6_TIME_EXCEED:
+		if (icmp6_error_rnat(skb, p6))
+			return drop(CNT_DROP_MALFORMED);
+		return TC_ACT_OK;
+	}
+	return TC_ACT_OK; /* neighbour discovery, router advertisements, MLD, ... */
+}
+
+/* track_flow6: track_flow (datapath.h), without policy. key: the packet's
+ * tuple. */
+__subprog int track_flow6(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_key *key)
+{
+	struct be6_value self = { .port = p6->p.dport };
+	__u8 snat_addr[16] = {};
+	int snat = 0;
+	__u8 flags = 0;
+	__be16 sport;
+
+	if (p6->p.l4_absent)
+		return TC_ACT_OK;
+	addr6_copy(self.addr, p6->daddr);
+	int err = ct6_create(p6, key, 0, &self, &snat, snat_addr, &flags, &sport);
+	if (err)
+		return drop_create_failed(err, snat);
+	if (snat && rewrite_src6(skb, p6, snat_addr, sport))
+		return drop(CNT_DROP_MALFORMED);
+	return TC_ACT_OK;
+}
+
+/* to_workload_new6: to_workload_new (datapath.h), without policy. */
+__subprog int to_workload_new6(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_key *key)
+{
+	struct ct6_value *r = ct6_lookup_reversed(p6);
+	int syn = p6->p.proto == IPPROTO_TCP && (p6->p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+
+	if (r && (r->type == CT_FORWARD || !(syn && (r->tcp_seen & TCP_FLAG_ACK))))
+		return TC_ACT_OK;
+	if (p6->p.proto == IPPROTO_TCP && !syn)
+		return TC_ACT_OK;
+	return track_flow6(skb, p6, key);
+}
+
+/* NEW_FLOW_REJECT: new_flow6's "answer with a reject", which pipeline6 sends
+ * from its own frame, so that the reply's stack does not add to the flow
+ * creation's. */
+#define NEW_FLOW_REJECT 0x30000
+
+/* new_flow6: new_flow (datapath.h). key: the packet's tuple. */
+__subprog int new_flow6(struct __sk_buff *skb, struct packet6 *p6, enum hook hook, const struct fe_value *fe,
+			const struct ct6_key *key)
+{
+	struct packet *p = &p6->p;
+	int from_host = hook == HOOK_FROM_HOST;
+	struct be6_value be = {};
+
+	if (!src_allowed6(fe, p6->saddr))
+		return drop(CNT_DROP_SRC_RANGE);
+
+	int local_only = (fe->flags & FE_INT_LOCAL) || (from_host && (fe->flags & FE_EXT_LOCAL));
+	int picked = pick_backend6(fe, p6->saddr, local_only, &be);
+	if (picked == PICK_BACKEND_MISSING) {
+		/* A sync replaced the frontend under this packet (new_flow). */
+		const struct fe_value *now = fe6_lookup(p6->daddr, p->dport, p->proto);
+		if (now && now != fe) {
+			fe = now;
+			local_only = (fe->flags & FE_INT_LOCAL) || (from_host && (fe->flags & FE_EXT_LOCAL));
+			picked = pick_backend6(fe, p6->saddr, local_only, &be);
+		}
+	}
+	switch (picked) {
+	case PICK_NO_ENDPOINTS:
+		return NEW_FLOW_REJECT;
+	case PICK_NO_LOCAL:
+		return drop(CNT_DROP_NO_LOCAL_BACKEND);
+	case PICK_BACKEND_MISSING:
+		return drop(CNT_DROP_BACKEND_MISSING);
+	}
+
+	__u8 snat_addr[16] = {};
+	const __u8 *node = snat_source6(skb, p6, fe, &be, from_host, config_get(), config6_get());
+	int snat = node != NULL;
+	if (node)
+		addr6_copy(snat_addr, node);
+	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0) |
+		     (snat ? CT_SNAT : 0) | (!from_host && addr6_eq(be.addr, p6->saddr) ? CT_HAIRPIN : 0);
+	__be16 sport;
+	int err = ct6_create(p6, key, fe->svc_id, &be, &snat, snat_addr, &flags, &sport);
+	if (err)
+		return drop_create_failed(err, snat);
+	if (rewrite_dst6(skb, p6, be.addr, be.port))
+		return drop(CNT_DROP_MALFORMED);
+	if (snat && rewrite_src6(skb, p6, snat_addr, sport))
+		return drop(CNT_DROP_MALFORMED);
+	svcstats_count(fe->svc_id, p, 0, 1);
+	return (flags & CT_HAIRPIN) ? hairpin_return(skb) : TC_ACT_OK;
+}
+
+#define FRAGMENT_CONTINUES 0x40000
+
+/* fragment6: a first fragment records its ports; a later one gets them
+ * (frag.h's rules). Returns FRAGMENT_CONTINUES when the packet goes on
+ * through the pipeline, else its verdict. */
+__subprog int fragment6(struct packet6 *p6)
+{
+	if (!p6->p.l4_absent) {
+		frag6_learn(p6);
+		return FRAGMENT_CONTINUES;
+	}
+	if (frag6_ports(p6)) {
+		if (is_service_ip6(p6->daddr))
+			return drop(CNT_DROP_FRAGMENT_UNKNOWN);
+		count(CNT_PASS_FRAGMENT);
+		return TC_ACT_OK;
+	}
+	count(CNT_FRAGMENT_TRANSLATED);
+	return FRAGMENT_CONTINUES;
+}
+
+/* pipeline6: pipeline (datapath.h) for a packet whose skb->protocol is
+ * IPv6. A subprogram: its frame is not the IPv4 path's (the entry programs'
+ * frames add up with the stages' against the verifier's 512 bytes). */
+__subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
+{
+	struct packet6 p6;
+	struct packet *p = &p6.p;
+	struct ct6_key key;
+
+	switch (parse_packet6(skb, &p6, l2_len)) {
+	case PARSE_NOT_IPV4:
+		return TC_ACT_OK;
+	case PARSE_MALFORMED:
+		return drop(CNT_DROP_MALFORMED);
+	}
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP) {
+		if (p->fragment) {
+			count(CNT_PASS_FRAGMENT);
+			return TC_ACT_OK;
+		}
+		if (p->proto == IPPROTO_ICMPV6)
+			return handle_icmp6(skb, &p6, hook);
+		return TC_ACT_OK;
+	}
+	if (p->fragment) {
+		int verdict = fragment6(&p6);
+		if (verdict != FRAGMENT_CONTINUES)
+			return verdict;
+	}
+	/* Translated once on the node, where it entered (datapath.h); without
+	 * IPv6 policy, nothing is left to do where it leaves. */
+	if ((hook == HOOK_TO_WL || hook == HOOK_TO_HOST) && entered_managed(skb))
+		return TC_ACT_OK;
+
+	ct6_key_of(&p6, &key);
+	struct ct6_value *v = bpf_map_lookup_elem(&sl_ct6_v1, &key);
+	if (v && v->type == CT_FORWARD &&
+	    ((p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN || (!v->svc_id && p->proto == IPPROTO_UDP)) &&
+	    superseded6(&p6, v))
+		v = NULL;
+	if (v) {
+		ct6_touch(v, p);
+		if (v->svc_id)
+			svcstats_count(v->svc_id, p, v->type == CT_REVERSE, 0);
+		if (ct6_apply(skb, &p6, v))
+			return drop(CNT_DROP_MALFORMED);
+		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
+			return hairpin_return(skb);
+		return TC_ACT_OK;
+	}
+
+	if (p->l4_absent) {
+		/* untracked_fragment (datapath.h) */
+		if (hook == HOOK_TO_WL)
+			return to_workload_new6(skb, &p6, &key);
+		if (hook != HOOK_TO_HOST && fe6_lookup(p6.daddr, p->dport, p->proto))
+			return drop(CNT_DROP_FRAGMENT_UNKNOWN);
+		return TC_ACT_OK;
+	}
+	if (hook == HOOK_TO_HOST)
+		return TC_ACT_OK; /* the node's own traffic: host endpoint policy is IPv4 only */
+	if (hook == HOOK_TO_WL)
+		return to_workload_new6(skb, &p6, &key);
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+		return TC_ACT_OK;
+	struct fe_value *fe = fe6_lookup(p6.daddr, p->dport, p->proto);
+	if (!fe)
+		return track_flow6(skb, &p6, &key);
+	int verdict = new_flow6(skb, &p6, hook, fe, &key);
+	return verdict == NEW_FLOW_REJECT ? reject6(skb, &p6) : verdict;
+}

@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* IPv6 rewriting: rewrite.h's translation with 16-byte addresses. IPv6 has
+ * no header checksum; an address change reaches the L4 checksum through its
+ * pseudo header (TCP, UDP and ICMPv6 alike), as a difference computed once
+ * over the 16 bytes. Port rewrites are rewrite.h's own. */
+#pragma once
+
+#include "common.h"
+#include "config.h"
+#include "conntrack6.h"
+#include "ifstate.h"
+#include "ipv6.h"
+#include "rewrite.h"
+#include "service6.h"
+
+static __always_inline __u32 l4_csum_off6(const struct packet *p)
+{
+	if (p->proto == IPPROTO_TCP)
+		return p->l4_off + offsetof(struct tcphdr, check);
+	if (p->proto == IPPROTO_UDP)
+		return p->l4_off + offsetof(struct udphdr, check);
+	return p->l4_off + offsetof(struct icmphdr, checksum); /* ICMPv6 */
+}
+
+/* rewrite_addr6 writes an address of the IPv6 header at field_off; with
+ * l4 set, the L4 checksum's pseudo header follows (a non-first fragment has
+ * no L4 header: its datagram's checksum is in the first fragment). */
+static __always_inline int rewrite_addr6(struct __sk_buff *skb, const struct packet *p, __u32 field_off,
+					 const __u8 *old, const __u8 *new, int l4)
+{
+	if (addr6_eq(old, new))
+		return 0;
+	if (l4) {
+		__s64 diff = bpf_csum_diff((__be32 *)old, 16, (__be32 *)new, 16, 0);
+		if (diff < 0 ||
+		    bpf_l4_csum_replace(skb, l4_csum_off6(p), 0, diff,
+					BPF_F_PSEUDO_HDR | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0)))
+			return -1;
+	}
+	return bpf_skb_store_bytes(skb, p->l3_off + field_off, new, 16, 0);
+}
+
+static __always_inline int rewrite_dst6(struct __sk_buff *skb, struct packet6 *p6, const __u8 *addr, __be16 port)
+{
+	struct packet *p = &p6->p;
+
+	if (rewrite_addr6(skb, p, IP6_DADDR_OFF, p6->daddr, addr, !p->l4_absent))
+		return -1;
+	if (!p->l4_absent && rewrite_port(skb, p, 2 /* dest: offset 2 in TCP and UDP */, p->dport, port))
+		return -1;
+	addr6_copy(p6->daddr, addr);
+	p->dport = port;
+	return 0;
+}
+
+static __always_inline int rewrite_src6(struct __sk_buff *skb, struct packet6 *p6, const __u8 *addr, __be16 port)
+{
+	struct packet *p = &p6->p;
+
+	if (rewrite_addr6(skb, p, IP6_SADDR_OFF, p6->saddr, addr, !p->l4_absent))
+		return -1;
+	if (!p->l4_absent && rewrite_port(skb, p, 0, p->sport, port))
+		return -1;
+	addr6_copy(p6->saddr, addr);
+	p->sport = port;
+	return 0;
+}
+
+/* ct6_apply: ct_apply (rewrite.h). A non-first fragment's ports are not
+ * in it (rewrite_*6 skip them). */
+__subprog int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_value *v)
+{
+	if (v->type == CT_FORWARD) {
+		if (rewrite_dst6(skb, p6, v->nat_addr, v->nat_port))
+			return -1;
+		if (v->flags & CT_SNAT)
+			return rewrite_src6(skb, p6, v->snat_addr, v->snat_port);
+		return 0;
+	}
+	if (rewrite_src6(skb, p6, v->nat_addr, v->nat_port))
+		return -1;
+	if (v->flags & CT_SNAT)
+		return rewrite_dst6(skb, p6, v->snat_addr, v->snat_port);
+	return 0;
+}
+
+/* cluster_local6: cluster_local (rewrite.h) with the IPv6 pod CIDR. */
+static __always_inline int cluster_local6(struct __sk_buff *skb, const struct packet6 *p6,
+					  const struct config *cfg, const struct config6 *cfg6)
+{
+	__u64 src[2], net[2], mask[2];
+
+	if (cfg && (cfg->flags & CFG_LOCAL_BY_IFACE))
+		return entered_local_iface(skb);
+	__builtin_memcpy(src, p6->saddr, 16);
+	__builtin_memcpy(net, cfg6->cluster_net, 16);
+	__builtin_memcpy(mask, cfg6->cluster_mask, 16);
+	return !(mask[0] | mask[1]) || ((src[0] & mask[0]) == net[0] && (src[1] & mask[1]) == net[1]);
+}
+
+/* snat_source6: snat_source (rewrite.h). It returns the node's IPv6 address
+ * the flow leaves with, or NULL to keep the client's. */
+static __always_inline const __u8 *snat_source6(struct __sk_buff *skb, const struct packet6 *p6,
+						const struct fe_value *fe, const struct be6_value *be,
+						int from_host, const struct config *cfg,
+						const struct config6 *cfg6)
+{
+	if (!cfg6 || addr6_is_zero(cfg6->node_ip))
+		return NULL;
+	if ((from_host && (fe->flags & FE_EXTERNAL) && !(be->flags & BE_LOCAL)) ||
+	    (!from_host && addr6_eq(be->addr, p6->saddr)) ||
+	    (cfg && (cfg->flags & CFG_MASQUERADE_ALL)) ||
+	    (!(fe->flags & FE_EXTERNAL) && !cluster_local6(skb, p6, cfg, cfg6)))
+		return cfg6->node_ip;
+	return NULL;
+}
