@@ -4,6 +4,7 @@ package nat
 
 import (
 	"errors"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -23,7 +24,7 @@ func (s *Syncer) CleanAffinity() (int, error) {
 func (s *Syncer) cleanAffinity(all bool) (int, error) {
 	type svcInfo struct {
 		timeout  time.Duration
-		backends []gen.SluiceBeValue
+		backends []gen.SluiceBe6Value
 	}
 	live := map[uint32]svcInfo{}
 	for _, p := range s.services {
@@ -33,17 +34,38 @@ func (s *Syncer) cleanAffinity(all bool) (int, error) {
 	}
 	now := s.opts.Clock()
 	everything := all || s.affinityDirty[0]
-	var stale []gen.SluiceAffKey
-	err := s.aff.Iterate(func(k gen.SluiceAffKey, v gen.SluiceAffValue) bool {
-		if !everything && !s.affinityDirty[k.SvcId] {
-			return true
+	// stale tells whether an entry of service id, chosen at ts for backend,
+	// is to go.
+	stale := func(id uint32, ts uint64, backend netip.AddrPort) bool {
+		if !everything && !s.affinityDirty[id] {
+			return false
 		}
-		info, ok := live[k.SvcId]
-		switch {
-		case !ok || info.timeout == 0,
-			now-time.Duration(v.Ts) >= info.timeout,
-			!slices.ContainsFunc(info.backends, func(b gen.SluiceBeValue) bool { return b.Addr == v.Addr && b.Port == v.Port }):
-			stale = append(stale, k)
+		info, ok := live[id]
+		return !ok || info.timeout == 0 || now-time.Duration(ts) >= info.timeout ||
+			!slices.ContainsFunc(info.backends, func(b gen.SluiceBe6Value) bool { return backendAddr(b) == backend })
+	}
+	n4, err := sweep(s.aff, func(k gen.SluiceAffKey, v gen.SluiceAffValue) bool {
+		return stale(k.SvcId, v.Ts, netip.AddrPortFrom(gen.AddrFromNet(v.Addr), gen.PortFromNet(v.Port)))
+	})
+	if err != nil {
+		return n4, err
+	}
+	n6, err := sweep(s.aff6, func(k gen.SluiceAff6Key, v gen.SluiceAff6Value) bool {
+		return stale(k.SvcId, v.Ts, netip.AddrPortFrom(gen.AddrFromNet6(v.Addr), gen.PortFromNet(v.Port)))
+	})
+	if err != nil {
+		return n4 + n6, err
+	}
+	clear(s.affinityDirty)
+	return n4 + n6, nil
+}
+
+// sweep deletes the entries of m that stale picks, and counts them.
+func sweep[K comparable, V any](m *maps.Map[K, V], stale func(K, V) bool) (int, error) {
+	var gone []K
+	err := m.Iterate(func(k K, v V) bool {
+		if stale(k, v) {
+			gone = append(gone, k)
 		}
 		return true
 	})
@@ -51,12 +73,11 @@ func (s *Syncer) cleanAffinity(all bool) (int, error) {
 		return 0, err
 	}
 	n := 0
-	for _, k := range stale {
-		if err := s.aff.Delete(k); err != nil && !errors.Is(err, maps.ErrKeyNotExist) {
+	for _, k := range gone {
+		if err := m.Delete(k); err != nil && !errors.Is(err, maps.ErrKeyNotExist) {
 			return n, err
 		}
 		n++
 	}
-	clear(s.affinityDirty)
 	return n, nil
 }

@@ -10,13 +10,17 @@ import (
 )
 
 // NodeConfig is the node-wide settings of the service datapath, the one
-// entry of sl_config_v1 (bpf/include/config.h). The programs read it per new
-// flow, so a change applies without reloading them.
+// entry of sl_config_v1 (bpf/include/config.h) and of sl_config6_v1
+// (service6.h). The programs read them per new flow, so a change applies
+// without reloading them.
 type NodeConfig struct {
 	// NodeIP is the source of SNATed flows (NodePort to a remote backend,
 	// hairpin, masquerade) and the affinity identity of host sockets. The
 	// zero Addr disables SNAT: such flows keep the client's address.
 	NodeIP netip.Addr
+	// NodeIP6 and LocalCIDR6 are NodeIP and LocalCIDR for IPv6 flows.
+	NodeIP6    netip.Addr
+	LocalCIDR6 netip.Prefix
 	// MasqueradeAll SNATs every balanced flow (--masquerade-all).
 	MasqueradeAll bool
 	// LocalCIDR is the pod CIDR (the cluster's, or with
@@ -36,7 +40,7 @@ type NodeConfig struct {
 
 // ReadNodeConfig reads the datapath's node settings.
 func ReadNodeConfig(set *maps.Set) (NodeConfig, error) {
-	m, err := maps.Config.In(set)
+	m, m6, err := configMaps(set)
 	if err != nil {
 		return NodeConfig{}, err
 	}
@@ -44,13 +48,31 @@ func ReadNodeConfig(set *maps.Set) (NodeConfig, error) {
 	if err != nil {
 		return NodeConfig{}, fmt.Errorf("node config: %w", err)
 	}
-	return decodeNodeConfig(raw), nil
+	raw6, err := m6.Get(0)
+	if err != nil {
+		return NodeConfig{}, fmt.Errorf("node config: %w", err)
+	}
+	c := decodeNodeConfig(raw)
+	decodeNodeConfig6(raw6, &c)
+	return c, nil
+}
+
+func configMaps(set *maps.Set) (*maps.Map[uint32, gen.SluiceConfig], *maps.Map[uint32, gen.SluiceConfig6], error) {
+	m, err := maps.Config.In(set)
+	if err != nil {
+		return nil, nil, err
+	}
+	m6, err := maps.Config6.In(set)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, m6, nil
 }
 
 // UpdateNodeConfig changes the datapath's node settings with fn, keeping
 // what fn leaves alone (the SNAT port range, which has no setting here).
 func UpdateNodeConfig(set *maps.Set, fn func(*NodeConfig)) error {
-	m, err := maps.Config.In(set)
+	m, m6, err := configMaps(set)
 	if err != nil {
 		return err
 	}
@@ -58,22 +80,59 @@ func UpdateNodeConfig(set *maps.Set, fn func(*NodeConfig)) error {
 	if err != nil {
 		return fmt.Errorf("node config: %w", err)
 	}
-	c := decodeNodeConfig(raw)
-	fn(&c)
-	if c.LocalCIDR.IsValid() && !c.LocalCIDR.Addr().Is4() {
-		return fmt.Errorf("node config: local CIDR %s: the datapath is IPv4 only", c.LocalCIDR)
-	}
-	if c.NodeIP.IsValid() && !c.NodeIP.Is4() {
-		return fmt.Errorf("node config: node IP %s: the datapath is IPv4 only", c.NodeIP)
-	}
-	next := encodeNodeConfig(c, raw)
-	if next == raw {
-		return nil
-	}
-	if err := m.Put(0, next, ebpf.UpdateAny); err != nil {
+	raw6, err := m6.Get(0)
+	if err != nil {
 		return fmt.Errorf("node config: %w", err)
 	}
+	c := decodeNodeConfig(raw)
+	decodeNodeConfig6(raw6, &c)
+	fn(&c)
+	for _, f := range []struct {
+		what  string
+		value fmt.Stringer
+		addr  netip.Addr
+		ipv6  bool
+	}{
+		{"local CIDR", c.LocalCIDR, c.LocalCIDR.Addr(), false},
+		{"node IP", c.NodeIP, c.NodeIP, false},
+		{"IPv6 local CIDR", c.LocalCIDR6, c.LocalCIDR6.Addr(), true},
+		{"IPv6 node IP", c.NodeIP6, c.NodeIP6, true},
+	} {
+		if f.addr.IsValid() && (f.addr.Is6() != f.ipv6 || f.addr.Is4In6()) {
+			return fmt.Errorf("node config: %s %s: not an %s address", f.what, f.value, familyName(f.ipv6))
+		}
+	}
+	if next := encodeNodeConfig(c, raw); next != raw {
+		if err := m.Put(0, next, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("node config: %w", err)
+		}
+	}
+	if next := encodeNodeConfig6(c); next != raw6 {
+		if err := m6.Put(0, next, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("node config: %w", err)
+		}
+	}
 	return nil
+}
+
+func decodeNodeConfig6(raw gen.SluiceConfig6, c *NodeConfig) {
+	if ip := gen.AddrFromNet6(raw.NodeIp); !ip.IsUnspecified() {
+		c.NodeIP6 = ip
+	}
+	if mask := gen.AddrFromNet6(raw.ClusterMask); !mask.IsUnspecified() {
+		c.LocalCIDR6 = netip.PrefixFrom(gen.AddrFromNet6(raw.ClusterNet), maskBits(mask))
+	}
+}
+
+func encodeNodeConfig6(c NodeConfig) gen.SluiceConfig6 {
+	var raw gen.SluiceConfig6
+	if c.NodeIP6.IsValid() {
+		raw.NodeIp = gen.NetAddr6(c.NodeIP6)
+	}
+	if p := c.LocalCIDR6.Masked(); p.IsValid() && p.Bits() > 0 {
+		raw.ClusterNet, raw.ClusterMask = gen.NetAddr6(p.Addr()), gen.NetAddr6(prefixMask6(p.Bits()))
+	}
+	return raw
 }
 
 func decodeNodeConfig(raw gen.SluiceConfig) NodeConfig {
@@ -126,9 +185,18 @@ func prefixMask(bits int) netip.Addr {
 	return netip.AddrFrom4(m)
 }
 
-// maskBits is the prefix length of an IPv4 netmask (its leading ones).
+// prefixMask6 is the IPv6 netmask of a prefix length.
+func prefixMask6(bits int) netip.Addr {
+	var m [16]byte
+	for i := range bits {
+		m[i/8] |= 0x80 >> (i % 8)
+	}
+	return netip.AddrFrom16(m)
+}
+
+// maskBits is the prefix length of a netmask (its leading ones).
 func maskBits(mask netip.Addr) int {
-	m := mask.As4()
+	m := mask.AsSlice()
 	bits := 0
 	for _, b := range m {
 		for i := 7; i >= 0 && b&(1<<i) != 0; i-- {

@@ -72,6 +72,39 @@ func TestNodeConfigRoundTripsThroughTheMap(t *testing.T) {
 	}
 }
 
+func TestNodeConfigIPv6Settings(t *testing.T) {
+	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	want := nat.NodeConfig{NodeIP: netip.MustParseAddr("10.0.0.1"), NodeIP6: netip.MustParseAddr("fd00::1"),
+		LocalCIDR6: netip.MustParsePrefix("fd00:10::/56")}
+	if err := nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { *c = want }); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := nat.ReadNodeConfig(set); err != nil || got != want {
+		t.Fatalf("%+v (%v), want %+v", got, err, want)
+	}
+	m, err := maps.Config6.In(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := m.Get(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gen.AddrFromNet6(raw.ClusterMask) != netip.MustParseAddr("ffff:ffff:ffff:ff00::") ||
+		gen.AddrFromNet6(raw.NodeIp) != want.NodeIP6 {
+		t.Fatalf("sl_config6_v1 holds %+v", raw)
+	}
+	// Each family in its own field.
+	err = nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { c.NodeIP6 = netip.MustParseAddr("10.0.0.2") })
+	if err == nil || !strings.Contains(err.Error(), "10.0.0.2") {
+		t.Fatalf("an IPv4 address as the IPv6 node IP: %v", err)
+	}
+}
+
 func TestNodeConfigRefusesIPv6ByName(t *testing.T) {
 	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
 	if err != nil {

@@ -128,7 +128,7 @@ func TestBackendLayoutKeepsBothSetsContiguous(t *testing.T) {
 }
 
 func TestServicePortValidationNamesTheField(t *testing.T) {
-	good := ServicePort{Name: ServicePortName{"default", "web", "http"}, ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: TCP}
+	good := ServicePort{Name: ServicePortName{Namespace: "default", Name: "web", Port: "http"}, ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: TCP}
 	cases := map[string]func(*ServicePort){
 		"clusterIP":                func(s *ServicePort) { s.ClusterIP = netip.MustParseAddr("fd00::1") },
 		"port 0":                   func(s *ServicePort) { s.Port = 0 },
@@ -168,7 +168,7 @@ func TestBackendLayoutKeepsOrdinalsOfRemainingEndpoints(t *testing.T) {
 // Addresses that are not a service's own — the NodePort wildcard's broadcast
 // address among them — are refused wherever a Service names them.
 func TestSpecialAddressesAreRefused(t *testing.T) {
-	good := ServicePort{Name: ServicePortName{"default", "web", "http"}, ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: TCP}
+	good := ServicePort{Name: ServicePortName{Namespace: "default", Name: "web", Port: "http"}, ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: TCP}
 	for _, ip := range []string{"255.255.255.255", "240.0.0.1", "0.0.0.0", "0.1.2.3", "127.0.0.1", "169.254.0.9", "224.0.0.5"} {
 		addr := netip.MustParseAddr(ip)
 		for field, mod := range map[string]func(*ServicePort){

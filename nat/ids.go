@@ -23,7 +23,7 @@ func (s *Syncer) adoptIDs(services map[ServicePortName]*ServicePort) {
 
 // idFor returns the service id of a backend set: the one it has, or the one the
 // dataplane's frontend fe already uses (after a restart), or a new one.
-func (s *Syncer) idFor(k idKey, fe gen.SluiceFeKey) uint32 {
+func (s *Syncer) idFor(k idKey, fe gen.SluiceFe6Key) uint32 {
 	if id, ok := s.ids.get(k); ok {
 		return id
 	}

@@ -13,7 +13,7 @@ import (
 type Frontend struct {
 	Service   string         `json:"service"` // "namespace/name:port", or "" if unnamed
 	ServiceID uint32         `json:"serviceID"`
-	Address   netip.AddrPort `json:"address"` // 255.255.255.255 is the NodePort wildcard
+	Address   netip.AddrPort `json:"address"` // all ones (255.255.255.255, ffff:...:ffff) is the NodePort wildcard
 	Protocol  string         `json:"protocol"`
 	Flags     []string       `json:"flags,omitempty"`
 	Count     uint32         `json:"count"`
@@ -28,9 +28,9 @@ type Backend struct {
 	Local   bool           `json:"local,omitempty"`
 }
 
-// ReadFrontends reads what the maps hold (pinned maps work as well while the
-// agent runs as after it stopped), sorted by service name and address. Echo
-// markers are left out.
+// ReadFrontends reads what the maps of both families hold (pinned maps work
+// as well while the agent runs as after it stopped), sorted by service name
+// and address. Echo markers are left out.
 func ReadFrontends(set *maps.Set) ([]Frontend, error) {
 	fe, err := maps.Frontends.In(set)
 	if err != nil {
@@ -40,40 +40,63 @@ func ReadFrontends(set *maps.Set) ([]Frontend, error) {
 	if err != nil {
 		return nil, err
 	}
+	fe6, err := maps.Frontends6.In(set)
+	if err != nil {
+		return nil, err
+	}
+	be6, err := maps.Backends6.In(set)
+	if err != nil {
+		return nil, err
+	}
 	names, err := maps.SvcNames.In(set)
 	if err != nil {
 		return nil, err
 	}
-	backends := map[uint32][]gen.SluiceBeValue{}
-	err = be.Iterate(func(k gen.SluiceBeKey, v gen.SluiceBeValue) bool {
+	backends := map[uint32][]Backend{}
+	add := func(k gen.SluiceBeKey, b Backend) bool {
 		list := backends[k.SvcId]
 		for len(list) <= int(k.Ordinal) {
-			list = append(list, gen.SluiceBeValue{})
+			list = append(list, Backend{})
 		}
-		list[k.Ordinal] = v
+		list[k.Ordinal] = b
 		backends[k.SvcId] = list
 		return true
+	}
+	err = be.Iterate(func(k gen.SluiceBeKey, v gen.SluiceBeValue) bool {
+		return add(k, Backend{Address: netip.AddrPortFrom(gen.AddrFromNet(v.Addr), gen.PortFromNet(v.Port)),
+			Local: v.Flags&gen.SluiceBeFlagsBE_LOCAL != 0})
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = be6.Iterate(func(k gen.SluiceBeKey, v gen.SluiceBe6Value) bool {
+		return add(k, Backend{Address: backendAddr(v), Local: v.Flags&gen.SluiceBeFlagsBE_LOCAL != 0})
 	})
 	if err != nil {
 		return nil, err
 	}
 	var out []Frontend
-	err = fe.Iterate(func(k gen.SluiceFeKey, v gen.SluiceFeValue) bool {
-		if k.Proto == 1 {
+	frontend := func(addr netip.AddrPort, proto uint8, v gen.SluiceFeValue) bool {
+		if proto == protoICMP || proto == protoICMPv6 {
 			return true // echo marker
 		}
-		f := Frontend{ServiceID: v.SvcId, Protocol: Protocol(k.Proto).String(),
-			Address: netip.AddrPortFrom(gen.AddrFromNet(k.Addr), gen.PortFromNet(k.Port)),
-			Count:   v.Count, Local: v.LocalCount, Affinity: v.AffinityTimeout, Flags: flagNames(v.Flags)}
+		f := Frontend{ServiceID: v.SvcId, Protocol: Protocol(proto).String(), Address: addr,
+			Count: v.Count, Local: v.LocalCount, Affinity: v.AffinityTimeout, Flags: flagNames(v.Flags),
+			Backends: backends[v.SvcId]}
 		if n, err := names.Get(gen.SluiceSvcnameKey{SvcId: v.SvcId}); err == nil {
 			f.Service = gen.CString(n.Name[:])
 		}
-		for _, b := range backends[v.SvcId] {
-			f.Backends = append(f.Backends, Backend{Address: netip.AddrPortFrom(gen.AddrFromNet(b.Addr), gen.PortFromNet(b.Port)),
-				Local: b.Flags&gen.SluiceBeFlagsBE_LOCAL != 0})
-		}
 		out = append(out, f)
 		return true
+	}
+	err = fe.Iterate(func(k gen.SluiceFeKey, v gen.SluiceFeValue) bool {
+		return frontend(netip.AddrPortFrom(gen.AddrFromNet(k.Addr), gen.PortFromNet(k.Port)), k.Proto, v)
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = fe6.Iterate(func(k gen.SluiceFe6Key, v gen.SluiceFeValue) bool {
+		return frontend(netip.AddrPortFrom(gen.AddrFromNet6(k.Addr), gen.PortFromNet(k.Port)), k.Proto, v)
 	})
 	slices.SortFunc(out, func(a, b Frontend) int {
 		return cmp.Or(cmp.Compare(a.Service, b.Service), a.Address.Compare(b.Address))

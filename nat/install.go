@@ -20,7 +20,7 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 	if old == nil {
 		old = &plan{}
 	}
-	newFE := map[gen.SluiceFeKey]gen.SluiceFeValue{}
+	newFE := map[gen.SluiceFe6Key]gen.SluiceFeValue{}
 	if p != nil {
 		for k, v := range p.frontends {
 			if owner, ok := s.feOwner[k]; ok && owner != name {
@@ -29,8 +29,8 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 					// without it, and reports the conflict then.
 					s.replan[owner] = true
 				} else {
-					errs = append(errs, fmt.Errorf("frontend %v:%d/%d claimed by services %s and %s: %s is older and has it",
-						gen.AddrFromNet(k.Addr), gen.PortFromNet(k.Port), k.Proto, owner, name, owner))
+					errs = append(errs, fmt.Errorf("frontend %v/%d claimed by services %s and %s: %s is older and has it",
+						netip.AddrPortFrom(gen.AddrFromNet6(k.Addr).Unmap(), gen.PortFromNet(k.Port)), k.Proto, owner, name, owner))
 					s.wait(k, name)
 					continue
 				}
@@ -56,7 +56,7 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 		}
 	}
 
-	var newBE map[uint32][]gen.SluiceBeValue
+	var newBE map[uint32][]gen.SluiceBe6Value
 	if p != nil {
 		newBE = p.backends
 	}
@@ -69,9 +69,8 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 		}
 		if udp {
 			for _, b := range list {
-				if !slices.ContainsFunc(nl, func(n gen.SluiceBeValue) bool { return n.Addr == b.Addr && n.Port == b.Port }) {
-					stats.StaleUDP = append(stats.StaleUDP, StaleBackend{ServiceID: id,
-						Backend: netip.AddrPortFrom(gen.AddrFromNet(b.Addr), gen.PortFromNet(b.Port))})
+				if !slices.ContainsFunc(nl, func(n gen.SluiceBe6Value) bool { return n.Addr == b.Addr && n.Port == b.Port }) {
+					stats.StaleUDP = append(stats.StaleUDP, StaleBackend{ServiceID: id, Backend: backendAddr(b)})
 				}
 			}
 		}
@@ -98,7 +97,7 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 		}
 	}
 
-	var newSrc []gen.SluiceSrcrangeKey
+	var newSrc []gen.SluiceSrcrange6Key
 	var newIPs []netip.Addr
 	if p != nil {
 		newSrc, newIPs = p.srcRanges, p.ips
@@ -141,7 +140,7 @@ func older(a *ServicePort, an ServicePortName, bp *plan, bn ServicePortName) boo
 }
 
 // wait records that a service claims a frontend another one has.
-func (s *Syncer) wait(k gen.SluiceFeKey, name ServicePortName) {
+func (s *Syncer) wait(k gen.SluiceFe6Key, name ServicePortName) {
 	if s.feWaiting[k] == nil {
 		s.feWaiting[k] = map[ServicePortName]bool{}
 	}
@@ -154,10 +153,14 @@ func svcName(s string) gen.SluiceSvcnameValue {
 	return v
 }
 
-// Service IPs are marked with an ICMP frontend so the datapath answers echo
-// requests to them; several service ports share one IP.
-func markerKey(ip netip.Addr) gen.SluiceFeKey {
-	return gen.SluiceFeKey{Addr: gen.NetAddr(ip), Proto: uint8(1)}
+// Service IPs are marked with an ICMP (ICMPv6) frontend so the datapath
+// answers echo requests to them; several service ports share one IP.
+func markerKey(ip netip.Addr) gen.SluiceFe6Key {
+	proto := uint8(protoICMP)
+	if ip.Is6() {
+		proto = protoICMPv6
+	}
+	return gen.SluiceFe6Key{Addr: gen.NetAddr6(ip), Proto: proto}
 }
 
 func (s *Syncer) refIP(ip netip.Addr) {
@@ -176,14 +179,14 @@ func (s *Syncer) unrefIP(ip netip.Addr) {
 }
 
 func (s *Syncer) setHostIPs(ips []netip.Addr) {
-	want := map[gen.SluiceHostipKey]bool{}
+	want := map[gen.SluiceHostip6Key]bool{}
 	for _, ip := range ips {
-		k := gen.SluiceHostipKey{Addr: gen.NetAddr(ip)}
+		k := gen.SluiceHostip6Key{Addr: gen.NetAddr6(ip)}
 		want[k] = true
 		s.hostIPs.SetDesired(k, gen.SluiceHostipValue{})
 	}
-	var gone []gen.SluiceHostipKey
-	s.hostIPs.IterDataplane(func(k gen.SluiceHostipKey, _ gen.SluiceHostipValue) bool {
+	var gone []gen.SluiceHostip6Key
+	s.hostIPs.IterDataplane(func(k gen.SluiceHostip6Key, _ gen.SluiceHostipValue) bool {
 		if !want[k] {
 			gone = append(gone, k)
 		}

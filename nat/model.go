@@ -42,16 +42,24 @@ func ParseProtocol(s string) (Protocol, error) {
 	return 0, fmt.Errorf("protocol %q: want TCP, UDP or SCTP", s)
 }
 
-// ServicePortName names one port of one service.
+// ServicePortName names one port of one service, in one address family.
 type ServicePortName struct {
 	Namespace, Name, Port string
+	// IPv6 names the service port's IPv6 half. A dual-stack Service is
+	// programmed as one service port per family, as kube-proxy runs one
+	// proxier per family; each has its own id, frontends and backends.
+	IPv6 bool
 }
 
 func (n ServicePortName) String() string {
-	if n.Port == "" {
-		return n.Namespace + "/" + n.Name
+	s := n.Namespace + "/" + n.Name
+	if n.Port != "" {
+		s += ":" + n.Port
 	}
-	return n.Namespace + "/" + n.Name + ":" + n.Port
+	if n.IPv6 {
+		s += " (IPv6)"
+	}
+	return s
 }
 
 // TrafficPolicy is a service's internal or external traffic policy.
@@ -117,8 +125,11 @@ func (s *ServicePort) Validate() error {
 	if s.Name.Namespace == "" || s.Name.Name == "" {
 		return bad("name: namespace and name are required")
 	}
-	if !s.ClusterIP.Is4() {
-		return bad("clusterIP %v: not an IPv4 address", s.ClusterIP)
+	if !s.ClusterIP.IsValid() || s.ClusterIP.Is4In6() || s.ClusterIP.Zone() != "" {
+		return bad("clusterIP %v: not an IPv4 or IPv6 address", s.ClusterIP)
+	}
+	if s.ClusterIP.Is6() != s.Name.IPv6 {
+		return bad("clusterIP %v: not of the service port's family (%s)", s.ClusterIP, familyName(s.Name.IPv6))
 	}
 	if why := specialAddr(s.ClusterIP); why != "" {
 		return bad("clusterIP %v: %s", s.ClusterIP, why)
@@ -131,25 +142,26 @@ func (s *ServicePort) Validate() error {
 	default:
 		return bad("protocol %v: want TCP, UDP or SCTP", s.Protocol)
 	}
+	family := familyName(s.ClusterIP.Is6())
 	for _, ip := range s.ExternalIPs {
-		if !ip.Is4() {
-			return bad("externalIPs: %v is not an IPv4 address", ip)
+		if !sameFamily(ip, s.ClusterIP) {
+			return bad("externalIPs: %v is not an %s address", ip, family)
 		}
 		if why := specialAddr(ip); why != "" {
 			return bad("externalIPs: %v: %s", ip, why)
 		}
 	}
 	for _, ip := range s.LoadBalancerIPs {
-		if !ip.Is4() {
-			return bad("loadBalancer ingress IP %v: not an IPv4 address", ip)
+		if !sameFamily(ip, s.ClusterIP) {
+			return bad("loadBalancer ingress IP %v: not an %s address", ip, family)
 		}
 		if why := specialAddr(ip); why != "" {
 			return bad("loadBalancer ingress IP %v: %s", ip, why)
 		}
 	}
 	for _, p := range s.LoadBalancerSourceRanges {
-		if !p.IsValid() || !p.Addr().Is4() {
-			return bad("loadBalancerSourceRanges: %v is not an IPv4 CIDR", p)
+		if !p.IsValid() || !sameFamily(p.Addr(), s.ClusterIP) {
+			return bad("loadBalancerSourceRanges: %v is not an %s CIDR", p, family)
 		}
 	}
 	if s.AffinityTimeout > MaxAffinityTimeout {
@@ -211,8 +223,8 @@ type Endpoint struct {
 
 // NewEndpoint validates e; the error names the bad field.
 func NewEndpoint(e Endpoint) (Endpoint, error) {
-	if !e.Addr.Addr().Is4() {
-		return e, fmt.Errorf("endpoint %v: address is not IPv4", e.Addr)
+	if a := e.Addr.Addr(); !a.IsValid() || a.Is4In6() || a.Zone() != "" {
+		return e, fmt.Errorf("endpoint %v: not an IPv4 or IPv6 address", e.Addr)
 	}
 	if e.Addr.Port() == 0 {
 		return e, fmt.Errorf("endpoint %v: port 0: out of range 1-65535", e.Addr)
@@ -231,10 +243,36 @@ func (e *Endpoint) Equal(o *Endpoint) bool {
 // broadcast address 255.255.255.255, the datapath's NodePort wildcard.
 var reserved = netip.MustParsePrefix("240.0.0.0/4")
 
+func familyName(ipv6 bool) string {
+	if ipv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// sameFamily: both IPv4 or both IPv6 (an IPv4-mapped address is neither's:
+// callers give unmapped addresses).
+func sameFamily(a, b netip.Addr) bool {
+	return a.IsValid() && !a.Is4In6() && a.Zone() == "" && a.Is6() == b.Is6()
+}
+
 // specialAddr says why an address cannot be a Service's (as the API server
 // refuses them in externalIPs): it would capture traffic that is not the
 // Service's, or collide with the NodePort wildcard encoding. "" when usable.
 func specialAddr(ip netip.Addr) string {
+	if ip.Is6() {
+		switch {
+		case ip.IsUnspecified():
+			return "the unspecified address (::), not a service address"
+		case ip.IsLoopback():
+			return "a loopback address"
+		case ip.IsLinkLocalUnicast():
+			return "a link-local address"
+		case ip.IsMulticast():
+			return "a multicast address (ff00::/8, which holds the NodePort wildcard ffff:...:ffff)"
+		}
+		return ""
+	}
 	switch {
 	case ip.IsUnspecified() || ip.As4()[0] == 0:
 		return `an address of "this network" (0.0.0.0/8), not a service address`

@@ -9,8 +9,20 @@ import (
 	"github.com/sluice-net/sluice/gen"
 )
 
-// wildcardIP is the NodePort wildcard frontend address (bpf/include/service.h).
-var wildcardIP = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+// The NodePort wildcard frontend addresses (bpf/include/service.h,
+// service6.h): all ones, per family.
+var (
+	wildcardIP  = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+	wildcardIP6 = netip.AddrFrom16([16]byte{0: 0xff, 1: 0xff, 2: 0xff, 3: 0xff, 4: 0xff, 5: 0xff, 6: 0xff, 7: 0xff,
+		8: 0xff, 9: 0xff, 10: 0xff, 11: 0xff, 12: 0xff, 13: 0xff, 14: 0xff, 15: 0xff})
+)
+
+func wildcardFor(ip netip.Addr) netip.Addr {
+	if ip.Is6() {
+		return wildcardIP6
+	}
+	return wildcardIP
+}
 
 // idKey names one backend set: a service port's main set (node invalid) or its
 // set for one remote node (internalTrafficPolicy Local NodePort expansion).
@@ -29,20 +41,21 @@ type plan struct {
 	generation uint64
 
 	ids       map[netip.Addr]uint32 // backend set -> service id (invalid addr: main)
-	frontends map[gen.SluiceFeKey]gen.SluiceFeValue
-	backends  map[uint32][]gen.SluiceBeValue // service id -> backends by ordinal
-	srcRanges []gen.SluiceSrcrangeKey
+	// Entries in the planning layout of both families (family.go).
+	frontends map[gen.SluiceFe6Key]gen.SluiceFeValue
+	backends  map[uint32][]gen.SluiceBe6Value // service id -> backends by ordinal
+	srcRanges []gen.SluiceSrcrange6Key
 	ips       []netip.Addr // service IPs whose echo requests are answered
 	// routeMisses are endpoint IPs whose node the route lookup did not know.
 	routeMisses []netip.Addr
 }
 
-func feKey(ip netip.Addr, port uint16, proto Protocol) gen.SluiceFeKey {
-	return gen.SluiceFeKey{Addr: gen.NetAddr(ip), Port: gen.NetPort(port), Proto: uint8(proto)}
+func feKey(ip netip.Addr, port uint16, proto Protocol) gen.SluiceFe6Key {
+	return gen.SluiceFe6Key{Addr: gen.NetAddr6(ip), Port: gen.NetPort(port), Proto: uint8(proto)}
 }
 
-func beValue(e *Endpoint) gen.SluiceBeValue {
-	v := gen.SluiceBeValue{Addr: gen.NetAddr(e.Addr.Addr()), Port: gen.NetPort(e.Addr.Port())}
+func beValue(e *Endpoint) gen.SluiceBe6Value {
+	v := gen.SluiceBe6Value{Addr: gen.NetAddr6(e.Addr.Addr()), Port: gen.NetPort(e.Addr.Port())}
 	if e.Local {
 		v.Flags = gen.SluiceBeFlagsBE_LOCAL
 	}
@@ -56,7 +69,7 @@ func beValue(e *Endpoint) gen.SluiceBeValue {
 // An endpoint that was at an ordinal inside its group's new range in prev stays
 // there, so a change to one endpoint rewrites one entry rather than shifting
 // the rest; newcomers fill the free ordinals in address order.
-func backendLayout(sets EndpointSets, prev []gen.SluiceBeValue) (list []gen.SluiceBeValue, local, clusterStart, count uint32) {
+func backendLayout(sets EndpointSets, prev []gen.SluiceBe6Value) (list []gen.SluiceBe6Value, local, clusterStart, count uint32) {
 	inCluster := map[netip.AddrPort]bool{}
 	for _, e := range sets.Cluster {
 		inCluster[e.Addr] = true
@@ -78,16 +91,16 @@ func backendLayout(sets EndpointSets, prev []gen.SluiceBeValue) (list []gen.Slui
 			clusterOnly = append(clusterOnly, e)
 		}
 	}
-	prevAt := map[gen.SluiceBeValue]int{}
+	prevAt := map[gen.SluiceBe6Value]int{}
 	for i, v := range prev {
 		prevAt[v] = i
 	}
-	list = make([]gen.SluiceBeValue, 0, len(localOnly)+len(both)+len(clusterOnly))
+	list = make([]gen.SluiceBe6Value, 0, len(localOnly)+len(both)+len(clusterOnly))
 	for _, group := range [][]Endpoint{localOnly, both, clusterOnly} {
 		lo := len(list)
 		slots := make([]bool, len(group))
 		list = list[:lo+len(group)]
-		var rest []gen.SluiceBeValue
+		var rest []gen.SluiceBe6Value
 		for i := range group {
 			v := beValue(&group[i])
 			if at, ok := prevAt[v]; ok && at >= lo && at < lo+len(group) && !slots[at-lo] {
@@ -106,18 +119,22 @@ func backendLayout(sets EndpointSets, prev []gen.SluiceBeValue) (list []gen.Slui
 	return list, uint32(len(sets.Local)), uint32(len(localOnly)), uint32(len(sets.Cluster))
 }
 
-func compareBackends(a, b gen.SluiceBeValue) int {
-	return cmp.Or(netip.AddrPortFrom(gen.AddrFromNet(a.Addr), gen.PortFromNet(a.Port)).Compare(
-		netip.AddrPortFrom(gen.AddrFromNet(b.Addr), gen.PortFromNet(b.Port))), cmp.Compare(a.Flags, b.Flags))
+func compareBackends(a, b gen.SluiceBe6Value) int {
+	return cmp.Or(backendAddr(a).Compare(backendAddr(b)), cmp.Compare(a.Flags, b.Flags))
+}
+
+// backendAddr is a planned backend's address (IPv4 unmapped).
+func backendAddr(v gen.SluiceBe6Value) netip.AddrPort {
+	return netip.AddrPortFrom(gen.AddrFromNet6(v.Addr).Unmap(), gen.PortFromNet(v.Port))
 }
 
 // planner computes plans; ids come from the syncer.
 type planner struct {
 	node   *Node
 	routes RouteLookup
-	idFor  func(k idKey, fe gen.SluiceFeKey) uint32
+	idFor  func(k idKey, fe gen.SluiceFe6Key) uint32
 	// prev returns the backends a service id has now, so ordinals stay put.
-	prev func(id uint32) []gen.SluiceBeValue
+	prev func(id uint32) []gen.SluiceBe6Value
 }
 
 func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (*plan, error) {
@@ -132,8 +149,8 @@ func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (
 	pl := &plan{
 		svc: svc, eps: eps,
 		ids:       map[netip.Addr]uint32{},
-		frontends: map[gen.SluiceFeKey]gen.SluiceFeValue{},
-		backends:  map[uint32][]gen.SluiceBeValue{},
+		frontends: map[gen.SluiceFe6Key]gen.SluiceFeValue{},
+		backends:  map[uint32][]gen.SluiceBe6Value{},
 	}
 	mainKey := feKey(svc.ClusterIP, svc.Port, svc.Protocol)
 	id := p.idFor(idKey{name: name}, mainKey)
@@ -181,11 +198,13 @@ func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (
 	}
 	if svc.NodePort != 0 {
 		for _, ip := range p.node.NodePortIPs {
-			pl.frontends[feKey(ip, svc.NodePort, svc.Protocol)] = external
+			if ip.Is6() == svc.ClusterIP.Is6() { // each family's on its own addresses
+				pl.frontends[feKey(ip, svc.NodePort, svc.Protocol)] = external
+			}
 		}
 		expand := svc.InternalPolicy == PolicyLocal && p.routes != nil
 		if p.node.AllNodePortIPs && !expand {
-			pl.frontends[feKey(wildcardIP, svc.NodePort, svc.Protocol)] = external
+			pl.frontends[feKey(wildcardFor(svc.ClusterIP), svc.NodePort, svc.Protocol)] = external
 		}
 		if expand {
 			p.expandRemoteNodePorts(pl, name, svc)
@@ -203,11 +222,15 @@ func boolToCount(b bool) uint32 {
 
 // sourceRangeKeys: one LPM entry per allowed CIDR; when a node IP is inside a
 // range, traffic sourced from the load balancer IPs is allowed too (kube-proxy).
-func sourceRangeKeys(id uint32, svc *ServicePort, node *Node) []gen.SluiceSrcrangeKey {
-	key := func(p netip.Prefix) gen.SluiceSrcrangeKey {
-		return gen.SluiceSrcrangeKey{Prefixlen: 32 + uint32(p.Bits()), SvcId: gen.NetUint32(id), Src: gen.NetAddr(p.Masked().Addr())}
+func sourceRangeKeys(id uint32, svc *ServicePort, node *Node) []gen.SluiceSrcrange6Key {
+	key := func(p netip.Prefix) gen.SluiceSrcrange6Key {
+		bits := uint32(p.Bits())
+		if p.Addr().Is4() {
+			bits += mappedBits
+		}
+		return gen.SluiceSrcrange6Key{Prefixlen: 32 + bits, SvcId: gen.NetUint32(id), Src: gen.NetAddr6(p.Masked().Addr())}
 	}
-	var keys []gen.SluiceSrcrangeKey
+	var keys []gen.SluiceSrcrange6Key
 	nodeInside := false
 	for _, r := range svc.LoadBalancerSourceRanges {
 		keys = append(keys, key(r))
@@ -217,11 +240,11 @@ func sourceRangeKeys(id uint32, svc *ServicePort, node *Node) []gen.SluiceSrcran
 	}
 	if nodeInside {
 		for _, ip := range svc.LoadBalancerIPs {
-			keys = append(keys, key(netip.PrefixFrom(ip, 32)))
+			keys = append(keys, key(netip.PrefixFrom(ip, ip.BitLen())))
 		}
 	}
-	slices.SortFunc(keys, func(a, b gen.SluiceSrcrangeKey) int {
-		return cmp.Or(cmp.Compare(a.Src, b.Src), cmp.Compare(a.Prefixlen, b.Prefixlen))
+	slices.SortFunc(keys, func(a, b gen.SluiceSrcrange6Key) int {
+		return cmp.Or(slices.Compare(a.Src[:], b.Src[:]), cmp.Compare(a.Prefixlen, b.Prefixlen))
 	})
 	return slices.Compact(keys)
 }
@@ -247,6 +270,9 @@ func (p *planner) expandRemoteNodePorts(pl *plan, name ServicePortName, svc *Ser
 	for nodeIP, eps := range byNode {
 		if slices.Contains(p.node.NodePortIPs, nodeIP) {
 			continue // one of ours: programmed with the local entries
+		}
+		if nodeIP.Is6() != svc.ClusterIP.Is6() {
+			continue // a NodePort of one family never leads to the other's endpoints
 		}
 		ready := filter(eps, func(e *Endpoint) bool { return e.Ready })
 		if len(ready) == 0 {

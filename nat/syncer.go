@@ -85,12 +85,14 @@ type Syncer struct {
 	opts Options
 	log  *slog.Logger
 
-	fe      *maps.CachingMap[gen.SluiceFeKey, gen.SluiceFeValue]
-	be      *maps.CachingMap[gen.SluiceBeKey, gen.SluiceBeValue]
-	src     *maps.CachingMap[gen.SluiceSrcrangeKey, gen.SluiceSrcrangeValue]
-	hostIPs *maps.CachingMap[gen.SluiceHostipKey, gen.SluiceHostipValue]
+	// Both families' maps, in the planning layout (family.go).
+	fe      *splitMap[gen.SluiceFe6Key, gen.SluiceFeValue, gen.SluiceFeKey, gen.SluiceFeValue]
+	be      *splitMap[gen.SluiceBeKey, gen.SluiceBe6Value, gen.SluiceBeKey, gen.SluiceBeValue]
+	src     *splitMap[gen.SluiceSrcrange6Key, gen.SluiceSrcrangeValue, gen.SluiceSrcrangeKey, gen.SluiceSrcrangeValue]
+	hostIPs *splitMap[gen.SluiceHostip6Key, gen.SluiceHostipValue, gen.SluiceHostipKey, gen.SluiceHostipValue]
 	names   *maps.CachingMap[gen.SluiceSvcnameKey, gen.SluiceSvcnameValue]
 	aff     *maps.Map[gen.SluiceAffKey, gen.SluiceAffValue]
+	aff6    *maps.Map[gen.SluiceAff6Key, gen.SluiceAff6Value]
 
 	mu          sync.Mutex
 	loaded      bool
@@ -100,10 +102,10 @@ type Syncer struct {
 	services    map[ServicePortName]*plan
 	replan      map[ServicePortName]bool // forced by routes arriving
 	ids         *idAllocator
-	feOwner     map[gen.SluiceFeKey]ServicePortName
+	feOwner     map[gen.SluiceFe6Key]ServicePortName
 	// feWaiting: services that claim a frontend another one has; they are
 	// planned again when it lets go.
-	feWaiting map[gen.SluiceFeKey]map[ServicePortName]bool
+	feWaiting map[gen.SluiceFe6Key]map[ServicePortName]bool
 	ipRefs    map[netip.Addr]int
 	// affinityDirty: service ids whose backends changed while they use affinity.
 	affinityDirty map[uint32]bool
@@ -117,8 +119,8 @@ func NewSyncer(opts Options) (*Syncer, error) {
 	s := &Syncer{
 		opts: opts, log: opts.Logger,
 		services: map[ServicePortName]*plan{}, replan: map[ServicePortName]bool{},
-		ids: newIDAllocator(), feOwner: map[gen.SluiceFeKey]ServicePortName{},
-		feWaiting: map[gen.SluiceFeKey]map[ServicePortName]bool{},
+		ids: newIDAllocator(), feOwner: map[gen.SluiceFe6Key]ServicePortName{},
+		feWaiting: map[gen.SluiceFe6Key]map[ServicePortName]bool{},
 		ipRefs:    map[netip.Addr]int{}, affinityDirty: map[uint32]bool{},
 	}
 	if s.log == nil {
@@ -131,7 +133,15 @@ func NewSyncer(opts Options) (*Syncer, error) {
 	if err != nil {
 		return nil, err
 	}
+	fe6, err := maps.Frontends6.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
 	be, err := maps.Backends.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
+	be6, err := maps.Backends6.In(opts.Maps)
 	if err != nil {
 		return nil, err
 	}
@@ -139,11 +149,22 @@ func NewSyncer(opts Options) (*Syncer, error) {
 	if err != nil {
 		return nil, err
 	}
+	src6, err := maps.SrcRanges6.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
 	hip, err := maps.HostIPs.In(opts.Maps)
 	if err != nil {
 		return nil, err
 	}
+	hip6, err := maps.HostIPs6.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
 	if s.aff, err = maps.Affinity.In(opts.Maps); err != nil {
+		return nil, err
+	}
+	if s.aff6, err = maps.Affinity6.In(opts.Maps); err != nil {
 		return nil, err
 	}
 	names, err := maps.SvcNames.In(opts.Maps)
@@ -151,7 +172,8 @@ func NewSyncer(opts Options) (*Syncer, error) {
 		return nil, err
 	}
 	s.names = maps.NewCachingMap(names)
-	s.fe, s.be, s.src, s.hostIPs = maps.NewCachingMap(fe), maps.NewCachingMap(be), maps.NewCachingMap(src), maps.NewCachingMap(hip)
+	s.fe, s.be = newFrontendMap(fe, fe6), newBackendMap(be, be6)
+	s.src, s.hostIPs = newSrcRangeMap(src, src6), newHostIPMap(hip, hip6)
 	return s, nil
 }
 
@@ -273,35 +295,36 @@ func (s *Syncer) syncOne(pl *planner, name ServicePortName, st State, force bool
 // (20,000 loadBalancerSourceRanges, say) must never stop every other sync at
 // the map's first refused write.
 func (s *Syncer) fits(name ServicePortName, p *plan) error {
-	newFE := 0
+	var newFE, newBE, newSrc [2]int // by family: IPv4, IPv6
+	fam := func(b [16]uint8) int {
+		if _, v4 := unmapped(b); v4 {
+			return 0
+		}
+		return 1
+	}
 	for k := range p.frontends {
 		if _, ok := s.fe.GetDesired(k); !ok {
-			newFE++
+			newFE[fam(k.Addr)]++
 		}
 	}
-	newBE := 0
 	for id, list := range p.backends {
-		newBE += max(0, len(list)-len(s.currentBackends(id)))
+		if len(list) > 0 {
+			newBE[fam(list[0].Addr)] += max(0, len(list)-len(s.currentBackends(id)))
+		}
 	}
-	newSrc := 0
 	for _, k := range p.srcRanges {
 		if _, ok := s.src.GetDesired(k); !ok {
-			newSrc++
+			newSrc[fam(k.Src)]++
 		}
 	}
-	for _, n := range []struct {
-		m        interface{ DesiredLen() int }
-		name     string
-		capacity uint32
-		add      int
-	}{
-		{s.fe, s.fe.Map().Name(), s.fe.Map().MaxEntries(), newFE},
-		{s.be, s.be.Map().Name(), s.be.Map().MaxEntries(), newBE},
-		{s.src, s.src.Map().Name(), s.src.Map().MaxEntries(), newSrc},
+	for _, full := range []func() (string, int, uint32, int, bool){
+		func() (string, int, uint32, int, bool) { return s.fe.full(newFE[0], newFE[1]) },
+		func() (string, int, uint32, int, bool) { return s.be.full(newBE[0], newBE[1]) },
+		func() (string, int, uint32, int, bool) { return s.src.full(newSrc[0], newSrc[1]) },
 	} {
-		if inUse := n.m.DesiredLen(); n.add > 0 && inUse+n.add > int(n.capacity) {
+		if m, inUse, capacity, add, over := full(); over {
 			return fmt.Errorf("service %s: needs %d more entries of map %s, which has %d of %d in use: %w",
-				name, n.add, n.name, inUse, n.capacity, &maps.FullError{Map: n.name, MaxEntries: n.capacity})
+				name, add, m, inUse, capacity, &maps.FullError{Map: m, MaxEntries: capacity})
 		}
 	}
 	return nil
@@ -315,6 +338,9 @@ func (s *Syncer) planValid(pl *planner, name ServicePortName, svc *ServicePort, 
 	for i := range eps {
 		if _, err := NewEndpoint(eps[i]); err != nil {
 			return nil, fmt.Errorf("service %s: %w", name, err)
+		}
+		if eps[i].Addr.Addr().Is6() != svc.ClusterIP.Is6() {
+			return nil, fmt.Errorf("service %s: endpoint %v: not an %s address", name, eps[i].Addr, familyName(svc.ClusterIP.Is6()))
 		}
 	}
 	p, err := pl.plan(name, svc, eps)
@@ -375,8 +401,8 @@ func (s *Syncer) load() error {
 
 // currentBackends returns the desired backends of a service id, by ordinal
 // (after a restart: what the maps hold).
-func (s *Syncer) currentBackends(id uint32) []gen.SluiceBeValue {
-	var list []gen.SluiceBeValue
+func (s *Syncer) currentBackends(id uint32) []gen.SluiceBe6Value {
+	var list []gen.SluiceBe6Value
 	for i := uint32(0); ; i++ {
 		v, ok := s.be.GetDesired(gen.SluiceBeKey{SvcId: id, Ordinal: i})
 		if !ok {

@@ -115,8 +115,9 @@ func (f *fixture) srcRangeCount() int {
 }
 
 func svc(name, ip string, port uint16, mods ...func(*nat.ServicePort)) *nat.ServicePort {
-	s := &nat.ServicePort{Name: nat.ServicePortName{Namespace: "default", Name: name, Port: "p"},
-		ClusterIP: netip.MustParseAddr(ip), Port: port, Protocol: nat.TCP}
+	addr := netip.MustParseAddr(ip)
+	s := &nat.ServicePort{Name: nat.ServicePortName{Namespace: "default", Name: name, Port: "p", IPv6: addr.Is6()},
+		ClusterIP: addr, Port: port, Protocol: nat.TCP}
 	for _, m := range mods {
 		m(s)
 	}
