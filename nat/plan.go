@@ -40,7 +40,7 @@ type plan struct {
 	epsIn      []Endpoint
 	generation uint64
 
-	ids       map[netip.Addr]uint32 // backend set -> service id (invalid addr: main)
+	ids map[netip.Addr]uint32 // backend set -> service id (invalid addr: main)
 	// Entries in the planning layout of both families (family.go).
 	frontends map[gen.SluiceFe6Key]gen.SluiceFeValue
 	backends  map[uint32][]gen.SluiceBe6Value // service id -> backends by ordinal
