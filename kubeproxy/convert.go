@@ -42,8 +42,9 @@ func (c *Converter) nodePortRange() (uint16, uint16) {
 	return c.NodePortMin, c.NodePortMax
 }
 
-// ParseIPSloppy parses an IPv4 address, accepting the leading zeros older
-// Kubernetes accepted ("010.001.002.003" is 10.1.2.3), as kube-proxy does.
+// ParseIPSloppy parses an IPv4 or IPv6 address, accepting the leading zeros
+// older Kubernetes accepted in IPv4 ("010.001.002.003" is 10.1.2.3), as
+// kube-proxy does. An IPv4-mapped IPv6 address is its IPv4 address.
 func ParseIPSloppy(s string) (netip.Addr, error) {
 	s = strings.TrimSpace(s)
 	if a, err := netip.ParseAddr(s); err == nil {
@@ -78,8 +79,11 @@ func Skipped(svc *v1.Service) string {
 	return ""
 }
 
-// ServicePorts converts one Service. A Service that is not for this proxy, or
-// has no IPv4 ClusterIP, gives none; a malformed one an error naming the
+// ServicePorts converts one Service: one service port per port and IP family
+// of its clusterIPs (a dual-stack Service gives each port twice, the IPv6
+// one named so), each with its family's externalIPs, load balancer IPs and
+// source ranges, as kube-proxy's proxier of that family sees them. A Service
+// that is not for this proxy gives none; a malformed one an error naming the
 // Service and the field.
 func (c *Converter) ServicePorts(svc *v1.Service) ([]*nat.ServicePort, error) {
 	if Skipped(svc) != "" {
@@ -93,29 +97,23 @@ func (c *Converter) ServicePorts(svc *v1.Service) ([]*nat.ServicePort, error) {
 	if len(clusterIPs) == 0 {
 		clusterIPs = []string{svc.Spec.ClusterIP}
 	}
-	var clusterIP netip.Addr
+	var byFamily [2]netip.Addr // the first clusterIP of each family: IPv4, IPv6
 	for _, s := range clusterIPs {
 		ip, err := ParseIPSloppy(s)
 		if err != nil {
 			return nil, bad("clusterIP: %v", err)
 		}
-		if ip.Is4() {
-			clusterIP = ip
-			break
+		if f := family(ip); !byFamily[f].IsValid() {
+			byFamily[f] = ip
 		}
 	}
-	if !clusterIP.IsValid() {
-		return nil, nil // one IP family per proxier: no IPv4 ClusterIP, nothing for us
-	}
-	var externalIPs, lbIPs []netip.Addr
+	var externalIPs, lbIPs [2][]netip.Addr
 	for _, s := range svc.Spec.ExternalIPs {
 		ip, err := ParseIPSloppy(s)
 		if err != nil {
 			return nil, bad("externalIPs: %v", err)
 		}
-		if ip.Is4() {
-			externalIPs = append(externalIPs, ip)
-		}
+		externalIPs[family(ip)] = append(externalIPs[family(ip)], ip)
 	}
 	for _, ing := range svc.Status.LoadBalancer.Ingress {
 		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
@@ -125,19 +123,15 @@ func (c *Converter) ServicePorts(svc *v1.Service) ([]*nat.ServicePort, error) {
 		if err != nil {
 			return nil, bad("loadBalancer ingress: %v", err)
 		}
-		if ip.Is4() {
-			lbIPs = append(lbIPs, ip)
-		}
+		lbIPs[family(ip)] = append(lbIPs[family(ip)], ip)
 	}
-	var ranges []netip.Prefix
+	var ranges [2][]netip.Prefix
 	for _, s := range svc.Spec.LoadBalancerSourceRanges {
 		p, err := netip.ParsePrefix(strings.TrimSpace(s))
 		if err != nil {
 			return nil, bad("loadBalancerSourceRanges: %q is not a CIDR", s)
 		}
-		if p.Addr().Is4() {
-			ranges = append(ranges, p.Masked())
-		}
+		ranges[family(p.Addr())] = append(ranges[family(p.Addr())], p.Masked())
 	}
 	affinity := uint32(0)
 	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
@@ -176,31 +170,46 @@ func (c *Converter) ServicePorts(svc *v1.Service) ([]*nat.ServicePort, error) {
 		if p.NodePort != 0 && (p.NodePort < int32(lo) || p.NodePort > int32(hi)) {
 			return nil, bad("port %q: nodePort %d outside the node-port range %d-%d", p.Name, p.NodePort, lo, hi)
 		}
-		sp, err := nat.NewServicePort(nat.ServicePort{
-			Name:      nat.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name},
-			ClusterIP: clusterIP, Port: uint16(p.Port), Protocol: proto, NodePort: uint16(p.NodePort),
-			ExternalIPs: externalIPs, LoadBalancerIPs: lbIPs, LoadBalancerSourceRanges: ranges,
-			AffinityTimeout: affinity, ExternalPolicy: external, InternalPolicy: internal,
-			HealthCheckNodePort: uint16(svc.Spec.HealthCheckNodePort), TrafficDistribution: distribution,
-			Created: svc.CreationTimestamp.Time,
-		})
-		if err != nil {
-			return nil, err
+		for f, clusterIP := range byFamily {
+			if !clusterIP.IsValid() {
+				continue
+			}
+			sp, err := nat.NewServicePort(nat.ServicePort{
+				Name:      nat.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name, IPv6: f == 1},
+				ClusterIP: clusterIP, Port: uint16(p.Port), Protocol: proto, NodePort: uint16(p.NodePort),
+				ExternalIPs: externalIPs[f], LoadBalancerIPs: lbIPs[f], LoadBalancerSourceRanges: ranges[f],
+				AffinityTimeout: affinity, ExternalPolicy: external, InternalPolicy: internal,
+				HealthCheckNodePort: uint16(svc.Spec.HealthCheckNodePort), TrafficDistribution: distribution,
+				Created: svc.CreationTimestamp.Time,
+			})
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, sp)
 		}
-		out = append(out, sp)
 	}
 	return out, nil
 }
 
-// portKey names the endpoints of one service port: its name and protocol.
+// family indexes per-family lists: 0 for IPv4, 1 for IPv6.
+func family(ip netip.Addr) int {
+	if ip.Is6() {
+		return 1
+	}
+	return 0
+}
+
+// portKey names the endpoints of one service port: its name, protocol and
+// address family.
 type portKey struct {
 	name  string
 	proto nat.Protocol
+	ipv6  bool
 }
 
-// Endpoints converts a service's EndpointSlices into endpoints per port. Slices
-// that are not IPv4, endpoints without addresses and ports without numbers are
-// ignored; a malformed slice is left out and reported (the rest still count).
+// Endpoints converts a service's EndpointSlices into endpoints per port and
+// family. FQDN slices, endpoints without addresses and ports without numbers
+// are ignored; a malformed slice is left out and reported (the rest still count).
 // The same address in two slices counts once, a non-terminating entry winning.
 func (c *Converter) Endpoints(eps []*discovery.EndpointSlice) (map[portKey][]nat.Endpoint, []error) {
 	type entry struct {
@@ -211,7 +220,7 @@ func (c *Converter) Endpoints(eps []*discovery.EndpointSlice) (map[portKey][]nat
 	var errs []error
 	order := 0
 	for _, s := range eps {
-		if s.AddressType != discovery.AddressTypeIPv4 {
+		if s.AddressType != discovery.AddressTypeIPv4 && s.AddressType != discovery.AddressTypeIPv6 {
 			continue
 		}
 		if len(s.Endpoints) > MaxEndpointsPerSlice {
@@ -239,7 +248,7 @@ func (c *Converter) Endpoints(eps []*discovery.EndpointSlice) (map[portKey][]nat
 					continue
 				}
 			}
-			key := portKey{proto: proto}
+			key := portKey{proto: proto, ipv6: s.AddressType == discovery.AddressTypeIPv6}
 			if p.Name != nil {
 				key.name = *p.Name
 			}
@@ -274,13 +283,14 @@ func (c *Converter) Endpoints(eps []*discovery.EndpointSlice) (map[portKey][]nat
 // sliceEndpoints converts a slice's endpoints (port still 0).
 func (c *Converter) sliceEndpoints(s *discovery.EndpointSlice) ([]nat.Endpoint, error) {
 	var out []nat.Endpoint
+	ipv6 := s.AddressType == discovery.AddressTypeIPv6
 	for _, e := range s.Endpoints {
 		if len(e.Addresses) == 0 {
 			continue
 		}
 		ip, err := ParseIPSloppy(e.Addresses[0])
-		if err != nil || !ip.Is4() {
-			return nil, fmt.Errorf("endpointslice %s/%s: address %q is not IPv4", s.Namespace, s.Name, e.Addresses[0])
+		if err != nil || ip.Is6() != ipv6 {
+			return nil, fmt.Errorf("endpointslice %s/%s: address %q is not %s", s.Namespace, s.Name, e.Addresses[0], s.AddressType)
 		}
 		ep := nat.Endpoint{
 			Addr:        netip.AddrPortFrom(ip, 0),

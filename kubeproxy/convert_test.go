@@ -37,7 +37,29 @@ func TestServiceConversionRules(t *testing.T) {
 		{name: "ExternalName skipped", svc: service("a", func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeExternalName })},
 		{name: "other proxy skipped", svc: service("a", func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: "x"} })},
 		{name: "other proxy skipped, empty label value", svc: service("a", func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: ""} })},
-		{name: "IPv6-only skipped", svc: service("a", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::1", []string{"fd00::1"} })},
+		{name: "IPv6-only", svc: service("a", func(s *v1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::1", []string{"fd00::1"}
+			s.Spec.ExternalIPs = []string{"192.0.2.1", "2001:db8::1"} // the IPv4 one is no family's of this Service
+		}), ports: 1, check: func(sp *nat.ServicePort) string {
+			if !sp.Name.IPv6 || sp.ClusterIP != netip.MustParseAddr("fd00::1") || len(sp.ExternalIPs) != 1 || sp.ExternalIPs[0] != netip.MustParseAddr("2001:db8::1") {
+				return "wrong"
+			}
+			return ""
+		}},
+		{name: "dual-stack: a port per family, each with its family's addresses", svc: service("a", func(s *v1.Service) {
+			s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"}
+			s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+			s.Spec.Type = v1.ServiceTypeLoadBalancer
+			s.Spec.Ports[0].NodePort = 30080
+			s.Spec.LoadBalancerSourceRanges = []string{"192.0.2.0/24", "2001:db8::/32"}
+			s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "203.0.113.1"}, {IP: "2001:db8:1::1"}}
+		}), ports: 2, check: func(sp *nat.ServicePort) string {
+			if sp.Name.IPv6 || len(sp.LoadBalancerIPs) != 1 || !sp.LoadBalancerIPs[0].Is4() || len(sp.LoadBalancerSourceRanges) != 1 ||
+				!sp.LoadBalancerSourceRanges[0].Addr().Is4() || sp.NodePort != 30080 {
+				return "IPv4 port wrong"
+			}
+			return ""
+		}},
 		{name: "leading zeros normalised", svc: service("a", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "010.096.000.010", nil }), ports: 1,
 			check: func(sp *nat.ServicePort) string {
 				if sp.ClusterIP != netip.MustParseAddr("10.96.0.10") {
@@ -89,6 +111,13 @@ func TestServiceConversionRules(t *testing.T) {
 			if tc.check != nil {
 				if msg := tc.check(ports[0]); msg != "" {
 					t.Fatalf("port %+v: %s", ports[0], msg)
+				}
+			}
+			if len(ports) == 2 { // dual-stack: the IPv6 twin
+				v6 := ports[1]
+				if !v6.Name.IPv6 || v6.ClusterIP != netip.MustParseAddr("fd00::10") || len(v6.LoadBalancerIPs) != 1 ||
+					!v6.LoadBalancerIPs[0].Is6() || len(v6.LoadBalancerSourceRanges) != 1 || v6.NodePort != 30080 {
+					t.Fatalf("IPv6 port %+v", v6)
 				}
 			}
 		})
@@ -143,6 +172,23 @@ func TestEndpointConversionRules(t *testing.T) {
 	if ep := byIP["10.0.0.3:8080"]; ep.Ready || !ep.Serving || !ep.Terminating {
 		t.Fatalf("terminating endpoint: %+v", ep)
 	}
+	// IPv6 slices are the IPv6 port's; an address of the other family in
+	// a slice is a bad slice, named.
+	v6 := slice("v6", []discovery.Endpoint{e("fd00:2::7", onNode), e("fd00:2::8")})
+	v6.AddressType = discovery.AddressTypeIPv6
+	wrong := slice("v6-wrong", []discovery.Endpoint{e("10.0.0.9")})
+	wrong.AddressType = discovery.AddressTypeIPv6
+	got, errs = c.Endpoints([]*discovery.EndpointSlice{slice("s1", []discovery.Endpoint{e("10.0.0.1")}), v6, wrong})
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `endpointslice default/v6-wrong: address "10.0.0.9" is not IPv6`) {
+		t.Fatalf("errors %v", errs)
+	}
+	if l := got[portKey{name: "http", proto: nat.TCP, ipv6: true}]; len(l) != 2 || l[0].Addr != netip.MustParseAddrPort("[fd00:2::7]:8080") || !l[0].Local {
+		t.Fatalf("IPv6 endpoints %+v", l)
+	}
+	if l := got[portKey{name: "http", proto: nat.TCP}]; len(l) != 1 {
+		t.Fatalf("IPv4 endpoints %+v", l)
+	}
+
 	huge := make([]discovery.Endpoint, MaxEndpointsPerSlice+1)
 	for i := range huge {
 		huge[i] = e("10.1.0.1")

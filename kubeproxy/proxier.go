@@ -24,8 +24,9 @@ type Config struct {
 	// NodePortAddresses restricts NodePorts to node IPs in these CIDRs
 	// (--nodeport-addresses); empty: every node IP, plus the wildcard entry.
 	NodePortAddresses []netip.Prefix
-	// NodePortPrimary adds this node's primary IP (its first InternalIP,
-	// else ExternalIP) to NodePortAddresses (kube-proxy's "primary").
+	// NodePortPrimary adds this node's primary IPs (its first InternalIP,
+	// else ExternalIP, of each family) to NodePortAddresses (kube-proxy's
+	// "primary").
 	NodePortPrimary bool
 	// NodePortMin and NodePortMax bound valid NodePorts (default 30000-32767).
 	NodePortMin, NodePortMax uint16
@@ -38,7 +39,7 @@ type Config struct {
 	// OnNodeIPs, if set, is called with the node's addresses whenever they
 	// change (the agent writes the SNAT address from them).
 	OnNodeIPs func([]netip.Addr)
-	// OnPodCIDRs, if set, is called with this Node's IPv4 pod CIDRs
+	// OnPodCIDRs, if set, is called with this Node's pod CIDRs
 	// (spec.podCIDRs) whenever the Node is seen (the agent's
 	// --detect-local-mode=NodeCIDR).
 	OnPodCIDRs func([]netip.Prefix)
@@ -162,11 +163,12 @@ func (p *Proxier) setSynced(f func()) {
 // --nodeport-addresses), its zone, and whether it is being deleted.
 func (p *Proxier) OnNode(node *v1.Node) {
 	// InternalIPs first: the first address is the primary one (the SNAT
-	// source, and NodePortPrimary's address).
+	// source, and NodePortPrimary's address); the first of each family is
+	// that family's.
 	var ips []netip.Addr
 	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for _, a := range node.Status.Addresses {
-			if ip, err := ParseIPSloppy(a.Address); a.Type == typ && err == nil && ip.Is4() {
+			if ip, err := ParseIPSloppy(a.Address); a.Type == typ && err == nil {
 				ips = append(ips, ip)
 			}
 		}
@@ -178,7 +180,7 @@ func (p *Proxier) OnNode(node *v1.Node) {
 	if p.cfg.OnPodCIDRs != nil {
 		var cidrs []netip.Prefix
 		for _, c := range cmpOrSlice(node.Spec.PodCIDRs, node.Spec.PodCIDR) {
-			if pfx, err := netip.ParsePrefix(c); err == nil && pfx.Addr().Is4() {
+			if pfx, err := netip.ParsePrefix(c); err == nil {
 				cidrs = append(cidrs, pfx.Masked())
 			}
 		}
@@ -192,7 +194,7 @@ func (p *Proxier) OnNode(node *v1.Node) {
 		// A Node without addresses (a manifest that omits them, a status
 		// not written yet) is not a node that lost them: NodePorts and SNAT
 		// keep the last known addresses.
-		p.log.Warn("Node has no IPv4 InternalIP or ExternalIP; keeping its last known addresses", "node", node.Name)
+		p.log.Warn("Node has no InternalIP or ExternalIP; keeping its last known addresses", "node", node.Name)
 		p.changed()
 		return
 	}
@@ -214,8 +216,11 @@ func (p *Proxier) SetNodeIPs(ips []netip.Addr) {
 	p.mu.Lock()
 	p.nodeIPs = slices.Clone(ips)
 	var np []netip.Addr
-	for i, ip := range ips {
-		if p.node.AllNodePortIPs || (p.cfg.NodePortPrimary && i == 0) ||
+	var primary [2]bool // seen the first address of each family
+	for _, ip := range ips {
+		first := !primary[family(ip)]
+		primary[family(ip)] = true
+		if p.node.AllNodePortIPs || (p.cfg.NodePortPrimary && first) ||
 			slices.ContainsFunc(p.cfg.NodePortAddresses, func(c netip.Prefix) bool { return c.Contains(ip) }) {
 			np = append(np, ip)
 		}
@@ -325,7 +330,7 @@ func (p *Proxier) updateService(key types.NamespacedName, sc ServiceChange) {
 	localIPs := map[netip.Addr]bool{}
 	noLocal := [2]bool{}
 	for _, sp := range ports {
-		list := eps[portKey{name: sp.Name.Port, proto: sp.Protocol}]
+		list := eps[portKey{name: sp.Name.Port, proto: sp.Protocol, ipv6: sp.Name.IPv6}]
 		p.ports[sp.Name], p.eps[sp.Name] = sp, list
 		p.pending[sp.Name] = true
 		names = append(names, sp.Name)

@@ -524,3 +524,53 @@ func TestSCTPServicePortIsRefusedByName(t *testing.T) {
 		t.Fatalf("skipped objects counted %v, want 1", got)
 	}
 }
+
+// A dual-stack Service with a slice per family, on a dual-stack Node with
+// --nodeport-addresses=primary: each family's frontends on that family's
+// primary address, each to its own endpoints.
+func TestDualStackServiceThroughTheProxier(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{NodePortPrimary: true})
+	e.p.OnNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
+		{Type: v1.NodeInternalIP, Address: "10.0.0.5"}, {Type: v1.NodeInternalIP, Address: "fd00::5"},
+		{Type: v1.NodeInternalIP, Address: "fd00::6"}}}})
+	e.p.Tracker().OnService(svc("web", "10.96.0.20", func(s *v1.Service) {
+		s.Spec.ClusterIPs = []string{"10.96.0.20", "fd00:96::20"}
+		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+		s.Spec.Type = v1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30020
+	}), false)
+	v6 := endpointSlice("web", "web-v6", "fd00:2::1", "fd00:2::2")
+	v6.AddressType = discovery.AddressTypeIPv6
+	e.p.Tracker().OnEndpointSlice(endpointSlice("web", "web-v4", "10.2.0.1"), false)
+	e.p.Tracker().OnEndpointSlice(v6, false)
+	e.p.OnServicesSynced()
+	e.p.OnEndpointSlicesSynced()
+
+	want := map[string]int{
+		"10.96.0.20:80": 1, "10.0.0.5:30020": 1,
+		"[fd00:96::20]:80": 2, "[fd00::5]:30020": 2,
+	}
+	var got map[string]int
+	e.eventually("both families programmed", func() bool {
+		fes, err := nat.ReadFrontends(e.set)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = map[string]int{}
+		for _, f := range fes {
+			got[f.Address.String()] = len(f.Backends)
+		}
+		return fmt.Sprint(got) == fmt.Sprint(want)
+	})
+	fes, _ := nat.ReadFrontends(e.set)
+	for _, f := range fes {
+		if f.Address.Addr().Is6() != strings.HasSuffix(f.Service, "(IPv6)") {
+			t.Errorf("frontend %v named %q", f.Address, f.Service)
+		}
+		for _, b := range f.Backends {
+			if b.Address.Addr().Is6() != f.Address.Addr().Is6() {
+				t.Errorf("frontend %v has backend %v of the other family", f.Address, b.Address)
+			}
+		}
+	}
+}

@@ -80,31 +80,29 @@ func (r *NodeRoutes) update(change func(map[string][]nodeRoute)) {
 	}
 }
 
-// routesOf is a Node's routes: its IPv4 addresses and pod CIDRs, toward its
-// first IPv4 InternalIP (else ExternalIP). A Node without one has none.
+// routesOf is a Node's routes: its addresses and pod CIDRs, each toward
+// the Node's first InternalIP (else ExternalIP) of the same family. A family
+// without such an address has none.
 func routesOf(n *v1.Node) []nodeRoute {
-	var nodeIP netip.Addr
+	var nodeIP [2]netip.Addr
 	var addrs []netip.Addr
 	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for _, a := range n.Status.Addresses {
-			if ip, err := ParseIPSloppy(a.Address); a.Type == typ && err == nil && ip.Is4() {
-				if !nodeIP.IsValid() {
-					nodeIP = ip
+			if ip, err := ParseIPSloppy(a.Address); a.Type == typ && err == nil {
+				if !nodeIP[family(ip)].IsValid() {
+					nodeIP[family(ip)] = ip
 				}
 				addrs = append(addrs, ip)
 			}
 		}
 	}
-	if !nodeIP.IsValid() {
-		return nil
-	}
 	var out []nodeRoute
 	for _, a := range addrs {
-		out = append(out, nodeRoute{netip.PrefixFrom(a, 32), nodeIP})
+		out = append(out, nodeRoute{netip.PrefixFrom(a, a.BitLen()), nodeIP[family(a)]})
 	}
 	for _, c := range cmpOrSlice(n.Spec.PodCIDRs, n.Spec.PodCIDR) {
-		if p, err := netip.ParsePrefix(c); err == nil && p.Addr().Is4() {
-			out = append(out, nodeRoute{p.Masked(), nodeIP})
+		if p, err := netip.ParsePrefix(c); err == nil && nodeIP[family(p.Addr())].IsValid() {
+			out = append(out, nodeRoute{p.Masked(), nodeIP[family(p.Addr())]})
 		}
 	}
 	return out

@@ -22,15 +22,20 @@ func TestNodeRoutes(t *testing.T) {
 	changes := 0
 	r := &kubeproxy.NodeRoutes{OnChange: func() { changes++ }}
 	r.OnNode(node("a", "10.0.0.1", "10.1.0.0/16"), false)
-	r.SetNodes([]*v1.Node{node("a", "10.0.0.1", "10.1.0.0/16"), node("b", "10.0.0.2", "10.2.0.0/16", "fd00::/64")})
-	r.SetNodes([]*v1.Node{node("a", "10.0.0.1", "10.1.0.0/16"), node("b", "10.0.0.2", "10.2.0.0/16", "fd00::/64")})
+	dual := node("c", "10.0.0.3", "10.4.0.0/16", "fd01::/64")
+	dual.Status.Addresses = append(dual.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: "fd01::a"})
+	r.SetNodes([]*v1.Node{node("a", "10.0.0.1", "10.1.0.0/16"), node("b", "10.0.0.2", "10.2.0.0/16", "fd00::/64"), dual})
+	r.SetNodes([]*v1.Node{node("a", "10.0.0.1", "10.1.0.0/16"), node("b", "10.0.0.2", "10.2.0.0/16", "fd00::/64"), dual})
 	if changes != 2 {
 		t.Fatalf("OnChange called %d times, want 2 (the same Nodes again change nothing)", changes)
 	}
 	for ip, want := range map[string]string{
 		"10.1.3.4": "10.0.0.1", "10.2.0.9": "10.0.0.2", // pods
 		"10.0.0.2": "10.0.0.2", "203.0.113.9": "10.0.0.1", // host-network endpoints: toward the InternalIP
-		"10.3.0.1": "", // no node's
+		"10.3.0.1": "",                              // no node's
+		"fd00::9":  "",                              // b's IPv6 pod CIDR, but b has no IPv6 address to route it toward
+		"fd01::9":  "fd01::a", "fd01::a": "fd01::a", // c: a family of its own toward its IPv6 address
+		"10.4.0.9": "10.0.0.3",
 	} {
 		got, ok := r.Lookup(netip.MustParseAddr(ip))
 		if want == "" && ok || want != "" && (!ok || got.String() != want) {
