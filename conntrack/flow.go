@@ -24,8 +24,8 @@ type Flow struct {
 	Orphan    bool           `json:"orphan,omitempty"` // one entry of the pair is missing
 }
 
-func addrPort(a uint32, p uint16) netip.AddrPort {
-	return netip.AddrPortFrom(gen.AddrFromNet(a), gen.PortFromNet(p))
+func addrPort(a [16]uint8, p uint16) netip.AddrPort {
+	return netip.AddrPortFrom(gen.AddrFromNet6(a).Unmap(), gen.PortFromNet(p))
 }
 
 // ProtoName is the lower-case name of an IP protocol number.
@@ -37,6 +37,8 @@ func ProtoName(p uint8) string {
 		return "udp"
 	case protoICMP:
 		return "icmp"
+	case protoICMPv6:
+		return "icmpv6"
 	}
 	return fmt.Sprintf("proto-%d", p)
 }

@@ -8,13 +8,15 @@ import (
 	"github.com/sluice-net/sluice/maps"
 )
 
-// ListFlows reads every flow in the map, decoded as of now (kernel monotonic
-// time): one Flow per forward entry, plus reverse entries whose forward entry
-// is missing (orphans).
-func ListFlows(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], now time.Duration) ([]Flow, error) {
-	entries := map[gen.SluiceCtKey]gen.SluiceCtValue{}
-	if err := ct.Iterate(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool { entries[k] = v; return true }); err != nil {
-		return nil, err
+// ListFlows reads every flow in the maps of both families (ct6 may be nil),
+// decoded as of now (kernel monotonic time): one Flow per forward entry, plus
+// reverse entries whose forward entry is missing (orphans).
+func ListFlows(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], ct6 *maps.Map[Key, Entry], now time.Duration) ([]Flow, error) {
+	entries := map[Key]Entry{}
+	for _, t := range tables(ct, ct6) {
+		if err := t.iterate(func(k Key, v Entry) bool { entries[k] = v; return true }); err != nil {
+			return nil, err
+		}
 	}
 	var flows []Flow
 	for k, v := range entries {

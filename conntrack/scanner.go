@@ -50,8 +50,11 @@ func (l *Liveness) Check(p *Pair, now time.Duration) Reason {
 
 // Options configures a Scanner.
 type Options struct {
-	// Conntrack is the map to scan (maps.Conntrack).
-	Conntrack *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue]
+	// Conntrack and Conntrack6 are the maps to scan (maps.Conntrack,
+	// maps.Conntrack6); Conntrack6 may be nil. Each map's fill is judged on
+	// its own.
+	Conntrack  *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue]
+	Conntrack6 *maps.Map[Key, Entry]
 	// Scanners is the chain each flow passes; the first reason wins. Nil:
 	// Liveness with DefaultTimeouts.
 	Scanners []EntryScanner
@@ -84,7 +87,9 @@ type ScanStats struct {
 	// Flows counts flows (forward entries) by protocol and state: TCP
 	// "opening" (no ACK from the client yet), "established", "closing" (a
 	// FIN or RST seen from the client); UDP and other protocols "active".
-	Flows     map[FlowState]int
+	Flows map[FlowState]int
+	// Capacity sums the maps' capacities; FillRatio is the fullest map's
+	// fill (the one that refuses new flows first).
 	Capacity  uint32
 	FillRatio float64
 	Deleted   map[Reason]int
@@ -136,11 +141,12 @@ type Scanner struct {
 	// Reused across entries and scans so a scan of a million entries makes
 	// little garbage (a Pair handed to the chain's interfaces would escape).
 	pair     Pair
-	peerKey  gen.SluiceCtKey
-	toDelete []gen.SluiceCtKey
+	tables   []table
+	toDelete []Key
 	reasons  []Reason
-	// pressure: the last scan found the map fuller than PressureFill.
-	pressure bool
+	// pressure: the last scan found the map fuller than PressureFill, by
+	// table.
+	pressure []bool
 }
 
 // NewScanner checks opts and fills in defaults.
@@ -173,7 +179,8 @@ func NewScanner(opts Options) (*Scanner, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Scanner{opts: opts, log: log}, nil
+	t := tables(opts.Conntrack, opts.Conntrack6)
+	return &Scanner{opts: opts, log: log, tables: t, pressure: make([]bool, len(t))}, nil
 }
 
 // Monotonic is the kernel's monotonic clock, the one bpf_ktime_get_ns reads
@@ -191,15 +198,42 @@ func Monotonic() time.Duration { return gen.Monotonic() }
 func (s *Scanner) Scan() (ScanStats, error) {
 	start := time.Now()
 	now := s.opts.Clock()
-	st := ScanStats{Capacity: s.opts.Conntrack.MaxEntries(), Deleted: map[Reason]int{}, Flows: map[FlowState]int{}}
+	st := ScanStats{Deleted: map[Reason]int{}, Flows: map[FlowState]int{}}
 	for _, sc := range s.opts.Scanners {
 		if err := sc.Prepare(now); err != nil {
 			return st, fmt.Errorf("conntrack scan: prepare: %w", err)
 		}
 	}
+	for i, t := range s.tables {
+		entries, early := st.Entries, st.Deleted[ReasonEarlyDrop]
+		if err := s.scanTable(t, s.pressure[i], now, &st); err != nil {
+			return st, err
+		}
+		n := st.Entries - entries
+		fill := float64(n) / float64(max(t.capacity(), 1))
+		st.Capacity += t.capacity()
+		st.FillRatio = max(st.FillRatio, fill)
+		if dropped := st.Deleted[ReasonEarlyDrop] - early; fill > fillWarning || dropped > 0 {
+			s.log.Warn("conntrack map nearly full: new flows are refused when it is full, established ones are kept, and flows never answered are dropped first",
+				"map", t.name(), "entries", n, "capacity", t.capacity(),
+				"fill", fmt.Sprintf("%.0f%%", 100*fill), "unanswered_dropped", dropped)
+		}
+		s.pressure[i] = fill > s.opts.PressureFill
+	}
+	st.Duration = time.Since(start)
+	if s.opts.OnScan != nil {
+		s.opts.OnScan(st)
+	}
+	return st, nil
+}
+
+// scanTable walks one map and applies its deletions. Each forward entry is
+// judged with its reverse entry, as Scan says; pressure: that map was fuller
+// than PressureFill at the last scan.
+func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanStats) error {
 	s.toDelete, s.reasons = s.toDelete[:0], s.reasons[:0]
 	var walkErr error
-	err := s.opts.Conntrack.Iterate(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool {
+	err := t.iterate(func(k Key, v Entry) bool {
 		st.Entries++
 		switch k.Proto {
 		case protoTCP:
@@ -214,20 +248,20 @@ func (s *Scanner) Scan() (ScanStats, error) {
 			st.Forward++
 			st.Flows[flowState(k.Proto, v.TcpSeen)]++
 			*p = Pair{FwdKey: k, Fwd: v, HasFwd: true, RevKey: v.Peer}
-			readRev := s.pressure || s.needsReverse(p, now)
+			readRev := pressure || s.needsReverse(p, now)
 			if readRev {
-				if walkErr = s.lookupOwnReverse(p); walkErr != nil {
+				if walkErr = lookupOwnReverse(t, p); walkErr != nil {
 					return false
 				}
 			}
 			reason := s.judge(p, now)
-			if reason == "" && s.pressure && !p.Assured() && now-p.Created() > s.opts.UnansweredGrace {
+			if reason == "" && pressure && !p.Assured() && now-p.Created() > s.opts.UnansweredGrace {
 				reason = ReasonEarlyDrop
 			}
 			if reason != "" {
 				s.delete(k, reason)
 				if !readRev {
-					if walkErr = s.lookupOwnReverse(p); walkErr != nil {
+					if walkErr = lookupOwnReverse(t, p); walkErr != nil {
 						return false
 					}
 				}
@@ -242,7 +276,7 @@ func (s *Scanner) Scan() (ScanStats, error) {
 		if !s.looksExpired(p, now) {
 			return true
 		}
-		p.HasFwd, walkErr = s.lookupPeer(v.Peer, &p.Fwd)
+		p.HasFwd, walkErr = t.lookup(v.Peer, &p.Fwd)
 		if walkErr != nil {
 			return false
 		}
@@ -256,33 +290,9 @@ func (s *Scanner) Scan() (ScanStats, error) {
 		err = walkErr
 	}
 	if err != nil {
-		return st, fmt.Errorf("conntrack scan: %w", err)
+		return fmt.Errorf("conntrack scan: %s: %w", t.name(), err)
 	}
-	if err := s.applyDeletions(&st); err != nil {
-		return st, err
-	}
-	st.FillRatio = float64(st.Entries) / float64(max(st.Capacity, 1))
-	st.Duration = time.Since(start)
-	if st.FillRatio > fillWarning || st.Deleted[ReasonEarlyDrop] > 0 {
-		s.log.Warn("conntrack map nearly full: new flows are refused when it is full, established ones are kept, and flows never answered are dropped first",
-			"map", s.opts.Conntrack.Name(), "entries", st.Entries, "capacity", st.Capacity,
-			"fill", fmt.Sprintf("%.0f%%", 100*st.FillRatio), "unanswered_dropped", st.Deleted[ReasonEarlyDrop])
-	}
-	s.pressure = st.FillRatio > s.opts.PressureFill
-	if s.opts.OnScan != nil {
-		s.opts.OnScan(st)
-	}
-	return st, nil
-}
-
-// lookupPeer reads the entry of k into out (memory the scanner owns).
-func (s *Scanner) lookupPeer(k gen.SluiceCtKey, out *gen.SluiceCtValue) (bool, error) {
-	s.peerKey = k
-	err := s.opts.Conntrack.Lookup(&s.peerKey, out)
-	if errors.Is(err, maps.ErrKeyNotExist) {
-		return false, nil
-	}
-	return err == nil, err
+	return s.applyDeletions(t, st)
 }
 
 // lookupOwnReverse reads the forward entry's reverse entry into the pair,
@@ -290,11 +300,11 @@ func (s *Scanner) lookupPeer(k gen.SluiceCtKey, out *gen.SluiceCtValue) (bool, e
 // Service with the same backend makes the same reverse key, and the datapath
 // hands it to the new flow: it must neither keep the old flow alive nor be
 // deleted with it.
-func (s *Scanner) lookupOwnReverse(p *Pair) error {
-	ok, err := s.lookupPeer(p.RevKey, &p.Rev)
+func lookupOwnReverse(t table, p *Pair) error {
+	ok, err := t.lookup(p.RevKey, &p.Rev)
 	p.HasRev = ok && p.Rev.Peer == p.FwdKey
 	if !p.HasRev {
-		p.Rev = gen.SluiceCtValue{}
+		p.Rev = Entry{}
 	}
 	return err
 }
@@ -337,7 +347,7 @@ func (s *Scanner) judge(p *Pair, now time.Duration) Reason {
 }
 
 // delete queues k; an empty reason marks the second entry of a pair (counted once).
-func (s *Scanner) delete(k gen.SluiceCtKey, reason Reason) {
+func (s *Scanner) delete(k Key, reason Reason) {
 	s.toDelete = append(s.toDelete, k)
 	s.reasons = append(s.reasons, reason)
 }
@@ -345,9 +355,9 @@ func (s *Scanner) delete(k gen.SluiceCtKey, reason Reason) {
 // deleteChunk bounds one batch delete.
 const deleteChunk = 4096
 
-// applyDeletions deletes the queued keys in batches; a key already gone (the
-// datapath's LRU evicted it, or it was queued twice) counts as deleted.
-func (s *Scanner) applyDeletions(st *ScanStats) error {
+// applyDeletions deletes the queued keys from t in batches; a key already
+// gone (queued twice, or removed meanwhile) counts as deleted.
+func (s *Scanner) applyDeletions(t table, st *ScanStats) error {
 	for _, r := range s.reasons {
 		if r != "" {
 			st.Deleted[r]++
@@ -356,7 +366,7 @@ func (s *Scanner) applyDeletions(st *ScanStats) error {
 	keys := s.toDelete
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), deleteChunk)]
-		n, err := s.opts.Conntrack.BatchDelete(chunk)
+		n, err := t.batchDelete(chunk)
 		if errors.Is(err, maps.ErrKeyNotExist) {
 			n++ // skip the missing key and go on
 		} else if err != nil {
@@ -428,41 +438,45 @@ func (s *Scanner) FlushBackends(backends []Backend) (int, error) {
 	for _, b := range backends {
 		gone[b] = true
 	}
-	return s.Flush(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool {
+	return s.Flush(func(k Key, v Entry) bool {
 		return k.Proto == protoUDP && gone[Backend{ServiceID: v.SvcId, Addr: addrPort(v.NatAddr, v.NatPort)}]
 	})
 }
 
-// Flush deletes every flow whose forward entry match accepts: the forward
-// entry, and the reverse entry when it is the flow's own (a reverse entry
-// another flow took over after a port reuse stays). It returns how many
-// flows it deleted.
-func (s *Scanner) Flush(match func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool) (int, error) {
-	s.toDelete, s.reasons = s.toDelete[:0], s.reasons[:0]
-	var walkErr error
-	err := s.opts.Conntrack.Iterate(func(k gen.SluiceCtKey, v gen.SluiceCtValue) bool {
-		if v.Type != gen.SluiceCtTypeCT_FORWARD || !match(k, v) {
+// Flush deletes every flow, of either family, whose forward entry match
+// accepts: the forward entry, and the reverse entry when it is the flow's
+// own (a reverse entry another flow took over after a port reuse stays). It
+// returns how many flows it deleted.
+func (s *Scanner) Flush(match func(k Key, v Entry) bool) (int, error) {
+	flushed := 0
+	for _, t := range s.tables {
+		s.toDelete, s.reasons = s.toDelete[:0], s.reasons[:0]
+		var walkErr error
+		err := t.iterate(func(k Key, v Entry) bool {
+			if v.Type != gen.SluiceCtTypeCT_FORWARD || !match(k, v) {
+				return true
+			}
+			s.delete(k, ReasonFlushed)
+			s.pair = Pair{FwdKey: k, Fwd: v, HasFwd: true, RevKey: v.Peer}
+			if walkErr = lookupOwnReverse(t, &s.pair); walkErr != nil {
+				return false
+			}
+			if s.pair.HasRev {
+				s.delete(v.Peer, "")
+			}
 			return true
+		})
+		if err == nil {
+			err = walkErr
 		}
-		s.delete(k, ReasonFlushed)
-		s.pair = Pair{FwdKey: k, Fwd: v, HasFwd: true, RevKey: v.Peer}
-		if walkErr = s.lookupOwnReverse(&s.pair); walkErr != nil {
-			return false
+		if err != nil {
+			return flushed, fmt.Errorf("conntrack flush: %s: %w", t.name(), err)
 		}
-		if s.pair.HasRev {
-			s.delete(v.Peer, "")
+		st := ScanStats{Deleted: map[Reason]int{}}
+		if err := s.applyDeletions(t, &st); err != nil {
+			return flushed, err
 		}
-		return true
-	})
-	if err == nil {
-		err = walkErr
+		flushed += st.Deleted[ReasonFlushed]
 	}
-	if err != nil {
-		return 0, fmt.Errorf("conntrack flush: %w", err)
-	}
-	st := ScanStats{Deleted: map[Reason]int{}}
-	if err := s.applyDeletions(&st); err != nil {
-		return 0, err
-	}
-	return st.Deleted[ReasonFlushed], nil
+	return flushed, nil
 }

@@ -289,24 +289,26 @@ func TestDecodeForPeople(t *testing.T) {
 	e := newEnv(t, conntrack.DefaultTimeouts())
 	e.tcp(clientAP, vipAP, bpftest.SYN)
 	e.tcp(be1AP, clientAP, bpftest.SYN|bpftest.ACK)
-	p := conntrack.Pair{FwdKey: bpftest.CtKey(clientAP, vipAP, bpftest.ProtoTCP), HasFwd: true, HasRev: true}
-	p.Fwd, _ = e.dp.CT(p.FwdKey)
-	p.RevKey = p.Fwd.Peer
-	p.Rev, _ = e.dp.CT(p.RevKey)
-	now := time.Duration(p.Rev.LastSeen) + 3500*time.Millisecond
+	rev, _ := e.dp.CT(bpftest.CtKey(be1AP, clientAP, bpftest.ProtoTCP))
+	now := time.Duration(rev.LastSeen) + 3500*time.Millisecond
+	flows, err := conntrack.ListFlows(e.ct, nil, now)
+	if err != nil || len(flows) != 1 {
+		t.Fatalf("flows %v %v", flows, err)
+	}
 	want := "tcp 10.1.0.5:41234 -> 10.96.0.10:80 (nat 10.2.0.7:8080) established, last seen 3s ago"
-	if got := conntrack.Decode(&p, now).String(); got != want {
+	if got := flows[0].String(); got != want {
 		t.Fatalf("got  %q\nwant %q", got, want)
 	}
 
 	// The same client port toward the backend directly: a tracked, direct
 	// flow whose port was remapped (the Service flow holds the tuple).
 	e.tcp(clientAP, be1AP, bpftest.SYN)
-	d := conntrack.Pair{FwdKey: bpftest.CtKey(clientAP, be1AP, bpftest.ProtoTCP), HasFwd: true, HasRev: true}
-	d.Fwd, _ = e.dp.CT(d.FwdKey)
-	d.RevKey = d.Fwd.Peer
-	d.Rev, _ = e.dp.CT(d.RevKey)
-	got := conntrack.Decode(&d, time.Duration(d.Fwd.LastSeen)).String()
+	fwd, _ := e.dp.CT(bpftest.CtKey(clientAP, be1AP, bpftest.ProtoTCP))
+	flows, err = conntrack.ListFlows(e.ct, nil, time.Duration(fwd.LastSeen))
+	if err != nil || len(flows) != 2 {
+		t.Fatalf("flows %v %v", flows, err)
+	}
+	got := flows[0].String() // sorted by frontend: the backend's address first
 	wantPrefix := "tcp 10.1.0.5:41234 -> 10.2.0.7:8080 (direct, snat 10.1.0.5:"
 	if !strings.HasPrefix(got, wantPrefix) || !strings.HasSuffix(got, ") syn-sent, last seen 0s ago") {
 		t.Fatalf("got  %q\nwant %q...", got, wantPrefix)

@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/sluice-net/sluice/gen"
@@ -20,22 +21,30 @@ type StaleNAT struct {
 	Frontends *maps.Map[gen.SluiceFeKey, gen.SluiceFeValue]
 	Backends  *maps.Map[gen.SluiceBeKey, gen.SluiceBeValue]
 	HostIPs   *maps.Map[gen.SluiceHostipKey, gen.SluiceHostipValue]
+	// The IPv6 maps; nil leaves IPv6 flows alone.
+	Frontends6 *maps.Map[gen.SluiceFe6Key, gen.SluiceFeValue]
+	Backends6  *maps.Map[gen.SluiceBeKey, gen.SluiceBe6Value]
+	HostIPs6   *maps.Map[gen.SluiceHostip6Key, gen.SluiceHostipValue]
 
+	// The snapshot, in the IPv6 layout (IPv4 addresses IPv4-mapped).
 	loaded   bool
-	fe       map[gen.SluiceFeKey]gen.SluiceFeValue
+	fe       map[gen.SluiceFe6Key]gen.SluiceFeValue
 	backends map[backendRef]bool
-	hostIPs  map[uint32]bool
+	hostIPs  map[[16]uint8]bool
 	err      error
 }
 
 type backendRef struct {
 	svcID uint32
-	addr  uint32
+	addr  [16]uint8
 	port  uint16
 }
 
-// wildcardAddr is the NodePort wildcard frontend address (network order).
-const wildcardAddr = 0xffffffff
+// The NodePort wildcard frontend addresses, per family (all ones).
+var (
+	wildcard4 = mapped(0xffffffff)
+	wildcard6 = [16]uint8{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+)
 
 // Prepare drops the previous snapshot; the next non-TCP flow loads a new one.
 func (s *StaleNAT) Prepare(time.Duration) error {
@@ -45,26 +54,48 @@ func (s *StaleNAT) Prepare(time.Duration) error {
 
 func (s *StaleNAT) load() {
 	s.loaded = true
-	s.fe = map[gen.SluiceFeKey]gen.SluiceFeValue{}
+	s.fe = map[gen.SluiceFe6Key]gen.SluiceFeValue{}
 	s.backends = map[backendRef]bool{}
-	s.hostIPs = map[uint32]bool{}
-	if s.err = s.Frontends.Iterate(func(k gen.SluiceFeKey, v gen.SluiceFeValue) bool { s.fe[k] = v; return true }); s.err != nil {
+	s.hostIPs = map[[16]uint8]bool{}
+	if s.err = s.Frontends.Iterate(func(k gen.SluiceFeKey, v gen.SluiceFeValue) bool {
+		s.fe[gen.SluiceFe6Key{Addr: mapped(k.Addr), Port: k.Port, Proto: k.Proto}] = v
+		return true
+	}); s.err != nil {
 		return
 	}
 	if s.err = s.Backends.Iterate(func(k gen.SluiceBeKey, v gen.SluiceBeValue) bool {
+		s.backends[backendRef{k.SvcId, mapped(v.Addr), v.Port}] = true
+		return true
+	}); s.err != nil {
+		return
+	}
+	if s.err = s.HostIPs.Iterate(func(k gen.SluiceHostipKey, _ gen.SluiceHostipValue) bool {
+		s.hostIPs[mapped(k.Addr)] = true
+		return true
+	}); s.err != nil || s.Frontends6 == nil {
+		return
+	}
+	if s.err = s.Frontends6.Iterate(func(k gen.SluiceFe6Key, v gen.SluiceFeValue) bool { s.fe[k] = v; return true }); s.err != nil {
+		return
+	}
+	if s.err = s.Backends6.Iterate(func(k gen.SluiceBeKey, v gen.SluiceBe6Value) bool {
 		s.backends[backendRef{k.SvcId, v.Addr, v.Port}] = true
 		return true
 	}); s.err != nil {
 		return
 	}
-	s.err = s.HostIPs.Iterate(func(k gen.SluiceHostipKey, _ gen.SluiceHostipValue) bool { s.hostIPs[k.Addr] = true; return true })
+	s.err = s.HostIPs6.Iterate(func(k gen.SluiceHostip6Key, _ gen.SluiceHostipValue) bool { s.hostIPs[k.Addr] = true; return true })
 }
 
 // Check reports ReasonStaleNAT for a non-TCP flow whose frontend is gone or no
 // longer has the flow's backend. If the snapshot could not be read, it keeps
-// every flow.
+// every flow; without the IPv6 maps, it keeps every IPv6 flow.
 func (s *StaleNAT) Check(p *Pair, _ time.Duration) Reason {
 	if !p.HasFwd || p.FwdKey.Proto == protoTCP || p.Fwd.SvcId == 0 {
+		return ""
+	}
+	ipv4 := netip.AddrFrom16(p.FwdKey.Daddr).Is4In6()
+	if !ipv4 && s.Frontends6 == nil {
 		return ""
 	}
 	if !s.loaded {
@@ -73,10 +104,13 @@ func (s *StaleNAT) Check(p *Pair, _ time.Duration) Reason {
 	if s.err != nil {
 		return ""
 	}
-	key := gen.SluiceFeKey{Addr: p.FwdKey.Daddr, Port: p.FwdKey.Dport, Proto: p.FwdKey.Proto}
+	key := gen.SluiceFe6Key{Addr: p.FwdKey.Daddr, Port: p.FwdKey.Dport, Proto: p.FwdKey.Proto}
 	fe, ok := s.fe[key]
 	if !ok && s.hostIPs[key.Addr] {
-		key.Addr = wildcardAddr
+		key.Addr = wildcard6
+		if ipv4 {
+			key.Addr = wildcard4
+		}
 		fe, ok = s.fe[key]
 	}
 	if !ok || !s.backends[backendRef{fe.SvcId, p.Fwd.NatAddr, p.Fwd.NatPort}] {

@@ -56,9 +56,10 @@ const (
 )
 
 const (
-	protoICMP = 1
-	protoTCP  = 6
-	protoUDP  = 17
+	protoICMP   = 1
+	protoTCP    = 6
+	protoUDP    = 17
+	protoICMPv6 = 58
 )
 
 // State is a flow's state as the timeouts see it.
@@ -77,9 +78,10 @@ const (
 )
 
 // Pair is a flow's two conntrack entries; either may be missing (an orphan).
+// Entries of both families are in the IPv6 layout (Key, Entry).
 type Pair struct {
-	FwdKey, RevKey gen.SluiceCtKey
-	Fwd, Rev       gen.SluiceCtValue
+	FwdKey, RevKey Key
+	Fwd, Rev       Entry
 	HasFwd, HasRev bool
 }
 
@@ -174,7 +176,7 @@ func (t *Timeouts) shortest(proto uint8) time.Duration {
 // aliveByForward: the forward entry alone proves the flow is not expired (it
 // is young, or it saw a packet within the shortest timeout of its protocol),
 // so the reverse entry need not be read to judge liveness.
-func (t *Timeouts) aliveByForward(k *gen.SluiceCtKey, v *gen.SluiceCtValue, now time.Duration) bool {
+func (t *Timeouts) aliveByForward(k *Key, v *Entry, now time.Duration) bool {
 	return now-time.Duration(v.Created) < t.CreationGrace || now-time.Duration(v.LastSeen) <= t.shortest(k.Proto)
 }
 

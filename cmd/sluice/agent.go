@@ -103,18 +103,23 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	})
 	fs.StringVar(&cfg.DefaultHostEndpoint, "default-host-endpoint", "",
 		"policy for the node's data interfaces no HostEndpoint names: \"\" (none) or deny-ingress (only the failsafe ports, replies and Services the node's own HostEndpoints allow reach the node)")
-	fs.Func("cluster-cidr", "the pods' CIDR: ClusterIP traffic from outside it is SNATed to the node IP (comma-separated: the IPv4 one is used)", func(s string) error {
+	fs.Func("cluster-cidr", "the pods' CIDRs, one per family, comma-separated: ClusterIP traffic from outside them is SNATed to the node IP", func(s string) error {
+		cfg.ClusterCIDR, cfg.ClusterCIDR6 = netip.Prefix{}, netip.Prefix{}
 		for _, f := range splitComma(s) {
 			p, err := netip.ParsePrefix(f)
 			if err != nil {
 				return err
 			}
-			if p.Addr().Is4() {
-				cfg.ClusterCIDR = p
-				return nil
+			at := &cfg.ClusterCIDR
+			if p.Addr().Is6() {
+				at = &cfg.ClusterCIDR6
 			}
+			if at.IsValid() {
+				return fmt.Errorf("%s: two CIDRs of one family (%s, %s)", s, *at, p)
+			}
+			*at = p.Masked()
 		}
-		return fmt.Errorf("%s holds no IPv4 CIDR: the datapath is IPv4-only", s)
+		return nil
 	})
 	logLevel = fs.String("log-level", "info", "debug, info, warn or error")
 	configFile = fs.String("config", "", "a YAML or JSON file with the same keys as the flags (flags win)")

@@ -327,7 +327,11 @@ func runDemo(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	flows, err := conntrack.ListFlows(ct, conntrack.Monotonic())
+	ct6, err := maps.Conntrack6.In(a.Maps())
+	if err != nil {
+		return err
+	}
+	flows, err := conntrack.ListFlows(ct, ct6, conntrack.Monotonic())
 	if err != nil {
 		return err
 	}

@@ -156,7 +156,11 @@ func runCT(args []string) error {
 	if err != nil {
 		return err
 	}
-	flows, err := conntrack.ListFlows(ct, conntrack.Monotonic())
+	ct6, err := maps.Conntrack6.In(set)
+	if err != nil {
+		return err
+	}
+	flows, err := conntrack.ListFlows(ct, ct6, conntrack.Monotonic())
 	if err != nil {
 		return err
 	}
@@ -188,7 +192,7 @@ func runCT(args []string) error {
 		picked = append(picked, fl)
 	}
 	if args[0] == "flush" {
-		return flushFlows(ct, picked)
+		return flushFlows(ct, ct6, picked)
 	}
 	if *f.asJSON {
 		return printJSON(picked)
@@ -201,7 +205,7 @@ func runCT(args []string) error {
 
 // flushFlows deletes the listed flows, both entries of each, as the
 // conntrack scanner flushes.
-func flushFlows(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], flows []conntrack.Flow) error {
+func flushFlows(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], ct6 *maps.Map[conntrack.Key, conntrack.Entry], flows []conntrack.Flow) error {
 	type flowKey struct {
 		proto            string
 		client, frontend netip.AddrPort
@@ -210,13 +214,13 @@ func flushFlows(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], flows []conntr
 	for _, fl := range flows {
 		picked[flowKey{fl.Proto, fl.Client, fl.Frontend}] = true
 	}
-	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct})
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Conntrack6: ct6})
 	if err != nil {
 		return err
 	}
-	n, err := sc.Flush(func(k gen.SluiceCtKey, _ gen.SluiceCtValue) bool {
-		return picked[flowKey{conntrack.ProtoName(k.Proto), netip.AddrPortFrom(gen.AddrFromNet(k.Saddr), gen.PortFromNet(k.Sport)),
-			netip.AddrPortFrom(gen.AddrFromNet(k.Daddr), gen.PortFromNet(k.Dport))}]
+	n, err := sc.Flush(func(k conntrack.Key, _ conntrack.Entry) bool {
+		return picked[flowKey{conntrack.ProtoName(k.Proto), netip.AddrPortFrom(gen.AddrFromNet6(k.Saddr).Unmap(), gen.PortFromNet(k.Sport)),
+			netip.AddrPortFrom(gen.AddrFromNet6(k.Daddr).Unmap(), gen.PortFromNet(k.Dport))}]
 	})
 	fmt.Printf("flushed %d flows\n", n)
 	return err

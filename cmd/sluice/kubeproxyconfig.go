@@ -82,7 +82,7 @@ func fromKubeProxyConfig(data []byte) (values map[string]string, ignored []strin
 	switch ip, err := netip.ParseAddr(c.BindAddress); {
 	case c.BindAddress == "" || err == nil && ip.IsUnspecified():
 		used = append(used, "bindAddress")
-	case err == nil && ip.Is4():
+	case err == nil:
 		set("bindAddress", "node-ips", ip.String())
 	}
 	for _, b := range []struct{ field, flag, value string }{

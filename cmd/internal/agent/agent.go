@@ -82,9 +82,10 @@ type Config struct {
 	// MasqueradeAll SNATs every balanced flow to the node IP (kube-proxy's
 	// --masquerade-all).
 	MasqueradeAll bool
-	// ClusterCIDR, when set, SNATs ClusterIP traffic arriving from outside it
-	// (kube-proxy's --cluster-cidr). IPv4 only.
-	ClusterCIDR netip.Prefix
+	// ClusterCIDR and ClusterCIDR6, when set, SNAT ClusterIP traffic of
+	// their family arriving from outside them (kube-proxy's --cluster-cidr,
+	// one CIDR per family).
+	ClusterCIDR, ClusterCIDR6 netip.Prefix
 	// DetectLocalMode tells the cluster's own traffic (not masqueraded to a
 	// ClusterIP) from the rest, as kube-proxy's --detect-local-mode:
 	// ClusterCIDR (the default: sources in ClusterCIDR), NodeCIDR (sources
@@ -357,9 +358,16 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	ct6, err := maps.Conntrack6.In(a.set)
+	if err != nil {
+		return err
+	}
 	fe, _ := maps.Frontends.In(a.set)
 	be, _ := maps.Backends.In(a.set)
 	hip, _ := maps.HostIPs.In(a.set)
+	fe6, _ := maps.Frontends6.In(a.set)
+	be6, _ := maps.Backends6.In(a.set)
+	hip6, _ := maps.HostIPs6.In(a.set)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := kubeproxy.NewMetrics(reg)
@@ -388,10 +396,10 @@ func (a *Agent) start(ctx context.Context) error {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_policy_errors",
 		Help: "NetworkPolicy constructs the latest translation could not apply as written (each is logged, naming its object)"},
 		func() float64 { return float64(feed.b.Stats().Errors) }))
-	scanner, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Logger: log, Interval: cfg.ConntrackScanPeriod,
+	scanner, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Conntrack6: ct6, Logger: log, Interval: cfg.ConntrackScanPeriod,
 		OnScan: metrics.ObserveScan,
 		Scanners: []conntrack.EntryScanner{&conntrack.Liveness{Timeouts: a.timeouts()},
-			&conntrack.StaleNAT{Frontends: fe, Backends: be, HostIPs: hip}}})
+			&conntrack.StaleNAT{Frontends: fe, Backends: be, HostIPs: hip, Frontends6: fe6, Backends6: be6, HostIPs6: hip6}}})
 	if err != nil {
 		return err
 	}
@@ -499,14 +507,47 @@ func (a *Agent) guard(ctx context.Context, metrics *kubeproxy.Metrics) {
 	}
 }
 
-// setNodeIPs makes the node's first address the SNAT source.
+// setNodeIPs makes the node's first address of each family that family's
+// SNAT source; a family the node has no address of keeps what it had.
 func (a *Agent) setNodeIPs(ips []netip.Addr) {
-	if len(ips) == 0 {
+	v4, v6 := firstOfEach(ips)
+	if !v4.IsValid() && !v6.IsValid() {
 		return
 	}
-	if err := nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) { c.NodeIP = ips[0] }); err != nil {
+	err := nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) {
+		if v4.IsValid() {
+			c.NodeIP = v4
+		}
+		if v6.IsValid() {
+			c.NodeIP6 = v6
+		}
+	})
+	if err != nil {
 		a.log.Error("writing the node IP", "err", err)
 	}
+}
+
+// firstOfEach returns the first IPv4 and the first IPv6 element of list,
+// addresses or prefixes (either is the zero value when none is of its
+// family).
+func firstOfEach[T netip.Addr | netip.Prefix](list []T) (v4, v6 T) {
+	var seen4, seen6 bool
+	for _, x := range list {
+		var a netip.Addr
+		switch v := any(x).(type) {
+		case netip.Addr:
+			a = v
+		case netip.Prefix:
+			a = v.Addr()
+		}
+		switch {
+		case a.Is4() && !seen4:
+			v4, seen4 = x, true
+		case a.Is6() && !seen6:
+			v6, seen6 = x, true
+		}
+	}
+	return v4, v6
 }
 
 // kube-proxy's --detect-local-mode values that apply without a CNI of
@@ -531,7 +572,10 @@ func checkDetectLocal(cfg Config) error {
 	switch cfg.DetectLocalMode {
 	case "", LocalModeClusterCIDR:
 		if c := cfg.ClusterCIDR; c.IsValid() && !c.Addr().Is4() {
-			return fmt.Errorf("--cluster-cidr %s: the datapath is IPv4-only", c)
+			return fmt.Errorf("--cluster-cidr %s: not an IPv4 CIDR (ClusterCIDR6 holds the IPv6 one)", c)
+		}
+		if c := cfg.ClusterCIDR6; c.IsValid() && !c.Addr().Is6() {
+			return fmt.Errorf("--cluster-cidr %s: not an IPv6 CIDR", c)
 		}
 	case LocalModeNodeCIDR:
 	case LocalModeInterfaceNamePrefix:
@@ -546,26 +590,33 @@ func checkDetectLocal(cfg Config) error {
 	return nil
 }
 
-// setPodCIDRs writes this Node's first IPv4 pod CIDR as the local-traffic
-// CIDR (--detect-local-mode=NodeCIDR).
+// setPodCIDRs writes this Node's first pod CIDR of each family as that
+// family's local-traffic CIDR (--detect-local-mode=NodeCIDR).
 func (a *Agent) setPodCIDRs(cidrs []netip.Prefix) {
 	if a.cfg.DetectLocalMode != LocalModeNodeCIDR {
 		return
 	}
-	if len(cidrs) == 0 {
-		a.log.Warn("--detect-local-mode=NodeCIDR: the Node has no IPv4 pod CIDR yet; ClusterIP traffic is not masqueraded until it has", "node", a.cfg.NodeName)
+	v4, v6 := firstOfEach(cidrs)
+	if !v4.IsValid() && !v6.IsValid() {
+		a.log.Warn("--detect-local-mode=NodeCIDR: the Node has no pod CIDR yet; ClusterIP traffic is not masqueraded until it has", "node", a.cfg.NodeName)
 		return
 	}
 	changed := false
 	err := nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) {
-		changed = c.LocalCIDR != cidrs[0].Masked()
-		c.LocalCIDR = cidrs[0]
+		if v4.IsValid() {
+			changed = changed || c.LocalCIDR != v4.Masked()
+			c.LocalCIDR = v4.Masked()
+		}
+		if v6.IsValid() {
+			changed = changed || c.LocalCIDR6 != v6.Masked()
+			c.LocalCIDR6 = v6.Masked()
+		}
 	})
 	switch {
 	case err != nil:
 		a.log.Error("writing the Node's pod CIDR", "err", err)
 	case changed:
-		a.log.Info("local traffic is the Node's pod CIDR", "cidr", cidrs[0])
+		a.log.Info("local traffic is the Node's pod CIDRs", "cidrs", cidrs)
 	}
 }
 
@@ -582,18 +633,18 @@ func (a *Agent) writeNodeConfig() error {
 		return fmt.Errorf("socket LB: the node's network namespace: %w", err)
 	}
 	err = nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) {
-		next := nat.NodeConfig{NodeIP: c.NodeIP, SocketLBNetnsCookie: cookie, MasqueradeAll: a.cfg.MasqueradeAll}
-		if len(a.cfg.NodeIPs) > 0 {
-			next.NodeIP = a.cfg.NodeIPs[0]
+		next := nat.NodeConfig{NodeIP: c.NodeIP, NodeIP6: c.NodeIP6, SocketLBNetnsCookie: cookie, MasqueradeAll: a.cfg.MasqueradeAll}
+		if v4, v6 := firstOfEach(a.cfg.NodeIPs); v4.IsValid() || v6.IsValid() {
+			next.NodeIP, next.NodeIP6 = v4, v6
 		}
 		switch a.cfg.DetectLocalMode {
 		case LocalModeInterfaceNamePrefix:
 			next.LocalByInterface = true
 		case LocalModeNodeCIDR:
-			// Written when the Node tells its pod CIDR (setPodCIDRs).
-			next.LocalCIDR = c.LocalCIDR
+			// Written when the Node tells its pod CIDRs (setPodCIDRs).
+			next.LocalCIDR, next.LocalCIDR6 = c.LocalCIDR, c.LocalCIDR6
 		default:
-			next.LocalCIDR = a.cfg.ClusterCIDR
+			next.LocalCIDR, next.LocalCIDR6 = a.cfg.ClusterCIDR, a.cfg.ClusterCIDR6
 		}
 		*c = next
 	})
