@@ -33,6 +33,10 @@ type Topology struct {
 	PodIface map[string]string // the node's side of each pod's veth
 	External *NetNS
 	NodeIP   netip.Addr
+	// Set by EnableIPv6: each pod's IPv6 address, and the node's on the
+	// external host's link.
+	PodIP6  map[string]netip.Addr
+	NodeIP6 netip.Addr
 }
 
 // NewTopology builds the namespaces (NewPod: netlab, as the demo and the
@@ -65,6 +69,31 @@ func NewTopology(t testing.TB, d *Datapath, pods ...string) *Topology {
 	d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(topo.NodeIP)})
 	d.Put(d.Objs.SlHostipV1, gen.SluiceHostipKey{Addr: gen.NetAddr(topo.NodeIP)}, gen.SluiceHostipValue{})
 	return topo
+}
+
+// EnableIPv6 makes the topology dual-stack, laid out as the IPv4 one:
+//
+//	pod i:    fd00:20<i>::2/64, gateway fd00:20<i>::1 (the node's side)
+//	external: fd00:210::2/64,   gateway fd00:210::1 (the node's IPv6 address)
+//
+// Addresses skip duplicate address detection, so they are usable at once.
+func (topo *Topology) EnableIPv6(t testing.TB) {
+	t.Helper()
+	topo.PodIP6, topo.NodeIP6 = map[string]netip.Addr{}, netip.MustParseAddr("fd00:210::1")
+	topo.Node.Run("sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+	plumb := func(pod *NetNS, hostIface string, addr, gw netip.Addr) {
+		topo.Node.Run("ip", "addr", "add", netip.PrefixFrom(gw, 64).String(), "dev", hostIface, "nodad")
+		pod.Run("ip", "addr", "add", netip.PrefixFrom(addr, 64).String(), "dev", "eth0", "nodad")
+		pod.Run("ip", "-6", "route", "add", "default", "via", gw.String())
+	}
+	for name, iface := range topo.PodIface {
+		i := strings.TrimPrefix(iface, "slw")
+		addr := netip.MustParseAddr("fd00:20" + i + "::2")
+		plumb(topo.Pods[name], iface, addr, netip.MustParseAddr("fd00:20"+i+"::1"))
+		topo.PodIP6[name] = addr
+	}
+	plumb(topo.External, "sldata0", netip.MustParseAddr("fd00:210::2"), topo.NodeIP6)
+	topo.DP.SetNodeIP6(topo.NodeIP6)
 }
 
 // Attach puts ingress and egress programs on an interface of the node namespace
@@ -103,11 +132,20 @@ func (topo *Topology) Attach(t testing.TB, iface string, ingress, egress *ebpf.P
 func listenTCP(t testing.TB, ns *NetNS, addr string) net.Listener {
 	t.Helper()
 	var ln net.Listener
-	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
+	if err := ns.Do(func() (err error) { ln, err = net.Listen(family(addr, "tcp"), addr); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
 	return ln
+}
+
+// family is proto's network for a listening address: "tcp4" for ":8080" or
+// an IPv4 address, "tcp6" for "[::]:8080" or an IPv6 address.
+func family(addr, proto string) string {
+	if strings.HasPrefix(addr, "[") {
+		return proto + "6"
+	}
+	return proto + "4"
 }
 
 // ServeTCP answers each line with "<name> <client address> <line>".
@@ -140,7 +178,7 @@ func ServeTCP(t testing.TB, ns *NetNS, name, addr string) {
 func ServeUDPEcho(t testing.TB, ns *NetNS, name, addr string) (stop func()) {
 	t.Helper()
 	var pc net.PacketConn
-	if err := ns.Do(func() (err error) { pc, err = net.ListenPacket("udp4", addr); return err }); err != nil {
+	if err := ns.Do(func() (err error) { pc, err = net.ListenPacket(family(addr, "udp"), addr); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Close() })
@@ -171,7 +209,7 @@ func Exchange(ns *NetNS, network, addr, line string) (string, error) {
 		if _, err := fmt.Fprintf(c, "%s\n", line); err != nil {
 			return err
 		}
-		if network == "udp4" {
+		if strings.HasPrefix(network, "udp") {
 			buf := make([]byte, 1500)
 			n, err := c.Read(buf)
 			answer = string(buf[:n])
