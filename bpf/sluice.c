@@ -81,6 +81,35 @@ int sl_getpeername4(struct bpf_sock_addr *ctx)
 	return socklb_reverse(ctx, 0);
 }
 
+/* cgroup/connect6: balance an IPv6 socket's connect() (an IPv4-mapped
+ * destination on the IPv4 maps). */
+SEC("cgroup/connect6")
+int sl_connect6(struct bpf_sock_addr *ctx)
+{
+	return socklb_translate6(ctx);
+}
+
+/* cgroup/sendmsg6: balance a sendto() on an unconnected IPv6 UDP socket. */
+SEC("cgroup/sendmsg6")
+int sl_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return socklb_translate6(ctx);
+}
+
+/* cgroup/recvmsg6: replies come from the service, not the backend. */
+SEC("cgroup/recvmsg6")
+int sl_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return socklb_reverse6(ctx, SOCK_REVNAT_TIMEOUT_NS);
+}
+
+/* cgroup/getpeername6: the peer is the service, not the backend. */
+SEC("cgroup/getpeername6")
+int sl_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return socklb_reverse6(ctx, 0);
+}
+
 /* cgroup_skb/egress: a UDP socket pinned to a backend that left fails its send. */
 SEC("cgroup_skb/egress")
 int sl_sock_egress(struct __sk_buff *skb)

@@ -365,6 +365,25 @@ type SluiceRulectrKey struct {
 	RuleId uint64
 }
 
+type SluiceSock6Key struct {
+	_           structs.HostLayout
+	Cookie      uint64
+	BackendAddr [16]uint8
+	BackendPort uint16
+	Pad         [3]uint16
+}
+
+type SluiceSock6Value struct {
+	_            structs.HostLayout
+	Ts           uint64
+	FrontendAddr [16]uint8
+	FrontendPort uint16
+	Pad          uint16
+	SvcId        uint32
+	Ordinal      uint32
+	Pad2         uint32
+}
+
 type SluiceSockKey struct {
 	_           structs.HostLayout
 	Cookie      uint64
@@ -447,19 +466,24 @@ const (
 	SluiceMapSlPrefilterV1    = "sl_prefilter_v1"
 	SluiceMapSlRulectrV1      = "sl_rulectr_v1"
 	SluiceMapSlScratch6V1     = "sl_scratch6_v1"
+	SluiceMapSlSock6V1        = "sl_sock6_v1"
 	SluiceMapSlSockV1         = "sl_sock_v1"
 	SluiceMapSlSrcrange6V1    = "sl_srcrange6_v1"
 	SluiceMapSlSrcrangeV1     = "sl_srcrange_v1"
 	SluiceMapSlSvcnameV1      = "sl_svcname_v1"
 	SluiceMapSlSvcstatsV1     = "sl_svcstats_v1"
 	SluiceProgSlConnect4      = "sl_connect4"
+	SluiceProgSlConnect6      = "sl_connect6"
 	SluiceProgSlFromHost      = "sl_from_host"
 	SluiceProgSlFromHostL3    = "sl_from_host_l3"
 	SluiceProgSlFromWl        = "sl_from_wl"
 	SluiceProgSlGetpeername4  = "sl_getpeername4"
+	SluiceProgSlGetpeername6  = "sl_getpeername6"
 	SluiceProgSlPolicyVerdict = "sl_policy_verdict"
 	SluiceProgSlRecvmsg4      = "sl_recvmsg4"
+	SluiceProgSlRecvmsg6      = "sl_recvmsg6"
 	SluiceProgSlSendmsg4      = "sl_sendmsg4"
+	SluiceProgSlSendmsg6      = "sl_sendmsg6"
 	SluiceProgSlSockEgress    = "sl_sock_egress"
 	SluiceProgSlToHost        = "sl_to_host"
 	SluiceProgSlToHostL3      = "sl_to_host_l3"
@@ -510,13 +534,17 @@ type SluiceSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceProgramSpecs struct {
 	SlConnect4      *ebpf.ProgramSpec `ebpf:"sl_connect4"`
+	SlConnect6      *ebpf.ProgramSpec `ebpf:"sl_connect6"`
 	SlFromHost      *ebpf.ProgramSpec `ebpf:"sl_from_host"`
 	SlFromHostL3    *ebpf.ProgramSpec `ebpf:"sl_from_host_l3"`
 	SlFromWl        *ebpf.ProgramSpec `ebpf:"sl_from_wl"`
 	SlGetpeername4  *ebpf.ProgramSpec `ebpf:"sl_getpeername4"`
+	SlGetpeername6  *ebpf.ProgramSpec `ebpf:"sl_getpeername6"`
 	SlPolicyVerdict *ebpf.ProgramSpec `ebpf:"sl_policy_verdict"`
 	SlRecvmsg4      *ebpf.ProgramSpec `ebpf:"sl_recvmsg4"`
+	SlRecvmsg6      *ebpf.ProgramSpec `ebpf:"sl_recvmsg6"`
 	SlSendmsg4      *ebpf.ProgramSpec `ebpf:"sl_sendmsg4"`
+	SlSendmsg6      *ebpf.ProgramSpec `ebpf:"sl_sendmsg6"`
 	SlSockEgress    *ebpf.ProgramSpec `ebpf:"sl_sock_egress"`
 	SlToHost        *ebpf.ProgramSpec `ebpf:"sl_to_host"`
 	SlToHostL3      *ebpf.ProgramSpec `ebpf:"sl_to_host_l3"`
@@ -550,6 +578,7 @@ type SluiceMapSpecs struct {
 	SlPrefilterV1 *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
 	SlRulectrV1   *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1  *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
+	SlSock6V1     *ebpf.MapSpec `ebpf:"sl_sock6_v1"`
 	SlSockV1      *ebpf.MapSpec `ebpf:"sl_sock_v1"`
 	SlSrcrange6V1 *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1  *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
@@ -605,6 +634,7 @@ type SluiceMaps struct {
 	SlPrefilterV1 *ebpf.Map `ebpf:"sl_prefilter_v1"`
 	SlRulectrV1   *ebpf.Map `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1  *ebpf.Map `ebpf:"sl_scratch6_v1"`
+	SlSock6V1     *ebpf.Map `ebpf:"sl_sock6_v1"`
 	SlSockV1      *ebpf.Map `ebpf:"sl_sock_v1"`
 	SlSrcrange6V1 *ebpf.Map `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1  *ebpf.Map `ebpf:"sl_srcrange_v1"`
@@ -636,6 +666,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlPrefilterV1,
 		m.SlRulectrV1,
 		m.SlScratch6V1,
+		m.SlSock6V1,
 		m.SlSockV1,
 		m.SlSrcrange6V1,
 		m.SlSrcrangeV1,
@@ -655,13 +686,17 @@ type SluiceVariables struct {
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluicePrograms struct {
 	SlConnect4      *ebpf.Program `ebpf:"sl_connect4"`
+	SlConnect6      *ebpf.Program `ebpf:"sl_connect6"`
 	SlFromHost      *ebpf.Program `ebpf:"sl_from_host"`
 	SlFromHostL3    *ebpf.Program `ebpf:"sl_from_host_l3"`
 	SlFromWl        *ebpf.Program `ebpf:"sl_from_wl"`
 	SlGetpeername4  *ebpf.Program `ebpf:"sl_getpeername4"`
+	SlGetpeername6  *ebpf.Program `ebpf:"sl_getpeername6"`
 	SlPolicyVerdict *ebpf.Program `ebpf:"sl_policy_verdict"`
 	SlRecvmsg4      *ebpf.Program `ebpf:"sl_recvmsg4"`
+	SlRecvmsg6      *ebpf.Program `ebpf:"sl_recvmsg6"`
 	SlSendmsg4      *ebpf.Program `ebpf:"sl_sendmsg4"`
+	SlSendmsg6      *ebpf.Program `ebpf:"sl_sendmsg6"`
 	SlSockEgress    *ebpf.Program `ebpf:"sl_sock_egress"`
 	SlToHost        *ebpf.Program `ebpf:"sl_to_host"`
 	SlToHostL3      *ebpf.Program `ebpf:"sl_to_host_l3"`
@@ -672,13 +707,17 @@ type SluicePrograms struct {
 func (p *SluicePrograms) Close() error {
 	return _SluiceClose(
 		p.SlConnect4,
+		p.SlConnect6,
 		p.SlFromHost,
 		p.SlFromHostL3,
 		p.SlFromWl,
 		p.SlGetpeername4,
+		p.SlGetpeername6,
 		p.SlPolicyVerdict,
 		p.SlRecvmsg4,
+		p.SlRecvmsg6,
 		p.SlSendmsg4,
+		p.SlSendmsg6,
 		p.SlSockEgress,
 		p.SlToHost,
 		p.SlToHostL3,

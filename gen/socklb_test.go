@@ -32,6 +32,10 @@ func newSocklbEnv(t *testing.T) *socklbEnv {
 		{e.d.Objs.SlRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
 		{e.d.Objs.SlGetpeername4, ebpf.AttachCgroupInet4GetPeername},
 		{e.d.Objs.SlSockEgress, ebpf.AttachCGroupInetEgress},
+		{e.d.Objs.SlConnect6, ebpf.AttachCGroupInet6Connect},
+		{e.d.Objs.SlSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+		{e.d.Objs.SlRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
+		{e.d.Objs.SlGetpeername6, ebpf.AttachCgroupInet6GetPeername},
 	} {
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: e.cg.Path, Attach: a.at, Program: a.prog})
 		if err != nil {

@@ -43,6 +43,8 @@ type SocketLB struct {
 // (gen.SluicePrograms has them as SlConnect4 and so on).
 type SocketLBPrograms struct {
 	Connect4, Sendmsg4, Recvmsg4, Getpeername4, SockEgress *ebpf.Program
+	// The IPv6 hooks; nil leaves IPv6 sockets unbalanced.
+	Connect6, Sendmsg6, Recvmsg6, Getpeername6 *ebpf.Program
 }
 
 // AttachSocketLB attaches the programs to the cgroup v2 at path: every socket
@@ -55,6 +57,9 @@ type SocketLBPrograms struct {
 func AttachSocketLB(path, pinDir string, p SocketLBPrograms) (*SocketLB, error) {
 	s := &SocketLB{}
 	for _, a := range socketLBHooks(p) {
+		if a.prog == nil && a.ipv6 {
+			continue
+		}
 		l, err := attachCgroup(path, pinDir, a.name, a.prog, a.at)
 		if err != nil {
 			s.Close()
@@ -69,15 +74,20 @@ type cgroupHook struct {
 	name string
 	prog *ebpf.Program
 	at   ebpf.AttachType
+	ipv6 bool
 }
 
 func socketLBHooks(p SocketLBPrograms) []cgroupHook {
 	return []cgroupHook{
-		{"connect4", p.Connect4, ebpf.AttachCGroupInet4Connect},
-		{"sendmsg4", p.Sendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
-		{"recvmsg4", p.Recvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
-		{"getpeername4", p.Getpeername4, ebpf.AttachCgroupInet4GetPeername},
-		{"sock_egress", p.SockEgress, ebpf.AttachCGroupInetEgress},
+		{"connect4", p.Connect4, ebpf.AttachCGroupInet4Connect, false},
+		{"sendmsg4", p.Sendmsg4, ebpf.AttachCGroupUDP4Sendmsg, false},
+		{"recvmsg4", p.Recvmsg4, ebpf.AttachCGroupUDP4Recvmsg, false},
+		{"getpeername4", p.Getpeername4, ebpf.AttachCgroupInet4GetPeername, false},
+		{"sock_egress", p.SockEgress, ebpf.AttachCGroupInetEgress, false},
+		{"connect6", p.Connect6, ebpf.AttachCGroupInet6Connect, true},
+		{"sendmsg6", p.Sendmsg6, ebpf.AttachCGroupUDP6Sendmsg, true},
+		{"recvmsg6", p.Recvmsg6, ebpf.AttachCGroupUDP6Recvmsg, true},
+		{"getpeername6", p.Getpeername6, ebpf.AttachCgroupInet6GetPeername, true},
 	}
 }
 

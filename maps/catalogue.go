@@ -82,6 +82,7 @@ var (
 	Fragments6 = Def[gen.SluiceFrag6Key, gen.SluiceFragValue]{Name: gen.SluiceMapSlFrag6V1}
 	Config6    = Def[uint32, gen.SluiceConfig6]{Name: gen.SluiceMapSlConfig6V1}
 	HostIPs6   = Def[gen.SluiceHostip6Key, gen.SluiceHostipValue]{Name: gen.SluiceMapSlHostip6V1}
+	Sockets6   = Def[gen.SluiceSock6Key, gen.SluiceSock6Value]{Name: gen.SluiceMapSlSock6V1}
 	// PolicyPrograms is a program array: use Set.Map(PolicyPrograms) with
 	// the policy runtime.
 	PolicyPrograms = gen.SluiceMapSlPolprogV1
@@ -116,6 +117,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlFrag6V1:     "IPv6 fragments: {source, destination, fragment id, protocol} -> the first fragment's ports (LRU)",
 	gen.SluiceMapSlConfig6V1:   "node-wide IPv6 settings: node IPv6 address for SNAT, IPv6 pod CIDR",
 	gen.SluiceMapSlHostip6V1:   "this node's IPv6 addresses (NodePort wildcard matching)",
+	gen.SluiceMapSlSock6V1:     "socket LB of IPv6 sockets: {socket cookie, backend} -> service address to give back (LRU)",
 	gen.SluiceMapSlScratch6V1:  "per-CPU scratch space where the datapath builds IPv6 conntrack entries; holds nothing between packets",
 }
 

@@ -98,6 +98,7 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.Fragments6.Name:      roundTrip(maps.Fragments6),
 	maps.Config6.Name:         roundTripConfig6,
 	maps.HostIPs6.Name:        roundTrip(maps.HostIPs6),
+	maps.Sockets6.Name:        roundTrip(maps.Sockets6),
 	gen.SluiceMapSlScratch6V1: checkScratch,
 }
 

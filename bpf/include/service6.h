@@ -167,7 +167,7 @@ static __always_inline int src_allowed6(const struct fe_value *fe, const __u8 *s
 
 /* pick_backend6: pick_backend (service.h) for an IPv6 client. */
 static __always_inline int pick_backend6(const struct fe_value *fe, const __u8 *client,
-					 int local_only, struct be6_value *out)
+					 int local_only, struct be6_value *out, __u32 *ordinal)
 {
 	__u32 n = local_only ? fe->local_count : fe->count;
 	struct aff6_key akey = { .svc_id = fe->svc_id };
@@ -187,6 +187,7 @@ static __always_inline int pick_backend6(const struct fe_value *fe, const __u8 *
 			addr6_copy(out->addr, a->addr);
 			out->port = a->port;
 			out->flags = a->flags;
+			*ordinal = a->ordinal;
 			return PICK_OK;
 		}
 	}
@@ -197,6 +198,7 @@ static __always_inline int pick_backend6(const struct fe_value *fe, const __u8 *
 	if (!be)
 		return PICK_BACKEND_MISSING;
 	*out = *be;
+	*ordinal = bkey.ordinal;
 
 	if (fe->affinity_timeout) {
 		struct aff6_value a = { .ts = now, .port = be->port, .flags = be->flags, .ordinal = bkey.ordinal };

@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // HelperMain is a TestMain for packages whose tests start helper processes
@@ -30,11 +33,17 @@ func HelperMain(m *testing.M) {
 //	udp-connected ADDR  connected socket: ask, wait for a line on stdin, ask again
 //	                    (printing a send or receive error), then ask on a new socket
 //	connect-loop ADDR N N connects and closes, print "ns=<mean connect time>"
+//	tcp-mapped ADDR     as tcp, from a dual-stack IPv6 socket to ADDR's
+//	                    IPv4-mapped address (::ffff:a.b.c.d)
+//
+// An ADDR in brackets is IPv6, and its socket an IPv6 one.
 func runHelper(action string, args []string) error {
 	addr := args[0]
 	switch action {
+	case "tcp-mapped":
+		return tcpMapped(addr)
 	case "tcp": // connect, report the peer and the server's answer
-		c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+		c, err := net.DialTimeout(family(addr, "tcp"), addr, 2*time.Second)
 		if err != nil {
 			return err
 		}
@@ -47,12 +56,12 @@ func runHelper(action string, args []string) error {
 		}
 		fmt.Printf("peer=%s answer=%s", c.RemoteAddr(), answer)
 	case "udp-sendto": // unconnected socket: sendto, then report the reply's source
-		pc, err := net.ListenPacket("udp4", ":0")
+		pc, err := net.ListenPacket(family(addr, "udp"), ":0")
 		if err != nil {
 			return err
 		}
 		defer pc.Close()
-		dst, err := net.ResolveUDPAddr("udp4", addr)
+		dst, err := net.ResolveUDPAddr(family(addr, "udp"), addr)
 		if err != nil {
 			return err
 		}
@@ -79,7 +88,7 @@ func runHelper(action string, args []string) error {
 			}
 			return "answer=" + string(buf[:n])
 		}
-		c, err := net.Dial("udp4", addr)
+		c, err := net.Dial(family(addr, "udp"), addr)
 		if err != nil {
 			return err
 		}
@@ -87,7 +96,7 @@ func runHelper(action string, args []string) error {
 		bufio.NewReader(os.Stdin).ReadString('\n') // the parent removes the backend
 		fmt.Println(ask(c, "2"))
 		c.Close()
-		c, err = net.Dial("udp4", addr)
+		c, err = net.Dial(family(addr, "udp"), addr)
 		if err != nil {
 			return err
 		}
@@ -117,5 +126,53 @@ func runHelper(action string, args []string) error {
 	default:
 		return fmt.Errorf("unknown helper action %q", action)
 	}
+	return nil
+}
+
+// tcpMapped connects an AF_INET6 socket that accepts IPv4 (IPV6_V6ONLY off,
+// as most dual-stack servers and clients open them) to the IPv4-mapped form
+// of an IPv4 ADDR, and prints what the tcp action prints: Go's net package
+// would open an AF_INET socket for it.
+func tcpMapped(addr string) error {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().Is4() {
+		return fmt.Errorf("tcp-mapped %q: want an IPv4 address:port", addr)
+	}
+	fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	if err := unix.Connect(fd, &unix.SockaddrInet6{Port: int(ap.Port()), Addr: netip.AddrFrom16(ap.Addr().As16()).As16()}); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	peer, err := unix.Getpeername(fd)
+	if err != nil {
+		unix.Close(fd)
+		return err
+	}
+	p6, ok := peer.(*unix.SockaddrInet6)
+	if !ok {
+		unix.Close(fd)
+		return fmt.Errorf("getpeername: %T", peer)
+	}
+	f := os.NewFile(uintptr(fd), "tcp-mapped")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "hi\n")
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	answer, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	fmt.Printf("peer=%s answer=%s", netip.AddrPortFrom(netip.AddrFrom16(p6.Addr), uint16(p6.Port)), answer)
 	return nil
 }

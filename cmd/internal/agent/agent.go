@@ -327,7 +327,8 @@ func (a *Agent) start(ctx context.Context) error {
 
 	if cfg.Cgroup != "" {
 		s, err := ifacemgr.AttachSocketLB(cfg.Cgroup, cfg.PinDir, ifacemgr.SocketLBPrograms{Connect4: o.SlConnect4,
-			Sendmsg4: o.SlSendmsg4, Recvmsg4: o.SlRecvmsg4, Getpeername4: o.SlGetpeername4, SockEgress: o.SlSockEgress})
+			Sendmsg4: o.SlSendmsg4, Recvmsg4: o.SlRecvmsg4, Getpeername4: o.SlGetpeername4, SockEgress: o.SlSockEgress,
+			Connect6: o.SlConnect6, Sendmsg6: o.SlSendmsg6, Recvmsg6: o.SlRecvmsg6, Getpeername6: o.SlGetpeername6})
 		if err != nil {
 			return err
 		}
