@@ -20,6 +20,11 @@ func TestXDPPrefilter(t *testing.T) {
 	d := newDP(t)
 	deny := netip.MustParsePrefix("198.51.100.0/24")
 	d.Put(d.Objs.SlPrefilterV1, gen.SluicePrefilterKey{Prefixlen: uint32(deny.Bits()), Addr: gen.NetAddr(deny.Addr())}, gen.SluicePrefilterValue{})
+	deny6 := netip.MustParsePrefix("2001:db8:bad::/48")
+	d.Put(d.Objs.SlPrefilter6V1, gen.SluicePrefilter6Key{Prefixlen: uint32(deny6.Bits()), Addr: gen.NetAddr6(deny6.Addr())}, gen.SluicePrefilterValue{})
+	node6 := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr("fd00::1"), port) }
+	denied6 := netip.MustParseAddrPort("[2001:db8:bad::7]:40000")
+	allowed6 := netip.MustParseAddrPort("[2001:db8:600d::7]:40000")
 	for _, port := range []uint16{22, 6443, 10256} {
 		d.Put(d.Objs.SlFailsafeV1, gen.SluiceFailsafeKey{Proto: protoTCP, Port: gen.NetPort(port)}, gen.SluiceFailsafeValue{})
 	}
@@ -40,7 +45,14 @@ func TestXDPPrefilter(t *testing.T) {
 		{"denied source, failsafe port behind IP options", bpftest.Build(bpftest.PacketSpec{Src: denied, Dst: node(22), Proto: layers.IPProtocolTCP,
 			TCPFlags: bpftest.SYN, IPOptions: []byte{0x94, 0x04, 0, 0}}), xdpPass},
 		{"other source", bpftest.TCPPacket(allowed, node(30080), bpftest.SYN), xdpPass},
-		{"non-IPv4", append(make([]byte, 12), 0x86, 0xdd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), xdpPass},
+		{"neither IPv4 nor IPv6 (ARP)", append(make([]byte, 12), 0x08, 0x06, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), xdpPass},
+		{"IPv6 header cut short", append(make([]byte, 12), 0x86, 0xdd, 0x60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), xdpPass},
+		{"denied IPv6 source to a NodePort", bpftest.TCPPacket(denied6, node6(30080), bpftest.SYN), xdpDrop},
+		{"denied IPv6 source, ICMPv6", bpftest.Build(bpftest.PacketSpec{Src: denied6, Dst: node6(0), Proto: layers.IPProtocolICMPv6, ICMPType: 128}), xdpDrop},
+		{"denied IPv6 source to SSH (failsafe)", bpftest.TCPPacket(denied6, node6(22), bpftest.SYN), xdpPass},
+		{"denied IPv6 source to SSH behind an extension header (not looked for)",
+			bpftest.WithExtHeaders(bpftest.TCPPacket(denied6, node6(22), bpftest.SYN), bpftest.ExtHeader{Type: 60, Body: bpftest.PadOptions(1)}), xdpDrop},
+		{"other IPv6 source", bpftest.TCPPacket(allowed6, node6(30080), bpftest.SYN), xdpPass},
 	}
 	drops, passes := uint64(0), uint64(0)
 	for _, c := range cases {

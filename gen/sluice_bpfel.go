@@ -349,6 +349,12 @@ const (
 	SluicePolVerdictPOL_DENIED   SluicePolVerdict = 2
 )
 
+type SluicePrefilter6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
+}
+
 type SluicePrefilterKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -463,6 +469,7 @@ const (
 	SluiceMapSlIfstateV1      = "sl_ifstate_v1"
 	SluiceMapSlIpsetV1        = "sl_ipset_v1"
 	SluiceMapSlPolprogV1      = "sl_polprog_v1"
+	SluiceMapSlPrefilter6V1   = "sl_prefilter6_v1"
 	SluiceMapSlPrefilterV1    = "sl_prefilter_v1"
 	SluiceMapSlRulectrV1      = "sl_rulectr_v1"
 	SluiceMapSlScratch6V1     = "sl_scratch6_v1"
@@ -556,34 +563,35 @@ type SluiceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceMapSpecs struct {
-	SlAff6V1      *ebpf.MapSpec `ebpf:"sl_aff6_v1"`
-	SlAffV1       *ebpf.MapSpec `ebpf:"sl_aff_v1"`
-	SlBe6V1       *ebpf.MapSpec `ebpf:"sl_be6_v1"`
-	SlBeV1        *ebpf.MapSpec `ebpf:"sl_be_v1"`
-	SlConfig6V1   *ebpf.MapSpec `ebpf:"sl_config6_v1"`
-	SlConfigV1    *ebpf.MapSpec `ebpf:"sl_config_v1"`
-	SlCountersV3  *ebpf.MapSpec `ebpf:"sl_counters_v3"`
-	SlCt6V1       *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
-	SlCtV2        *ebpf.MapSpec `ebpf:"sl_ct_v2"`
-	SlFailsafeV1  *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
-	SlFe6V1       *ebpf.MapSpec `ebpf:"sl_fe6_v1"`
-	SlFeV1        *ebpf.MapSpec `ebpf:"sl_fe_v1"`
-	SlFrag6V1     *ebpf.MapSpec `ebpf:"sl_frag6_v1"`
-	SlFragV1      *ebpf.MapSpec `ebpf:"sl_frag_v1"`
-	SlHostip6V1   *ebpf.MapSpec `ebpf:"sl_hostip6_v1"`
-	SlHostipV1    *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
-	SlIfstateV1   *ebpf.MapSpec `ebpf:"sl_ifstate_v1"`
-	SlIpsetV1     *ebpf.MapSpec `ebpf:"sl_ipset_v1"`
-	SlPolprogV1   *ebpf.MapSpec `ebpf:"sl_polprog_v1"`
-	SlPrefilterV1 *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
-	SlRulectrV1   *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
-	SlScratch6V1  *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
-	SlSock6V1     *ebpf.MapSpec `ebpf:"sl_sock6_v1"`
-	SlSockV1      *ebpf.MapSpec `ebpf:"sl_sock_v1"`
-	SlSrcrange6V1 *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
-	SlSrcrangeV1  *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
-	SlSvcnameV1   *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
-	SlSvcstatsV1  *ebpf.MapSpec `ebpf:"sl_svcstats_v1"`
+	SlAff6V1       *ebpf.MapSpec `ebpf:"sl_aff6_v1"`
+	SlAffV1        *ebpf.MapSpec `ebpf:"sl_aff_v1"`
+	SlBe6V1        *ebpf.MapSpec `ebpf:"sl_be6_v1"`
+	SlBeV1         *ebpf.MapSpec `ebpf:"sl_be_v1"`
+	SlConfig6V1    *ebpf.MapSpec `ebpf:"sl_config6_v1"`
+	SlConfigV1     *ebpf.MapSpec `ebpf:"sl_config_v1"`
+	SlCountersV3   *ebpf.MapSpec `ebpf:"sl_counters_v3"`
+	SlCt6V1        *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
+	SlCtV2         *ebpf.MapSpec `ebpf:"sl_ct_v2"`
+	SlFailsafeV1   *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
+	SlFe6V1        *ebpf.MapSpec `ebpf:"sl_fe6_v1"`
+	SlFeV1         *ebpf.MapSpec `ebpf:"sl_fe_v1"`
+	SlFrag6V1      *ebpf.MapSpec `ebpf:"sl_frag6_v1"`
+	SlFragV1       *ebpf.MapSpec `ebpf:"sl_frag_v1"`
+	SlHostip6V1    *ebpf.MapSpec `ebpf:"sl_hostip6_v1"`
+	SlHostipV1     *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
+	SlIfstateV1    *ebpf.MapSpec `ebpf:"sl_ifstate_v1"`
+	SlIpsetV1      *ebpf.MapSpec `ebpf:"sl_ipset_v1"`
+	SlPolprogV1    *ebpf.MapSpec `ebpf:"sl_polprog_v1"`
+	SlPrefilter6V1 *ebpf.MapSpec `ebpf:"sl_prefilter6_v1"`
+	SlPrefilterV1  *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
+	SlRulectrV1    *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
+	SlScratch6V1   *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
+	SlSock6V1      *ebpf.MapSpec `ebpf:"sl_sock6_v1"`
+	SlSockV1       *ebpf.MapSpec `ebpf:"sl_sock_v1"`
+	SlSrcrange6V1  *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
+	SlSrcrangeV1   *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
+	SlSvcnameV1    *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
+	SlSvcstatsV1   *ebpf.MapSpec `ebpf:"sl_svcstats_v1"`
 }
 
 // SluiceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -612,34 +620,35 @@ func (o *SluiceObjects) Close() error {
 //
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluiceMaps struct {
-	SlAff6V1      *ebpf.Map `ebpf:"sl_aff6_v1"`
-	SlAffV1       *ebpf.Map `ebpf:"sl_aff_v1"`
-	SlBe6V1       *ebpf.Map `ebpf:"sl_be6_v1"`
-	SlBeV1        *ebpf.Map `ebpf:"sl_be_v1"`
-	SlConfig6V1   *ebpf.Map `ebpf:"sl_config6_v1"`
-	SlConfigV1    *ebpf.Map `ebpf:"sl_config_v1"`
-	SlCountersV3  *ebpf.Map `ebpf:"sl_counters_v3"`
-	SlCt6V1       *ebpf.Map `ebpf:"sl_ct6_v1"`
-	SlCtV2        *ebpf.Map `ebpf:"sl_ct_v2"`
-	SlFailsafeV1  *ebpf.Map `ebpf:"sl_failsafe_v1"`
-	SlFe6V1       *ebpf.Map `ebpf:"sl_fe6_v1"`
-	SlFeV1        *ebpf.Map `ebpf:"sl_fe_v1"`
-	SlFrag6V1     *ebpf.Map `ebpf:"sl_frag6_v1"`
-	SlFragV1      *ebpf.Map `ebpf:"sl_frag_v1"`
-	SlHostip6V1   *ebpf.Map `ebpf:"sl_hostip6_v1"`
-	SlHostipV1    *ebpf.Map `ebpf:"sl_hostip_v1"`
-	SlIfstateV1   *ebpf.Map `ebpf:"sl_ifstate_v1"`
-	SlIpsetV1     *ebpf.Map `ebpf:"sl_ipset_v1"`
-	SlPolprogV1   *ebpf.Map `ebpf:"sl_polprog_v1"`
-	SlPrefilterV1 *ebpf.Map `ebpf:"sl_prefilter_v1"`
-	SlRulectrV1   *ebpf.Map `ebpf:"sl_rulectr_v1"`
-	SlScratch6V1  *ebpf.Map `ebpf:"sl_scratch6_v1"`
-	SlSock6V1     *ebpf.Map `ebpf:"sl_sock6_v1"`
-	SlSockV1      *ebpf.Map `ebpf:"sl_sock_v1"`
-	SlSrcrange6V1 *ebpf.Map `ebpf:"sl_srcrange6_v1"`
-	SlSrcrangeV1  *ebpf.Map `ebpf:"sl_srcrange_v1"`
-	SlSvcnameV1   *ebpf.Map `ebpf:"sl_svcname_v1"`
-	SlSvcstatsV1  *ebpf.Map `ebpf:"sl_svcstats_v1"`
+	SlAff6V1       *ebpf.Map `ebpf:"sl_aff6_v1"`
+	SlAffV1        *ebpf.Map `ebpf:"sl_aff_v1"`
+	SlBe6V1        *ebpf.Map `ebpf:"sl_be6_v1"`
+	SlBeV1         *ebpf.Map `ebpf:"sl_be_v1"`
+	SlConfig6V1    *ebpf.Map `ebpf:"sl_config6_v1"`
+	SlConfigV1     *ebpf.Map `ebpf:"sl_config_v1"`
+	SlCountersV3   *ebpf.Map `ebpf:"sl_counters_v3"`
+	SlCt6V1        *ebpf.Map `ebpf:"sl_ct6_v1"`
+	SlCtV2         *ebpf.Map `ebpf:"sl_ct_v2"`
+	SlFailsafeV1   *ebpf.Map `ebpf:"sl_failsafe_v1"`
+	SlFe6V1        *ebpf.Map `ebpf:"sl_fe6_v1"`
+	SlFeV1         *ebpf.Map `ebpf:"sl_fe_v1"`
+	SlFrag6V1      *ebpf.Map `ebpf:"sl_frag6_v1"`
+	SlFragV1       *ebpf.Map `ebpf:"sl_frag_v1"`
+	SlHostip6V1    *ebpf.Map `ebpf:"sl_hostip6_v1"`
+	SlHostipV1     *ebpf.Map `ebpf:"sl_hostip_v1"`
+	SlIfstateV1    *ebpf.Map `ebpf:"sl_ifstate_v1"`
+	SlIpsetV1      *ebpf.Map `ebpf:"sl_ipset_v1"`
+	SlPolprogV1    *ebpf.Map `ebpf:"sl_polprog_v1"`
+	SlPrefilter6V1 *ebpf.Map `ebpf:"sl_prefilter6_v1"`
+	SlPrefilterV1  *ebpf.Map `ebpf:"sl_prefilter_v1"`
+	SlRulectrV1    *ebpf.Map `ebpf:"sl_rulectr_v1"`
+	SlScratch6V1   *ebpf.Map `ebpf:"sl_scratch6_v1"`
+	SlSock6V1      *ebpf.Map `ebpf:"sl_sock6_v1"`
+	SlSockV1       *ebpf.Map `ebpf:"sl_sock_v1"`
+	SlSrcrange6V1  *ebpf.Map `ebpf:"sl_srcrange6_v1"`
+	SlSrcrangeV1   *ebpf.Map `ebpf:"sl_srcrange_v1"`
+	SlSvcnameV1    *ebpf.Map `ebpf:"sl_svcname_v1"`
+	SlSvcstatsV1   *ebpf.Map `ebpf:"sl_svcstats_v1"`
 }
 
 func (m *SluiceMaps) Close() error {
@@ -663,6 +672,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlIfstateV1,
 		m.SlIpsetV1,
 		m.SlPolprogV1,
+		m.SlPrefilter6V1,
 		m.SlPrefilterV1,
 		m.SlRulectrV1,
 		m.SlScratch6V1,

@@ -83,6 +83,7 @@ var (
 	Config6    = Def[uint32, gen.SluiceConfig6]{Name: gen.SluiceMapSlConfig6V1}
 	HostIPs6   = Def[gen.SluiceHostip6Key, gen.SluiceHostipValue]{Name: gen.SluiceMapSlHostip6V1}
 	Sockets6   = Def[gen.SluiceSock6Key, gen.SluiceSock6Value]{Name: gen.SluiceMapSlSock6V1}
+	Prefilter6 = Def[gen.SluicePrefilter6Key, gen.SluicePrefilterValue]{Name: gen.SluiceMapSlPrefilter6V1}
 	// PolicyPrograms is a program array: use Set.Map(PolicyPrograms) with
 	// the policy runtime.
 	PolicyPrograms = gen.SluiceMapSlPolprogV1
@@ -91,34 +92,35 @@ var (
 // docs says what each map is for; every map of the object must have a line
 // (a test checks), which keeps the catalogue complete.
 var docs = map[string]string{
-	gen.SluiceMapSlFeV1:        "service frontends: {IP, port, protocol} -> service id, backend counts, affinity, flags",
-	gen.SluiceMapSlBeV1:        "service backends: {service id, ordinal} -> backend IP:port, local flag",
-	gen.SluiceMapSlSrcrangeV1:  "loadBalancerSourceRanges: LPM {service id, source CIDR}",
-	gen.SluiceMapSlAffV1:       "session affinity: {service id, client IP} -> backend, time chosen (LRU)",
-	gen.SluiceMapSlCtV2:        "conntrack: forward and reverse entry per tracked flow, translated or not (full: new flows refused)",
-	gen.SluiceMapSlFragV1:      "IPv4 fragments: {source, destination, IP id, protocol} -> the first fragment's ports (LRU)",
-	gen.SluiceMapSlConfigV1:    "node-wide settings: node IP for SNAT, SNAT port range",
-	gen.SluiceMapSlHostipV1:    "this node's IPv4 addresses (NodePort wildcard matching)",
-	gen.SluiceMapSlCountersV3:  "per-CPU counters of drops and other verdicts, by reason",
-	gen.SluiceMapSlSockV1:      "socket LB: {socket cookie, backend} -> service address to give back (LRU)",
-	gen.SluiceMapSlPrefilterV1: "XDP prefilter: LPM deny list of source CIDRs",
-	gen.SluiceMapSlFailsafeV1:  "XDP prefilter: {protocol, port} inbound ports never dropped",
-	gen.SluiceMapSlIfstateV1:   "managed interfaces: ifindex -> flags, name, policy slots",
-	gen.SluiceMapSlSvcnameV1:   "service id -> namespace/name:port, for inspection tools",
-	gen.SluiceMapSlIpsetV1:     "policy IP sets: LPM {set id, address}",
-	gen.SluiceMapSlRulectrV1:   "per-CPU hit counters of policy rules, by rule id",
-	gen.SluiceMapSlSvcstatsV1:  "per-CPU packets, bytes and new flows of each service, by service id",
-	gen.SluiceMapSlPolprogV1:   "policy programs by slot (0: the verdict program)",
-	gen.SluiceMapSlFe6V1:       "IPv6 service frontends: {IP, port, protocol} -> service id, backend counts, affinity, flags",
-	gen.SluiceMapSlBe6V1:       "IPv6 service backends: {service id, ordinal} -> backend IP:port, local flag",
-	gen.SluiceMapSlSrcrange6V1: "IPv6 loadBalancerSourceRanges: LPM {service id, source CIDR}",
-	gen.SluiceMapSlAff6V1:      "IPv6 session affinity: {service id, client IP} -> backend, time chosen (LRU)",
-	gen.SluiceMapSlCt6V1:       "IPv6 conntrack: forward and reverse entry per tracked flow (full: new flows refused)",
-	gen.SluiceMapSlFrag6V1:     "IPv6 fragments: {source, destination, fragment id, protocol} -> the first fragment's ports (LRU)",
-	gen.SluiceMapSlConfig6V1:   "node-wide IPv6 settings: node IPv6 address for SNAT, IPv6 pod CIDR",
-	gen.SluiceMapSlHostip6V1:   "this node's IPv6 addresses (NodePort wildcard matching)",
-	gen.SluiceMapSlSock6V1:     "socket LB of IPv6 sockets: {socket cookie, backend} -> service address to give back (LRU)",
-	gen.SluiceMapSlScratch6V1:  "per-CPU scratch space where the datapath builds IPv6 conntrack entries; holds nothing between packets",
+	gen.SluiceMapSlFeV1:         "service frontends: {IP, port, protocol} -> service id, backend counts, affinity, flags",
+	gen.SluiceMapSlBeV1:         "service backends: {service id, ordinal} -> backend IP:port, local flag",
+	gen.SluiceMapSlSrcrangeV1:   "loadBalancerSourceRanges: LPM {service id, source CIDR}",
+	gen.SluiceMapSlAffV1:        "session affinity: {service id, client IP} -> backend, time chosen (LRU)",
+	gen.SluiceMapSlCtV2:         "conntrack: forward and reverse entry per tracked flow, translated or not (full: new flows refused)",
+	gen.SluiceMapSlFragV1:       "IPv4 fragments: {source, destination, IP id, protocol} -> the first fragment's ports (LRU)",
+	gen.SluiceMapSlConfigV1:     "node-wide settings: node IP for SNAT, SNAT port range",
+	gen.SluiceMapSlHostipV1:     "this node's IPv4 addresses (NodePort wildcard matching)",
+	gen.SluiceMapSlCountersV3:   "per-CPU counters of drops and other verdicts, by reason",
+	gen.SluiceMapSlSockV1:       "socket LB: {socket cookie, backend} -> service address to give back (LRU)",
+	gen.SluiceMapSlPrefilterV1:  "XDP prefilter: LPM deny list of source CIDRs",
+	gen.SluiceMapSlFailsafeV1:   "XDP prefilter: {protocol, port} inbound ports never dropped",
+	gen.SluiceMapSlIfstateV1:    "managed interfaces: ifindex -> flags, name, policy slots",
+	gen.SluiceMapSlSvcnameV1:    "service id -> namespace/name:port, for inspection tools",
+	gen.SluiceMapSlIpsetV1:      "policy IP sets: LPM {set id, address}",
+	gen.SluiceMapSlRulectrV1:    "per-CPU hit counters of policy rules, by rule id",
+	gen.SluiceMapSlSvcstatsV1:   "per-CPU packets, bytes and new flows of each service, by service id",
+	gen.SluiceMapSlPolprogV1:    "policy programs by slot (0: the verdict program)",
+	gen.SluiceMapSlFe6V1:        "IPv6 service frontends: {IP, port, protocol} -> service id, backend counts, affinity, flags",
+	gen.SluiceMapSlBe6V1:        "IPv6 service backends: {service id, ordinal} -> backend IP:port, local flag",
+	gen.SluiceMapSlSrcrange6V1:  "IPv6 loadBalancerSourceRanges: LPM {service id, source CIDR}",
+	gen.SluiceMapSlAff6V1:       "IPv6 session affinity: {service id, client IP} -> backend, time chosen (LRU)",
+	gen.SluiceMapSlCt6V1:        "IPv6 conntrack: forward and reverse entry per tracked flow (full: new flows refused)",
+	gen.SluiceMapSlFrag6V1:      "IPv6 fragments: {source, destination, fragment id, protocol} -> the first fragment's ports (LRU)",
+	gen.SluiceMapSlConfig6V1:    "node-wide IPv6 settings: node IPv6 address for SNAT, IPv6 pod CIDR",
+	gen.SluiceMapSlHostip6V1:    "this node's IPv6 addresses (NodePort wildcard matching)",
+	gen.SluiceMapSlPrefilter6V1: "XDP prefilter: LPM deny list of IPv6 source CIDRs",
+	gen.SluiceMapSlSock6V1:      "socket LB of IPv6 sockets: {socket cookie, backend} -> service address to give back (LRU)",
+	gen.SluiceMapSlScratch6V1:   "per-CPU scratch space where the datapath builds IPv6 conntrack entries; holds nothing between packets",
 }
 
 // Info describes one map of the catalogue.

@@ -99,7 +99,22 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.Config6.Name:         roundTripConfig6,
 	maps.HostIPs6.Name:        roundTrip(maps.HostIPs6),
 	maps.Sockets6.Name:        roundTrip(maps.Sockets6),
+	maps.Prefilter6.Name:      roundTripPrefilter6,
 	gen.SluiceMapSlScratch6V1: checkScratch,
+}
+
+func roundTripPrefilter6(t *testing.T, s *maps.Set) {
+	m, err := maps.Prefilter6.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := gen.SluicePrefilter6Key{Prefixlen: 48, Addr: gen.NetAddr6(netip.MustParseAddr("2001:db8:bad::"))}
+	if err := m.Put(k, gen.SluicePrefilterValue{Flags: 1}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Get(k); err != nil || got.Flags != 1 {
+		t.Fatalf("got %+v %v", got, err)
+	}
 }
 
 func roundTripLPM6(t *testing.T, s *maps.Set) {
