@@ -16,6 +16,41 @@ var (
 	clientAP = netip.MustParseAddrPort("10.1.0.5:41234")
 )
 
+// family is what the per-packet benchmark needs of an address family.
+type family struct {
+	suffix   string // "" for IPv4, "-ipv6" for IPv6: the sub-benchmark names'
+	node     netip.Addr
+	client   netip.AddrPort
+	wildcard netip.Addr
+	service  func(i int) netip.AddrPort
+	backend  func(i int) netip.AddrPort
+	addr     func(s string) netip.AddrPort // an IPv4-looking "10.a.b.c:p" in the family
+	newFlow  func(dst netip.AddrPort) func(int) []byte
+	nodePort func(node netip.Addr, port uint16, i int) []byte
+	frags    func(src, dst netip.AddrPort, n int) [][]byte
+	bad      func(dst netip.AddrPort) []byte
+}
+
+var families = []family{
+	{suffix: "", node: nodeIP, client: clientAP, wildcard: netip.MustParseAddr("255.255.255.255"),
+		service: serviceAddr, backend: backendAddr, addr: netip.MustParseAddrPort,
+		newFlow: newFlowFrames, nodePort: NodePortSYN, frags: Fragments, bad: Malformed},
+	{suffix: "-ipv6", node: nodeIP6, client: Client6, wildcard: netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
+		service: func(i int) netip.AddrPort { return to6(serviceAddr(i)) }, backend: func(i int) netip.AddrPort { return to6(backendAddr(i)) },
+		addr: func(s string) netip.AddrPort { return to6(netip.MustParseAddrPort(s)) },
+		newFlow: newFlowFrames6, nodePort: NodePortSYN6, frags: Fragments6, bad: Malformed6},
+}
+
+var nodeIP6 = netip.MustParseAddr("fd00::1")
+
+// to6 puts an IPv4 benchmark address into fd00::/96, keeping its last 32 bits.
+func to6(ap netip.AddrPort) netip.AddrPort {
+	b := [16]byte{0: 0xfd}
+	a4 := ap.Addr().As4()
+	copy(b[12:], a4[:])
+	return netip.AddrPortFrom(netip.AddrFrom16(b), ap.Port())
+}
+
 // serviceAddr is the ClusterIP of the i-th benchmark service.
 func serviceAddr(i int) netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96 + byte(i>>16), byte(i >> 8), byte(i)}), 80)
@@ -25,8 +60,13 @@ func backendAddr(i int) netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 128 + byte(i>>16), byte(i >> 8), byte(i)}), 8080)
 }
 
-// programServices writes n services with one backend each, in batches.
-func programServices(b *testing.B, d *bpftest.Datapath, n int) {
+// programServices writes n services with one backend each, in batches, in
+// the maps of f's family.
+func programServices(b *testing.B, d *bpftest.Datapath, f family, n int) {
+	if f.suffix != "" {
+		programServices6(b, d, f, n)
+		return
+	}
 	feKeys, feVals := make([]gen.SluiceFeKey, n), make([]gen.SluiceFeValue, n)
 	beKeys, beVals := make([]gen.SluiceBeKey, n), make([]gen.SluiceBeValue, n)
 	for i := range n {
@@ -40,6 +80,24 @@ func programServices(b *testing.B, d *bpftest.Datapath, n int) {
 		b.Fatal(err)
 	}
 	if _, err := d.Objs.SlFeV1.BatchUpdate(feKeys, feVals, nil); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func programServices6(b *testing.B, d *bpftest.Datapath, f family, n int) {
+	feKeys, feVals := make([]gen.SluiceFe6Key, n), make([]gen.SluiceFeValue, n)
+	beKeys, beVals := make([]gen.SluiceBeKey, n), make([]gen.SluiceBe6Value, n)
+	for i := range n {
+		be := f.backend(i)
+		beKeys[i] = gen.SluiceBeKey{SvcId: uint32(i + 1)}
+		beVals[i] = gen.SluiceBe6Value{Addr: gen.NetAddr6(be.Addr()), Port: gen.NetPort(be.Port())}
+		feKeys[i] = bpftest.FeKey6(f.service(i), bpftest.ProtoTCP)
+		feVals[i] = gen.SluiceFeValue{SvcId: uint32(i + 1), Count: 1}
+	}
+	if _, err := d.Objs.SlBe6V1.BatchUpdate(beKeys, beVals, nil); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := d.Objs.SlFe6V1.BatchUpdate(feKeys, feVals, nil); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -104,6 +162,18 @@ func newFlowFrames(dst netip.AddrPort) func(int) []byte {
 	}
 }
 
+// newFlowFrames6 is newFlowFrames over IPv6.
+func newFlowFrames6(dst netip.AddrPort) func(int) []byte {
+	tmpl := bpftest.TCPPacket(Client6, dst, bpftest.SYN)
+	return func(i int) []byte {
+		f := tmpl
+		f[14+8+13], f[14+8+14], f[14+8+15] = byte(i>>16), byte(i>>8), byte(i)
+		port := 1024 + i%60000
+		f[14+40], f[14+41] = byte(port>>8), byte(port)
+		return f
+	}
+}
+
 func fixed(frame []byte) func(int) []byte { return func(int) []byte { return frame } }
 
 func BenchmarkPacket(b *testing.B) {
@@ -122,69 +192,92 @@ func BenchmarkPacket(b *testing.B) {
 		floorNs = 0
 		floorNs = measure(b, objs.FloorParseLookup, bpftest.ActOK, fixed(frame))
 	})
+	b.Run("floor-ipv6", func(b *testing.B) {
+		bpftest.Require(b)
+		var objs gen.FloorObjects
+		if err := gen.LoadFloorObjects(&objs, nil); err != nil {
+			b.Fatal(err)
+		}
+		defer objs.Close()
+		vip := to6(serviceAddr(0))
+		k := bpftest.CtKey6(Client6, vip, bpftest.ProtoTCP)
+		if err := objs.FloorFlows6.Put(k, uint64(1)); err != nil {
+			b.Fatal(err)
+		}
+		measure(b, objs.FloorParseLookup6, bpftest.ActOK, fixed(bpftest.TCPPacket(Client6, vip, bpftest.ACK)))
+	})
 	for _, services := range []int{10, 1_000, 100_000} {
 		b.Run(fmt.Sprintf("services=%d", services), func(b *testing.B) {
-			d := bpftest.NewDatapath(b, nodeIP)
-			programServices(b, d, services)
-			vip := serviceAddr(services / 2)
-			be := backendAddr(services / 2)
-			// One established flow for the established and reply paths.
-			d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip, bpftest.SYN))
-
-			b.Run("established", func(b *testing.B) {
-				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(clientAP, vip, bpftest.ACK)))
-			})
-			b.Run("reply", func(b *testing.B) {
-				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(be, clientAP, bpftest.ACK)))
-			})
-			b.Run("new-flow", func(b *testing.B) {
-				measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(vip))
-			})
-			b.Run("new-flow-affinity", func(b *testing.B) {
-				// Same client address, new ports: the affinity entry decides.
-				sticky := netip.MustParseAddrPort("10.127.0.1:80")
-				d.AddService(bpftest.Service{ID: 900_001, Front: sticky, Proto: bpftest.ProtoTCP, Affinity: 600,
-					Backends: []bpftest.Backend{{AP: backendAddr(1)}, {AP: backendAddr(2)}}})
-				measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, func(i int) []byte {
-					return bpftest.TCPPacket(netip.AddrPortFrom(clientAP.Addr(), uint16(1024+i%60000)), sticky, bpftest.SYN)
-				})
-			})
-			b.Run("nodeport-new-flow", func(b *testing.B) {
-				d.AddService(bpftest.Service{ID: 900_002, Front: netip.MustParseAddrPort("255.255.255.255:30080"), Proto: bpftest.ProtoTCP,
-					Backends: []bpftest.Backend{{AP: be, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
-				measureNew(b, d, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return NodePortSYN(nodeIP, 30080, i) })
-			})
-			// Untranslated (pod to pod) traffic is tracked too, for the clash
-			// check: its established packets against the untracked path they
-			// took before (an ACK with no entry passes untouched), and the
-			// cost of starting a tracked direct flow.
-			peer := netip.MustParseAddrPort("10.1.9.9:8080")
-			d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, peer, bpftest.SYN))
-			b.Run("direct-established", func(b *testing.B) {
-				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(clientAP, peer, bpftest.ACK)))
-			})
-			b.Run("direct-untracked", func(b *testing.B) {
-				other := netip.MustParseAddrPort("10.1.9.10:8080")
-				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(clientAP, other, bpftest.ACK)))
-			})
-			b.Run("direct-new-flow", func(b *testing.B) {
-				measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(peer))
-			})
-			b.Run("fragment", func(b *testing.B) {
-				// A later fragment of a datagram whose first fragment set up
-				// its flow through a UDP Service.
-				dns := netip.MustParseAddrPort("10.127.0.2:53")
-				d.AddService(bpftest.Service{ID: 900_003, Front: dns, Proto: bpftest.ProtoUDP,
-					Backends: []bpftest.Backend{{AP: backendAddr(3)}}})
-				frags := Fragments(clientAP, dns, 3000)
-				d.RunOK(d.Objs.SlFromWl, frags[0])
-				measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(frags[1]))
-			})
-			b.Run("malformed", func(b *testing.B) {
-				measure(b, d.Objs.SlFromWl, bpftest.ActShot, fixed(Malformed(vip)))
-			})
+			for _, f := range families {
+				benchmarkPaths(b, f, services)
+			}
 		})
 	}
+}
+
+// benchmarkPaths measures every path of one family with services Services
+// programmed; the sub-benchmarks are named with the family's suffix.
+func benchmarkPaths(b *testing.B, f family, services int) {
+	d := bpftest.NewDatapath(b, nodeIP)
+	d.SetNodeIP6(nodeIP6)
+	programServices(b, d, f, services)
+	vip := f.service(services / 2)
+	be := f.backend(services / 2)
+	// One established flow for the established and reply paths.
+	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(f.client, vip, bpftest.SYN))
+	run := func(name string, fn func(b *testing.B)) { b.Run(name+f.suffix, fn) }
+
+	run("established", func(b *testing.B) {
+		measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(f.client, vip, bpftest.ACK)))
+	})
+	run("reply", func(b *testing.B) {
+		measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(be, f.client, bpftest.ACK)))
+	})
+	run("new-flow", func(b *testing.B) {
+		measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, f.newFlow(vip))
+	})
+	run("new-flow-affinity", func(b *testing.B) {
+		// Same client address, new ports: the affinity entry decides.
+		sticky := f.addr("10.127.0.1:80")
+		d.AddService(bpftest.Service{ID: 900_001, Front: sticky, Proto: bpftest.ProtoTCP, Affinity: 600,
+			Backends: []bpftest.Backend{{AP: f.backend(1)}, {AP: f.backend(2)}}})
+		measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, func(i int) []byte {
+			return bpftest.TCPPacket(netip.AddrPortFrom(f.client.Addr(), uint16(1024+i%60000)), sticky, bpftest.SYN)
+		})
+	})
+	run("nodeport-new-flow", func(b *testing.B) {
+		d.AddService(bpftest.Service{ID: 900_002, Front: netip.AddrPortFrom(f.wildcard, 30080), Proto: bpftest.ProtoTCP,
+			Backends: []bpftest.Backend{{AP: be, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+		measureNew(b, d, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return f.nodePort(f.node, 30080, i) })
+	})
+	// Untranslated (pod to pod) traffic is tracked too, for the clash
+	// check: its established packets against the untracked path they took
+	// before (an ACK with no entry passes untouched), and the cost of
+	// starting a tracked direct flow.
+	peer := f.addr("10.1.9.9:8080")
+	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(f.client, peer, bpftest.SYN))
+	run("direct-established", func(b *testing.B) {
+		measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(f.client, peer, bpftest.ACK)))
+	})
+	run("direct-untracked", func(b *testing.B) {
+		measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(f.client, f.addr("10.1.9.10:8080"), bpftest.ACK)))
+	})
+	run("direct-new-flow", func(b *testing.B) {
+		measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, f.newFlow(peer))
+	})
+	run("fragment", func(b *testing.B) {
+		// A later fragment of a datagram whose first fragment set up its
+		// flow through a UDP Service.
+		dns := f.addr("10.127.0.2:53")
+		d.AddService(bpftest.Service{ID: 900_003, Front: dns, Proto: bpftest.ProtoUDP,
+			Backends: []bpftest.Backend{{AP: f.backend(3)}}})
+		frags := f.frags(f.client, dns, 3000)
+		d.RunOK(d.Objs.SlFromWl, frags[0])
+		measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(frags[1]))
+	})
+	run("malformed", func(b *testing.B) {
+		measure(b, d.Objs.SlFromWl, bpftest.ActShot, fixed(f.bad(vip)))
+	})
 }
 
 // hotRepeat runs of one BPF_PROG_TEST_RUN call make a hot loop: the program

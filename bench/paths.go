@@ -47,3 +47,35 @@ func Malformed(dst netip.AddrPort) []byte {
 func Fragments(src, dst netip.AddrPort, n int) [][]byte {
 	return bpftest.Fragment(bpftest.UDPPacket(src, dst, make([]byte, n)), 1480)
 }
+
+// The IPv6 twins of the paths above.
+var (
+	// Client6 is the workload that starts IPv6 flows.
+	Client6 = netip.MustParseAddrPort("[fd00:1::5]:41234")
+	// External6 is an IPv6 client outside the cluster.
+	External6 = netip.MustParseAddrPort("[2001:db8::9]:50000")
+)
+
+// NewFlow6 is NewFlow from Client6's address.
+func NewFlow6(dst netip.AddrPort, i int) []byte {
+	b := Client6.Addr().As16()
+	b[13], b[14], b[15] = byte(i>>16), byte(i>>8), byte(i)
+	return bpftest.TCPPacket(netip.AddrPortFrom(netip.AddrFrom16(b), uint16(1024+i%60000)), dst, bpftest.SYN)
+}
+
+// NodePortSYN6 is an external IPv6 client's first packet to a NodePort.
+func NodePortSYN6(node netip.Addr, port uint16, i int) []byte {
+	return bpftest.TCPPacket(netip.AddrPortFrom(External6.Addr(), uint16(1024+i%60000)), netip.AddrPortFrom(node, port), bpftest.SYN)
+}
+
+// Malformed6 is an IPv6 TCP SYN cut inside its TCP header.
+func Malformed6(dst netip.AddrPort) []byte {
+	f := bpftest.TCPPacket(Client6, dst, bpftest.SYN)
+	return f[:14+40+10]
+}
+
+// Fragments6 is Fragments over IPv6: fragments of at most 1448 bytes after
+// the IPv6 and fragment headers (a 1500-byte MTU).
+func Fragments6(src, dst netip.AddrPort, n int) [][]byte {
+	return bpftest.Fragment6(bpftest.UDPPacket(src, dst, make([]byte, n)), 1448, 0x5eed)
+}

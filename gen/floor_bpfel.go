@@ -16,10 +16,12 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	FloorMapFloorFlows        = "floor_flows"
-	FloorMapSlCtV2            = "sl_ct_v2"
-	FloorProgFloorParseLookup = "floor_parse_lookup"
-	FloorProgFloorXdpPass     = "floor_xdp_pass"
+	FloorMapFloorFlows         = "floor_flows"
+	FloorMapFloorFlows6        = "floor_flows6"
+	FloorMapSlCtV2             = "sl_ct_v2"
+	FloorProgFloorParseLookup  = "floor_parse_lookup"
+	FloorProgFloorParseLookup6 = "floor_parse_lookup6"
+	FloorProgFloorXdpPass      = "floor_xdp_pass"
 )
 
 // LoadFloor returns the embedded CollectionSpec for Floor.
@@ -64,16 +66,18 @@ type FloorSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FloorProgramSpecs struct {
-	FloorParseLookup *ebpf.ProgramSpec `ebpf:"floor_parse_lookup"`
-	FloorXdpPass     *ebpf.ProgramSpec `ebpf:"floor_xdp_pass"`
+	FloorParseLookup  *ebpf.ProgramSpec `ebpf:"floor_parse_lookup"`
+	FloorParseLookup6 *ebpf.ProgramSpec `ebpf:"floor_parse_lookup6"`
+	FloorXdpPass      *ebpf.ProgramSpec `ebpf:"floor_xdp_pass"`
 }
 
 // FloorMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FloorMapSpecs struct {
-	FloorFlows *ebpf.MapSpec `ebpf:"floor_flows"`
-	SlCtV2     *ebpf.MapSpec `ebpf:"sl_ct_v2"`
+	FloorFlows  *ebpf.MapSpec `ebpf:"floor_flows"`
+	FloorFlows6 *ebpf.MapSpec `ebpf:"floor_flows6"`
+	SlCtV2      *ebpf.MapSpec `ebpf:"sl_ct_v2"`
 }
 
 // FloorVariableSpecs contains global variables before they are loaded into the kernel.
@@ -102,13 +106,15 @@ func (o *FloorObjects) Close() error {
 //
 // It can be passed to LoadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FloorMaps struct {
-	FloorFlows *ebpf.Map `ebpf:"floor_flows"`
-	SlCtV2     *ebpf.Map `ebpf:"sl_ct_v2"`
+	FloorFlows  *ebpf.Map `ebpf:"floor_flows"`
+	FloorFlows6 *ebpf.Map `ebpf:"floor_flows6"`
+	SlCtV2      *ebpf.Map `ebpf:"sl_ct_v2"`
 }
 
 func (m *FloorMaps) Close() error {
 	return _FloorClose(
 		m.FloorFlows,
+		m.FloorFlows6,
 		m.SlCtV2,
 	)
 }
@@ -123,13 +129,15 @@ type FloorVariables struct {
 //
 // It can be passed to LoadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FloorPrograms struct {
-	FloorParseLookup *ebpf.Program `ebpf:"floor_parse_lookup"`
-	FloorXdpPass     *ebpf.Program `ebpf:"floor_xdp_pass"`
+	FloorParseLookup  *ebpf.Program `ebpf:"floor_parse_lookup"`
+	FloorParseLookup6 *ebpf.Program `ebpf:"floor_parse_lookup6"`
+	FloorXdpPass      *ebpf.Program `ebpf:"floor_xdp_pass"`
 }
 
 func (p *FloorPrograms) Close() error {
 	return _FloorClose(
 		p.FloorParseLookup,
+		p.FloorParseLookup6,
 		p.FloorXdpPass,
 	)
 }

@@ -123,7 +123,7 @@ func fetchIn(ns, addr, source string, timeout time.Duration) (int, string, error
 		if source != "" {
 			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(source)}
 		}
-		c, err := d.Dial("tcp4", addr)
+		c, err := d.Dial("tcp", addr) // the family of addr
 		if err != nil {
 			return err
 		}
