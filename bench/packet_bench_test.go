@@ -37,7 +37,7 @@ var families = []family{
 		newFlow: newFlowFrames, nodePort: NodePortSYN, frags: Fragments, bad: Malformed},
 	{suffix: "-ipv6", node: nodeIP6, client: Client6, wildcard: netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
 		service: func(i int) netip.AddrPort { return to6(serviceAddr(i)) }, backend: func(i int) netip.AddrPort { return to6(backendAddr(i)) },
-		addr: func(s string) netip.AddrPort { return to6(netip.MustParseAddrPort(s)) },
+		addr:    func(s string) netip.AddrPort { return to6(netip.MustParseAddrPort(s)) },
 		newFlow: newFlowFrames6, nodePort: NodePortSYN6, frags: Fragments6, bad: Malformed6},
 }
 

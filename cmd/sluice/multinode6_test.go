@@ -247,4 +247,3 @@ func TestMultiNodeDualStack(t *testing.T) {
 		}
 	}
 }
-
