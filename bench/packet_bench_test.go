@@ -356,17 +356,23 @@ func BenchmarkPacketHot(b *testing.B) {
 
 // clearConntrack deletes every conntrack entry of d.
 func clearConntrack(b *testing.B, d *bpftest.Datapath) {
-	var keys []gen.SluiceCtKey
-	var k gen.SluiceCtKey
-	var v gen.SluiceCtValue
-	it := d.Objs.SlCtV2.Iterate()
+	clearMap[gen.SluiceCtKey, gen.SluiceCtValue](b, d.Objs.SlCtV2)
+	clearMap[gen.SluiceCt6Key, gen.SluiceCt6Value](b, d.Objs.SlCt6V1)
+}
+
+// clearMap deletes every entry of a hash map of K to V.
+func clearMap[K, V any](b *testing.B, m *ebpf.Map) {
+	var keys []K
+	var k K
+	var v V
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		keys = append(keys, k)
 	}
 	if len(keys) == 0 {
 		return
 	}
-	if _, err := d.Objs.SlCtV2.BatchDelete(keys, nil); err != nil {
+	if _, err := m.BatchDelete(keys, nil); err != nil {
 		b.Fatal(err)
 	}
 }

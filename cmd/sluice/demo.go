@@ -29,7 +29,9 @@ import (
 
 // demoTopology: a node namespace; a client pod and three backend pods behind
 // veths (workload interfaces "slw*"); an external host on the node's data
-// interface "sldata0". Addresses match examples/demo.yaml.
+// interface "sldata0". Dual-stack: each link also has an IPv6 /64,
+// fd00:2XX::/64 for the IPv4 10.2XX.0.0/24. Addresses match
+// examples/demo.yaml.
 type demoTopology struct {
 	netlab.Lab
 	node string
@@ -44,12 +46,15 @@ func (t *demoTopology) build() error {
 		return fmt.Errorf("%w (is iproute2 installed and are you root?)", err)
 	}
 	t.pods = map[string]string{}
-	pods := []struct{ role, nodeIf, addr, gw string }{
-		{"client", "slwclient", "10.200.0.2/24", "10.200.0.1"},
-		{"backend-1", "slwb1", "10.201.0.2/24", "10.201.0.1"},
-		{"backend-2", "slwb2", "10.202.0.2/24", "10.202.0.1"},
-		{"backend-3", "slwb3", "10.203.0.2/24", "10.203.0.1"},
-		{"external", "sldata0", "10.210.0.2/24", "10.210.0.1"},
+	pods := []struct{ role, nodeIf, addr, gw, net6 string }{
+		{"client", "slwclient", "10.200.0.2/24", "10.200.0.1", "fd00:200::"},
+		{"backend-1", "slwb1", "10.201.0.2/24", "10.201.0.1", "fd00:201::"},
+		{"backend-2", "slwb2", "10.202.0.2/24", "10.202.0.1", "fd00:202::"},
+		{"backend-3", "slwb3", "10.203.0.2/24", "10.203.0.1", "fd00:203::"},
+		{"external", "sldata0", "10.210.0.2/24", "10.210.0.1", "fd00:210::"},
+	}
+	if _, err := netlab.IP("netns", "exec", t.node, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"); err != nil {
+		return err
 	}
 	for _, p := range pods {
 		ns, err := t.Pod(t.node, p.nodeIf, p.role, netip.MustParsePrefix(p.addr), netip.MustParseAddr(p.gw))
@@ -57,6 +62,15 @@ func (t *demoTopology) build() error {
 			return err
 		}
 		t.pods[p.role] = ns
+		for _, cmd := range [][]string{
+			{"-n", t.node, "addr", "add", p.net6 + "1/64", "dev", p.nodeIf, "nodad"},
+			{"-n", ns, "addr", "add", p.net6 + "2/64", "dev", "eth0", "nodad"},
+			{"-n", ns, "-6", "route", "add", "default", "via", p.net6 + "1"},
+		} {
+			if _, err := netlab.IP(cmd...); err != nil {
+				return err
+			}
+		}
 	}
 	// A second address outside the LoadBalancer's source ranges.
 	_, err = netlab.IP("-n", t.pods["external"], "addr", "add", "10.210.0.3/24", "dev", "eth0")
@@ -68,7 +82,8 @@ func (t *demoTopology) build() error {
 func (t *demoTopology) serveBackends(ctx context.Context) error {
 	for _, role := range []string{"backend-1", "backend-2", "backend-3"} {
 		var ln net.Listener
-		if err := netlab.Enter(t.ns(t.pods[role]), func() (err error) { ln, err = net.Listen("tcp4", ":8080"); return err }); err != nil {
+		// "tcp": one dual-stack socket answers both families.
+		if err := netlab.Enter(t.ns(t.pods[role]), func() (err error) { ln, err = net.Listen("tcp", ":8080"); return err }); err != nil {
 			return err
 		}
 		srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -261,6 +276,21 @@ func runDemo(ctx context.Context, args []string) (err error) {
 	show(hits)
 	body, _ := get(external, "10.210.0.1:30080", "", 2*time.Second)
 	fmt.Printf("   a backend answers: %q (the external client's address is kept: backends are local)\n", body)
+
+	step("IPv6: the same Service's IPv6 half, [fd00:96::10]:80 from the client pod and [fd00:210::1]:30080 from outside")
+	hits, err = distribution(client, "[fd00:96::10]:80", "", 30)
+	if err != nil {
+		return err
+	}
+	show(hits)
+	if err := check(len(hits) == 3, "30 IPv6 requests reached %d backends, want all 3", len(hits)); err != nil {
+		return err
+	}
+	body, err = get(external, "[fd00:210::1]:30080", "", 2*time.Second)
+	if err := check(err == nil && strings.Contains(body, "fd00:210::2"), "IPv6 NodePort: %q %v", body, err); err != nil {
+		return err
+	}
+	fmt.Printf("   a backend answers: %q (over IPv6, the client's address kept)\n", body)
 
 	step("LoadBalancer IP 203.0.113.10 with loadBalancerSourceRanges [10.210.0.2/32]")
 	body, err = get(external, "203.0.113.10:80", "10.210.0.2", 2*time.Second)
