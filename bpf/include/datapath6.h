@@ -183,9 +183,10 @@ static __always_inline int quote6_rewrite(struct __sk_buff *skb, __u32 icmp_csum
 }
 
 /* icmp6_error_rnat: icmp_error_rnat (icmp_error.h) for destination
- * unreachable, packet too big and time exceeded. A quote whose next header
- * is not TCP or UDP is not about one of the datapath's flows. Returns 0 when
- * translated or not about a NATed flow, -1 when a rewrite failed. */
+ * unreachable, packet too big and time exceeded, about either direction of
+ * a NATed flow. A quote whose next header is not TCP or UDP is not about one
+ * of the datapath's flows. Returns 0 when translated or not about a NATed
+ * flow, -1 when a rewrite failed. */
 __subprog int icmp6_error_rnat(struct __sk_buff *skb, struct packet6 *p6)
 {
 	struct packet *p = &p6->p;
@@ -204,20 +205,40 @@ __subprog int icmp6_error_rnat(struct __sk_buff *skb, struct packet6 *p6)
 	addr6_copy(key.saddr, q.daddr);
 	addr6_copy(key.daddr, q.saddr);
 	struct ct6_value *v = bpf_map_lookup_elem(&sl_ct6_v1, &key);
-	if (!v || v->type != CT_REVERSE)
+	if (!v)
 		return 0;
 
-	if (quote6_rewrite(skb, icmp_csum_off, quote_off, IP6_DADDR_OFF, q.daddr, v->nat_addr,
-			   2, qports[1], v->nat_port))
-		return -1;
-	if (v->flags & CT_SNAT) {
-		if (quote6_rewrite(skb, icmp_csum_off, quote_off, IP6_SADDR_OFF, q.saddr, v->snat_addr,
-				   0, qports[0], v->snat_port) ||
-		    rewrite_addr6(skb, p, IP6_DADDR_OFF, p6->daddr, v->snat_addr, 1))
+	if (v->type == CT_REVERSE) {
+		/* About a packet toward the backend, from its side of the path:
+		 * the quote becomes the packet the client sent. */
+		if (quote6_rewrite(skb, icmp_csum_off, quote_off, IP6_DADDR_OFF, q.daddr, v->nat_addr,
+				   2, qports[1], v->nat_port))
+			return -1;
+		if (v->flags & CT_SNAT) {
+			if (quote6_rewrite(skb, icmp_csum_off, quote_off, IP6_SADDR_OFF, q.saddr, v->snat_addr,
+					   0, qports[0], v->snat_port) ||
+			    rewrite_addr6(skb, p, IP6_DADDR_OFF, p6->daddr, v->snat_addr, 1))
+				return -1;
+		}
+		if (addr6_eq(p6->saddr, q.daddr) && rewrite_addr6(skb, p, IP6_SADDR_OFF, p6->saddr, v->nat_addr, 1))
+			return -1;
+	} else {
+		/* About a reply, on its way to the client (a router toward an
+		 * external client whose path has a smaller MTU sends Packet Too
+		 * Big to the service address): the quote becomes the reply as
+		 * the backend sent it, and the error goes to the backend, so its
+		 * stack lowers the path MTU. Without this a NodePort's large
+		 * replies would stall on such a path. */
+		if (quote6_rewrite(skb, icmp_csum_off, quote_off, IP6_SADDR_OFF, q.saddr, v->nat_addr,
+				   0, qports[0], v->nat_port))
+			return -1;
+		if ((v->flags & CT_SNAT) &&
+		    quote6_rewrite(skb, icmp_csum_off, quote_off, IP6_DADDR_OFF, q.daddr, v->snat_addr,
+				   2, qports[1], v->snat_port))
+			return -1;
+		if (rewrite_addr6(skb, p, IP6_DADDR_OFF, p6->daddr, v->nat_addr, 1))
 			return -1;
 	}
-	if (addr6_eq(p6->saddr, q.daddr) && rewrite_addr6(skb, p, IP6_SADDR_OFF, p6->saddr, v->nat_addr, 1))
-		return -1;
 	count(CNT_ICMP_ERROR_TRANSLATED);
 	return 0;
 }

@@ -3,12 +3,20 @@
  * fragmentation needed, and time exceeded) about a NATed flow, so that path-MTU
  * discovery and "connection refused" work through the proxy.
  *
- * The error quotes the packet as the backend saw it (client or node IP ->
- * backend). The quote's reversed tuple is the flow's reverse conntrack key; with
- * it the quoted destination becomes the frontend again, a SNATed quoted source
- * becomes the client, the outer destination becomes the client, and an outer
- * source that is the backend itself becomes the frontend (a router's address is
- * kept).
+ * An error about the flow's forward direction quotes the packet as the backend
+ * saw it (client or node IP -> backend). The quote's reversed tuple is the
+ * flow's reverse conntrack key; with it the quoted destination becomes the
+ * frontend again, a SNATed quoted source becomes the client, the outer
+ * destination becomes the client, and an outer source that is the backend
+ * itself becomes the frontend (a router's address is kept).
+ *
+ * An error about a reply quotes it as it left the node (frontend -> client),
+ * sent back to the frontend's address by a router on the client's path (a
+ * smaller MTU there: fragmentation needed). Its reversed tuple is the flow's
+ * forward key; the quote becomes the reply as the backend sent it (backend ->
+ * client, or -> the node's SNAT address and port), and the outer destination
+ * the backend, which the node then forwards it to, so the backend's stack
+ * lowers its path MTU instead of resending into a black hole.
  *
  * Checksums: the quoted IP header's checksum is updated with its addresses, so
  * that header's sum, and with it the ICMP checksum, stay the same; quoted port
@@ -61,8 +69,23 @@ static __always_inline int icmp_error_rnat(struct __sk_buff *skb, const struct p
 		.proto = q.protocol,
 	};
 	struct ct_value *v = bpf_map_lookup_elem(&sl_ct_v2, &key);
-	if (!v || v->type != CT_REVERSE)
+	if (!v)
 		return 0;
+
+	if (v->type == CT_FORWARD) {
+		/* About a reply: see the header comment. */
+		if (quote_rewrite(skb, icmp_csum_off, quote_off, IP_SADDR_OFF, q.saddr, v->nat_addr,
+				  0, qports[0], v->nat_port))
+			return -1;
+		if ((v->flags & CT_SNAT) &&
+		    quote_rewrite(skb, icmp_csum_off, quote_off, IP_DADDR_OFF, q.daddr, v->snat_addr,
+				  2, qports[1], v->snat_port))
+			return -1;
+		if (rewrite_addr_l3(skb, p, IP_DADDR_OFF, p->daddr, v->nat_addr))
+			return -1;
+		count(CNT_ICMP_ERROR_TRANSLATED);
+		return 0;
+	}
 
 	/* The quote is the packet the node sent: its destination (port at
 	 * offset 2 of the quoted L4 header) becomes the frontend again. */
