@@ -198,4 +198,3 @@ func TestRealPathMTUThroughANodePort(t *testing.T) {
 		})
 	}
 }
-
