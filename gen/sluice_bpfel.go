@@ -147,6 +147,7 @@ type SluiceCt6Scratch struct {
 	_      structs.HostLayout
 	RevKey SluiceCt6Key
 	V      SluiceCt6Value
+	Pol    SluicePolicy6Tuple
 }
 
 type SluiceCt6Value struct {
@@ -329,6 +330,13 @@ type SluiceIfstateValue struct {
 	Name          [16]int8
 }
 
+type SluiceIpset6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SetId     uint32
+	Addr      [16]uint8
+}
+
 type SluiceIpsetKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -348,6 +356,12 @@ const (
 	SluicePolVerdictPOL_ALLOWED  SluicePolVerdict = 1
 	SluicePolVerdictPOL_DENIED   SluicePolVerdict = 2
 )
+
+type SluicePolicy6Tuple struct {
+	_     structs.HostLayout
+	Saddr [16]uint8
+	Daddr [16]uint8
+}
 
 type SluicePrefilter6Key struct {
 	_         structs.HostLayout
@@ -467,6 +481,7 @@ const (
 	SluiceMapSlHostip6V1      = "sl_hostip6_v1"
 	SluiceMapSlHostipV1       = "sl_hostip_v1"
 	SluiceMapSlIfstateV1      = "sl_ifstate_v1"
+	SluiceMapSlIpset6V1       = "sl_ipset6_v1"
 	SluiceMapSlIpsetV1        = "sl_ipset_v1"
 	SluiceMapSlPolprogV1      = "sl_polprog_v1"
 	SluiceMapSlPrefilter6V1   = "sl_prefilter6_v1"
@@ -580,6 +595,7 @@ type SluiceMapSpecs struct {
 	SlHostip6V1    *ebpf.MapSpec `ebpf:"sl_hostip6_v1"`
 	SlHostipV1     *ebpf.MapSpec `ebpf:"sl_hostip_v1"`
 	SlIfstateV1    *ebpf.MapSpec `ebpf:"sl_ifstate_v1"`
+	SlIpset6V1     *ebpf.MapSpec `ebpf:"sl_ipset6_v1"`
 	SlIpsetV1      *ebpf.MapSpec `ebpf:"sl_ipset_v1"`
 	SlPolprogV1    *ebpf.MapSpec `ebpf:"sl_polprog_v1"`
 	SlPrefilter6V1 *ebpf.MapSpec `ebpf:"sl_prefilter6_v1"`
@@ -637,6 +653,7 @@ type SluiceMaps struct {
 	SlHostip6V1    *ebpf.Map `ebpf:"sl_hostip6_v1"`
 	SlHostipV1     *ebpf.Map `ebpf:"sl_hostip_v1"`
 	SlIfstateV1    *ebpf.Map `ebpf:"sl_ifstate_v1"`
+	SlIpset6V1     *ebpf.Map `ebpf:"sl_ipset6_v1"`
 	SlIpsetV1      *ebpf.Map `ebpf:"sl_ipset_v1"`
 	SlPolprogV1    *ebpf.Map `ebpf:"sl_polprog_v1"`
 	SlPrefilter6V1 *ebpf.Map `ebpf:"sl_prefilter6_v1"`
@@ -670,6 +687,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlHostip6V1,
 		m.SlHostipV1,
 		m.SlIfstateV1,
+		m.SlIpset6V1,
 		m.SlIpsetV1,
 		m.SlPolprogV1,
 		m.SlPrefilter6V1,

@@ -84,6 +84,7 @@ var (
 	HostIPs6   = Def[gen.SluiceHostip6Key, gen.SluiceHostipValue]{Name: gen.SluiceMapSlHostip6V1}
 	Sockets6   = Def[gen.SluiceSock6Key, gen.SluiceSock6Value]{Name: gen.SluiceMapSlSock6V1}
 	Prefilter6 = Def[gen.SluicePrefilter6Key, gen.SluicePrefilterValue]{Name: gen.SluiceMapSlPrefilter6V1}
+	IPSets6    = Def[gen.SluiceIpset6Key, gen.SluiceIpsetValue]{Name: gen.SluiceMapSlIpset6V1}
 	// PolicyPrograms is a program array: use Set.Map(PolicyPrograms) with
 	// the policy runtime.
 	PolicyPrograms = gen.SluiceMapSlPolprogV1
@@ -120,7 +121,8 @@ var docs = map[string]string{
 	gen.SluiceMapSlHostip6V1:    "this node's IPv6 addresses (NodePort wildcard matching)",
 	gen.SluiceMapSlPrefilter6V1: "XDP prefilter: LPM deny list of IPv6 source CIDRs",
 	gen.SluiceMapSlSock6V1:      "socket LB of IPv6 sockets: {socket cookie, backend} -> service address to give back (LRU)",
-	gen.SluiceMapSlScratch6V1:   "per-CPU scratch space where the datapath builds IPv6 conntrack entries; holds nothing between packets",
+	gen.SluiceMapSlScratch6V1:   "per-CPU scratch space where the datapath builds IPv6 conntrack entries and hands an IPv6 tuple to the policy programs; holds nothing between packets",
+	gen.SluiceMapSlIpset6V1:     "policy IP sets, IPv6 members: LPM {set id, address}",
 }
 
 // Info describes one map of the catalogue.

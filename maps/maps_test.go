@@ -100,7 +100,22 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.HostIPs6.Name:        roundTrip(maps.HostIPs6),
 	maps.Sockets6.Name:        roundTrip(maps.Sockets6),
 	maps.Prefilter6.Name:      roundTripPrefilter6,
+	maps.IPSets6.Name:         roundTripIPSets6,
 	gen.SluiceMapSlScratch6V1: checkScratch,
+}
+
+func roundTripIPSets6(t *testing.T, s *maps.Set) {
+	m, err := maps.IPSets6.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := gen.SluiceIpset6Key{Prefixlen: 32 + 64, SetId: gen.NetUint32(3), Addr: gen.NetAddr6(netip.MustParseAddr("fd00:1::"))}
+	if err := m.Put(k, gen.SluiceIpsetValue{Flags: 9}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Get(k); err != nil || got.Flags != 9 {
+		t.Fatalf("got %+v %v", got, err)
+	}
 }
 
 func roundTripPrefilter6(t *testing.T, s *maps.Set) {

@@ -17,6 +17,11 @@ type Maps struct {
 	Programs     *ebpf.Map // sl_polprog_v1: slot 0 holds sl_policy_verdict
 	IPSets       *ebpf.Map // sl_ipset_v1
 	RuleCounters *ebpf.Map // sl_rulectr_v1
+	// IPSets6 (sl_ipset6_v1) holds the IPv6 members of the IP sets, and
+	// Scratch6 (sl_scratch6_v1) the addresses of the IPv6 packet being
+	// judged. Without them a policy denies every IPv6 packet.
+	IPSets6  *ebpf.Map
+	Scratch6 *ebpf.Map
 }
 
 // DefaultRulesPerProgram bounds one program; larger tiers are split across
@@ -42,7 +47,8 @@ const (
 	cbPorts      = cbOffset + 8
 	cbMeta       = cbOffset + 12
 	cbRule       = cbOffset + 16
-	dirShift     = 24 // cb[3]: direction << dirShift (1: ingress)
+	dirShift     = 24      // cb[3]: direction << dirShift (1: ingress)
+	familyIPv6   = 1 << 27 // cb[3]: POLICY_IPV6
 	verdictAllow = 1 << 28
 	verdictDeny  = 1 << 29
 	tcActOK      = 0
@@ -60,8 +66,27 @@ const (
 	ipsetKeyAddr      = ipsetKeyBase + int16(unsafe.Offsetof(ipsetKey.Addr))
 )
 
+// The IPv6 IP-set lookup key on the stack, struct ipset6_key.
+var ipset6Key gen.SluiceIpset6Key
+
+const (
+	ipset6KeyBase      = -40
+	ipset6KeyPrefixlen = ipset6KeyBase + int16(unsafe.Offsetof(ipset6Key.Prefixlen))
+	ipset6KeySetID     = ipset6KeyBase + int16(unsafe.Offsetof(ipset6Key.SetId))
+	ipset6KeyAddr      = ipset6KeyBase + int16(unsafe.Offsetof(ipset6Key.Addr))
+)
+
+// Where an IPv6 packet's addresses are in the scratch map's value.
+var scratch gen.SluiceCt6Scratch
+
+const (
+	scratchSaddr = int32(unsafe.Offsetof(scratch.Pol) + unsafe.Offsetof(scratch.Pol.Saddr))
+	scratchDaddr = int32(unsafe.Offsetof(scratch.Pol) + unsafe.Offsetof(scratch.Pol.Daddr))
+)
+
 // Registers: r6 the context, r7 the source and r8 the destination address
-// (host order), r9 the destination port (host order); r1-r5 are scratch.
+// (host order; for an IPv6 packet, pointers to the addresses in the scratch
+// map), r9 the destination port (host order); r1-r5 are scratch.
 const (
 	rCtx   = asm.R6
 	rSrc   = asm.R7
@@ -123,23 +148,18 @@ func (c *Compiler) Compile(name string, p *EndpointPolicy, firstSlot uint32) ([]
 	for i, ch := range chunks {
 		e := &emitter{c: c, maps: c.Maps, carriers: map[string]bool{}}
 		e.prologue()
-		decided := false
-		for _, r := range ch.rules {
-			if decided = e.rule(r, ch, firstSlot); decided {
-				break // later rules could never be reached, and the verifier refuses dead code
-			}
-		}
-		// Nothing decided in this program.
-		switch {
-		case decided:
-		case !ch.tierEnd:
-			e.tailCall(firstSlot+uint32(i)+1, tcActShot)
-		case p.Tiers[ch.tier].DefaultAction == Deny:
-			e.verdict(false, ImplicitRuleBase+uint32(ch.tier))
-		case ch.nextTierProgram >= 0:
-			e.tailCall(firstSlot+uint32(ch.nextTierProgram), tcActShot)
-		default:
-			e.verdict(false, EndOfPolicyRule)
+		// Each program holds its rules twice: for IPv4 packets, then for
+		// IPv6 ones, each with the conditions of its family (a CIDR of
+		// the other family never holds).
+		ipv6 := e.label()
+		e.emit(asm.LoadMem(asm.R1, rCtx, cbMeta, asm.Word), asm.JSet.Imm32(asm.R1, familyIPv6, ipv6))
+		e.section(p, ch, i, firstSlot, false)
+		e.mark(ipv6)
+		if c.Maps.Scratch6 == nil {
+			e.verdict(false, EndOfPolicyRule) // fail closed: no IPv6 tuple to judge
+		} else {
+			e.prologue6()
+			e.section(p, ch, i, firstSlot, true)
 		}
 		if err := e.err; err != nil {
 			return nil, fmt.Errorf("policy %s: %w", name, err)
@@ -152,6 +172,29 @@ func (c *Compiler) Compile(name string, p *EndpointPolicy, firstSlot uint32) ([]
 	return specs, nil
 }
 
+// section emits a chunk's rules for one family, then what happens when
+// none decided.
+func (e *emitter) section(p *EndpointPolicy, ch chunk, i int, firstSlot uint32, ipv6 bool) {
+	e.ipv6 = ipv6
+	decided := false
+	for _, r := range ch.rules {
+		if decided = e.rule(r, ch, firstSlot); decided {
+			break // later rules could never be reached, and the verifier refuses dead code
+		}
+	}
+	switch {
+	case decided:
+	case !ch.tierEnd:
+		e.tailCall(firstSlot+uint32(i)+1, tcActShot)
+	case p.Tiers[ch.tier].DefaultAction == Deny:
+		e.verdict(false, ImplicitRuleBase+uint32(ch.tier))
+	case ch.nextTierProgram >= 0:
+		e.tailCall(firstSlot+uint32(ch.nextTierProgram), tcActShot)
+	default:
+		e.verdict(false, EndOfPolicyRule)
+	}
+}
+
 type emitter struct {
 	c        *Compiler
 	maps     Maps
@@ -159,6 +202,7 @@ type emitter struct {
 	labels   int
 	carriers map[string]bool // labels placed on a no-op of their own
 	err      error
+	ipv6     bool // emitting the IPv6 section
 }
 
 // finish drops label carriers no jump refers to.
@@ -218,6 +262,29 @@ func (e *emitter) prologue() {
 	)
 }
 
+// prologue6 points r7 and r8 at the IPv6 packet's addresses in the
+// scratch map (a per-CPU array: the hand-off wrote them on this CPU).
+func (e *emitter) prologue6() {
+	missing := e.label()
+	e.emit(
+		asm.StoreImm(asm.RFP, -8, 0, asm.Word),
+		e.mapPtr(asm.R1, e.maps.Scratch6),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, missing),
+		asm.Mov.Reg(rSrc, asm.R0),
+		asm.Add.Imm(rSrc, scratchSaddr),
+		asm.Mov.Reg(rDst, asm.R0),
+		asm.Add.Imm(rDst, scratchDaddr),
+	)
+	ok := e.label()
+	e.emit(asm.Ja.Label(ok))
+	e.mark(missing)
+	e.emit(asm.Mov.Imm(asm.R0, tcActShot), asm.Return())
+	e.mark(ok)
+}
+
 // meta loads cb[3] masked and shifted into r1.
 func (e *emitter) meta(shift int32) {
 	e.emit(asm.LoadMem(asm.R1, rCtx, cbMeta, asm.Word))
@@ -243,6 +310,9 @@ func maskOf(p netip.Prefix) int32 {
 // reports whether the rule decides every packet (no condition, a deciding
 // action), after which nothing more is reachable.
 func (e *emitter) rule(r Rule, ch chunk, firstSlot uint32) bool {
+	if !possible(r.SrcNets, r.NotSrcNets, e.ipv6) || !possible(r.DstNets, r.NotDstNets, e.ipv6) {
+		return false // only CIDRs of the other family: it never holds in this section
+	}
 	fail := e.label()
 	start := len(e.insns)
 	if r.Protocol != 0 {
@@ -261,10 +331,17 @@ func (e *emitter) rule(r Rule, ch chunk, firstSlot uint32) bool {
 	if r.ICMPType != nil || r.ICMPCode != nil {
 		e.icmp(r, fail)
 	}
-	e.nets(rSrc, r.SrcNets, r.NotSrcNets, fail)
-	e.nets(rDst, r.DstNets, r.NotDstNets, fail)
-	e.sets(cbSaddr, r.SrcIPSets, r.NotSrcIPSets, fail)
-	e.sets(cbDaddr, r.DstIPSets, r.NotDstIPSets, fail)
+	if e.ipv6 {
+		e.nets6(rSrc, r.SrcNets, r.NotSrcNets, fail)
+		e.nets6(rDst, r.DstNets, r.NotDstNets, fail)
+		e.sets6(rSrc, r.SrcIPSets, r.NotSrcIPSets, fail)
+		e.sets6(rDst, r.DstIPSets, r.NotDstIPSets, fail)
+	} else {
+		e.nets(rSrc, r.SrcNets, r.NotSrcNets, fail)
+		e.nets(rDst, r.DstNets, r.NotDstNets, fail)
+		e.sets(cbSaddr, r.SrcIPSets, r.NotSrcIPSets, fail)
+		e.sets(cbDaddr, r.DstIPSets, r.NotDstIPSets, fail)
+	}
 	switch r.Action {
 	case Allow, Deny:
 		e.verdict(r.Action == Allow, r.ID)
@@ -290,8 +367,28 @@ func (e *emitter) rule(r Rule, ch chunk, firstSlot uint32) bool {
 	return false
 }
 
-// nets: the address in reg is in one of the CIDRs (or, negated, in none).
-func (e *emitter) nets(reg asm.Register, nets []netip.Prefix, negate bool, fail string) {
+// ofFamily keeps the CIDRs of one family.
+func ofFamily(nets []netip.Prefix, ipv6 bool) []netip.Prefix {
+	var out []netip.Prefix
+	for _, n := range nets {
+		if n.Addr().Is6() == ipv6 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// possible: a CIDR condition can hold for a packet of the family: no CIDR,
+// some of the family, or (negated) any.
+func possible(nets []netip.Prefix, negate, ipv6 bool) bool {
+	return len(nets) == 0 || negate || len(ofFamily(nets, ipv6)) > 0
+}
+
+// nets: the address in reg is in one of the IPv4 CIDRs (or, negated, in
+// none; CIDRs of the other family never hold, so a negated list of them
+// always does).
+func (e *emitter) nets(reg asm.Register, all []netip.Prefix, negate bool, fail string) {
+	nets := ofFamily(all, false)
 	if len(nets) == 0 {
 		return
 	}
@@ -303,6 +400,81 @@ func (e *emitter) nets(reg asm.Register, nets []netip.Prefix, negate bool, fail 
 			target = fail
 		}
 		e.emit(asm.JEq.Imm32(asm.R1, hostOrder(n.Masked().Addr())&maskOf(n), target))
+	}
+	if !negate {
+		e.emit(asm.Ja.Label(fail))
+	}
+	e.mark(ok)
+}
+
+// nets6: nets for an IPv6 address, which reg points at: each CIDR is
+// compared a 32-bit word at a time, the last one masked.
+func (e *emitter) nets6(reg asm.Register, all []netip.Prefix, negate bool, fail string) {
+	nets := ofFamily(all, true)
+	if len(nets) == 0 {
+		return
+	}
+	ok := e.label()
+	for _, n := range nets {
+		next := e.label()
+		addr := n.Masked().Addr().As16()
+		for w := 0; w*32 < n.Bits(); w++ {
+			bits := min(32, n.Bits()-w*32)
+			mask := int32(^uint32(0) << (32 - bits))
+			want := int32(binary.BigEndian.Uint32(addr[4*w:])) & mask
+			e.emit(asm.LoadMem(asm.R1, reg, int16(4*w), asm.Word), asm.HostTo(asm.BE, asm.R1, asm.Word))
+			if bits < 32 {
+				e.emit(asm.And.Imm32(asm.R1, mask))
+			}
+			e.emit(asm.JNE.Imm32(asm.R1, want, next))
+		}
+		target := ok
+		if negate {
+			target = fail
+		}
+		if n.Bits() == 0 {
+			// ::/0 holds every address; a conditional jump as nets uses,
+			// since what follows an unconditional one would be code the
+			// verifier refuses as unreachable.
+			e.emit(asm.Mov.Imm(asm.R1, 0), asm.JEq.Imm32(asm.R1, 0, target))
+		} else {
+			e.emit(asm.Ja.Label(target))
+		}
+		e.mark(next)
+	}
+	if !negate {
+		e.emit(asm.Ja.Label(fail))
+	}
+	e.mark(ok)
+}
+
+// sets6: sets for an IPv6 address, which reg points at (sl_ipset6_v1).
+func (e *emitter) sets6(reg asm.Register, ids []uint32, negate bool, fail string) {
+	if len(ids) == 0 {
+		return
+	}
+	ok := e.label()
+	for _, id := range ids {
+		var be [4]byte
+		binary.BigEndian.PutUint32(be[:], id)
+		e.emit(
+			asm.StoreImm(asm.RFP, ipset6KeyPrefixlen, 32+128, asm.Word),
+			asm.StoreImm(asm.RFP, ipset6KeySetID, int64(int32(binary.LittleEndian.Uint32(be[:]))), asm.Word),
+		)
+		for w := int16(0); w < 4; w++ {
+			e.emit(asm.LoadMem(asm.R1, reg, 4*w, asm.Word), asm.StoreMem(asm.RFP, ipset6KeyAddr+4*w, asm.R1, asm.Word))
+		}
+		e.emit(
+			e.mapPtr(asm.R1, e.maps.IPSets6),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, ipset6KeyBase),
+			asm.FnMapLookupElem.Call(),
+		)
+		if negate {
+			e.emit(asm.JNE.Imm(asm.R0, 0, fail))
+		} else {
+			e.emit(asm.JNE.Imm(asm.R0, 0, ok))
+		}
 	}
 	if !negate {
 		e.emit(asm.Ja.Label(fail))
@@ -380,8 +552,12 @@ func (e *emitter) settle(in, out, fail string, negate bool) {
 // icmp: an ICMP packet with the type (and code); negated, anything else.
 func (e *emitter) icmp(r Rule, fail string) {
 	in, out := e.label(), e.label()
+	proto := int32(1) // ICMP; its IPv6 section matches ICMPv6's types
+	if e.ipv6 {
+		proto = 58
+	}
 	e.meta(0)
-	e.emit(asm.JNE.Imm32(asm.R1, 1, out))
+	e.emit(asm.JNE.Imm32(asm.R1, proto, out))
 	if r.ICMPType != nil {
 		e.meta(8)
 		e.emit(asm.JNE.Imm32(asm.R1, int32(*r.ICMPType), out))

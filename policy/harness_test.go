@@ -18,7 +18,8 @@ type env struct {
 
 func newEnv(tb testing.TB) *env {
 	dp := bpftest.NewDatapath(tb, netip.MustParseAddr("10.0.0.1"))
-	return &env{tb: tb, dp: dp, maps: policy.Maps{Programs: dp.Objs.SlPolprogV1, IPSets: dp.Objs.SlIpsetV1, RuleCounters: dp.Objs.SlRulectrV1}}
+	return &env{tb: tb, dp: dp, maps: policy.Maps{Programs: dp.Objs.SlPolprogV1, IPSets: dp.Objs.SlIpsetV1, RuleCounters: dp.Objs.SlRulectrV1,
+		IPSets6: dp.Objs.SlIpset6V1, Scratch6: dp.Objs.SlScratch6V1}}
 }
 
 // load compiles p into slots 1.. and returns the entry program.
@@ -51,6 +52,11 @@ func (e *env) load(p *policy.EndpointPolicy, perProgram int) *ebpf.Program {
 func (e *env) setIPSets(sets policy.IPSets) {
 	for id, members := range sets {
 		for _, m := range members {
+			if m.Addr().Is6() {
+				k := gen.SluiceIpset6Key{Prefixlen: 32 + uint32(m.Bits()), SetId: gen.NetUint32(id), Addr: gen.NetAddr6(m.Masked().Addr())}
+				e.dp.Put(e.dp.Objs.SlIpset6V1, k, gen.SluiceIpsetValue{})
+				continue
+			}
 			k := gen.SluiceIpsetKey{Prefixlen: 32 + uint32(m.Bits()), SetId: gen.NetUint32(id), Addr: gen.NetAddr(m.Masked().Addr())}
 			e.dp.Put(e.dp.Objs.SlIpsetV1, k, gen.SluiceIpsetValue{})
 		}
@@ -60,7 +66,7 @@ func (e *env) setIPSets(sets policy.IPSets) {
 // run evaluates pkt with prog and returns (allowed, rule id).
 func (e *env) run(prog *ebpf.Program, pkt policy.Packet, ingress bool) (bool, uint32) {
 	e.tb.Helper()
-	allowed, rule, err := policy.Run(prog, pkt, ingress)
+	allowed, rule, err := e.maps.Run(prog, pkt, ingress)
 	if err != nil {
 		e.tb.Fatal(err)
 	}

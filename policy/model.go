@@ -32,6 +32,9 @@ type Rule struct {
 	Protocol    uint8 // 0: any
 	NotProtocol bool
 
+	// CIDRs of either family; a packet is only ever in those of its own
+	// (a rule whose CIDRs are all of the other family never matches it,
+	// and a negated list of them always does).
 	SrcNets, DstNets       []netip.Prefix
 	NotSrcNets, NotDstNets bool
 
@@ -43,7 +46,9 @@ type Rule struct {
 	// NamedPorts are resolved to DstPorts per endpoint (Resolve).
 	NamedPorts []string
 
-	ICMPType, ICMPCode *uint8 // nil: any
+	// ICMPType and ICMPCode match ICMP for IPv4 packets and ICMPv6 for
+	// IPv6 ones. nil: any.
+	ICMPType, ICMPCode *uint8
 	NotICMP            bool
 }
 
@@ -97,8 +102,8 @@ func (p *EndpointPolicy) Validate() error {
 					continue // pass in the last tier ends the policy: deny
 				}
 				for _, n := range append(append([]netip.Prefix{}, r.SrcNets...), r.DstNets...) {
-					if !n.Addr().Is4() {
-						return fmt.Errorf("%s: %v is not an IPv4 CIDR", where, n)
+					if !n.IsValid() || n.Addr().Is4In6() || n.Addr().Zone() != "" {
+						return fmt.Errorf("%s: %v is not an IPv4 or IPv6 CIDR", where, n)
 					}
 				}
 				for _, pr := range r.DstPorts {

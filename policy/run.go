@@ -27,17 +27,41 @@ var anyFrame = func() []byte {
 	return f
 }()
 
-// Run judges one packet with a compiled policy's entry program (or any
-// program of its chain), as the datapath would hand it over: the tuple in
+// Run judges one IPv4 packet with a compiled policy's entry program (or
+// any program of its chain), as the datapath would hand it over: the tuple in
 // skb->cb (bpf/include/policy.h), ingress or egress. It returns whether the
 // policy allows the packet and the id of the rule that decided. It needs
-// BPF privileges, like loading the program.
+// BPF privileges, like loading the program. Maps.Run judges packets of
+// either family.
 func Run(prog *ebpf.Program, pkt Packet, ingress bool) (allowed bool, rule uint32, err error) {
+	return Maps{}.Run(prog, pkt, ingress)
+}
+
+// Run is the package's Run for a packet of either family: an IPv6 packet's
+// addresses go where the datapath's hand-off leaves them, in m.Scratch6 (on
+// every CPU: the test run may take any).
+func (m Maps) Run(prog *ebpf.Program, pkt Packet, ingress bool) (allowed bool, rule uint32, err error) {
 	var ctx, out skbContext
-	ctx.Cb[0] = gen.NetAddr(pkt.Src)
-	ctx.Cb[1] = gen.NetAddr(pkt.Dst)
+	if pkt.Src.Is6() {
+		if m.Scratch6 == nil {
+			return false, 0, fmt.Errorf("policy: run an IPv6 packet: no Scratch6 map")
+		}
+		var sc gen.SluiceCt6Scratch
+		sc.Pol.Saddr, sc.Pol.Daddr = pkt.Src.As16(), pkt.Dst.As16()
+		all := make([]gen.SluiceCt6Scratch, ebpf.MustPossibleCPU())
+		for i := range all {
+			all[i] = sc
+		}
+		if err := m.Scratch6.Put(uint32(0), all); err != nil {
+			return false, 0, fmt.Errorf("policy: run: %w", err)
+		}
+		ctx.Cb[3] = familyIPv6
+	} else {
+		ctx.Cb[0] = gen.NetAddr(pkt.Src)
+		ctx.Cb[1] = gen.NetAddr(pkt.Dst)
+	}
 	ctx.Cb[2] = uint32(gen.NetPort(pkt.SrcPort)) | uint32(gen.NetPort(pkt.DstPort))<<16
-	ctx.Cb[3] = uint32(pkt.Protocol) | uint32(pkt.ICMPType)<<8 | uint32(pkt.ICMPCode)<<16
+	ctx.Cb[3] |= uint32(pkt.Protocol) | uint32(pkt.ICMPType)<<8 | uint32(pkt.ICMPCode)<<16
 	if ingress {
 		ctx.Cb[3] |= 1 << dirShift
 	}

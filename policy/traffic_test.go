@@ -28,7 +28,7 @@ func ifindex(t *testing.T, ns *bpftest.NetNS, name string) uint32 {
 
 func dial(ns *bpftest.NetNS, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := ns.Do(func() (err error) { c, err = net.DialTimeout("tcp4", addr, 400*time.Millisecond); return err })
+	err := ns.Do(func() (err error) { c, err = net.DialTimeout("tcp", addr, 400*time.Millisecond); return err })
 	return c, err
 }
 
@@ -59,7 +59,8 @@ const noSlot = 0xffffffff
 func newPolicyTraffic(t *testing.T) *policyTraffic {
 	dp := bpftest.NewDatapath(t, netip.MustParseAddr("10.210.0.1"))
 	topo := bpftest.NewTopology(t, dp, "client", "server")
-	maps := policy.Maps{Programs: dp.Objs.SlPolprogV1, IPSets: dp.Objs.SlIpsetV1, RuleCounters: dp.Objs.SlRulectrV1}
+	maps := policy.Maps{Programs: dp.Objs.SlPolprogV1, IPSets: dp.Objs.SlIpsetV1, RuleCounters: dp.Objs.SlRulectrV1,
+		IPSets6: dp.Objs.SlIpset6V1, Scratch6: dp.Objs.SlScratch6V1}
 	rt, err := policy.NewRuntime(maps, dp.Objs.SlPolicyVerdict, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -52,13 +52,24 @@ struct {
 	__type(value, struct ct6_value);
 } sl_ct6_v1 SEC(".maps");
 
-/* Per-CPU scratch space where ct6_create builds a flow's entries: on the
- * stack they would take the IPv6 path over the verifier's 512 bytes (a
- * stage's frame adds to the entry program's and the pipeline's). It holds
- * nothing from one packet to the next. */
+/* The addresses of an IPv6 flow handed to a policy program: they do not fit
+ * in skb->cb, which carries the rest of the tuple as for IPv4 (policy.h). */
+struct policy6_tuple {
+	__u8 saddr[16];		/* network order */
+	__u8 daddr[16];		/* network order */
+};
+ASSERT_SIZE(struct policy6_tuple, 32);
+
+/* Per-CPU scratch space where ct6_create builds a flow's entries (on the
+ * stack they would take the IPv6 path over the verifier's 512 bytes: a
+ * stage's frame adds to the entry program's and the pipeline's), and where
+ * the policy hand-off leaves an IPv6 tuple for the policy program and the
+ * verdict program that it tail-calls on the same CPU. It holds nothing from
+ * one packet to the next. */
 struct ct6_scratch {
 	struct ct6_key rev_key;
 	struct ct6_value v;
+	struct policy6_tuple pol;
 };
 
 struct {
@@ -154,7 +165,7 @@ static __always_inline int own_tuple6(const struct ct6_value *r, const struct pa
  * remapped, which snat_addr then holds). */
 static __always_inline int ct6_create(const struct packet6 *p6, const struct ct6_key *fwd_key, __u32 svc_id,
 				      const struct be6_value *be, int *snat, __u8 *snat_addr, __u8 *flags,
-				      __be16 *sport)
+				      enum pol_verdict egress, __be16 *sport)
 {
 	const struct packet *p = &p6->p;
 	__u32 zero = 0;
@@ -166,7 +177,7 @@ static __always_inline int ct6_create(const struct packet6 *p6, const struct ct6
 	__u64 now = bpf_ktime_get_ns();
 	int remap = 0, err;
 
-	__builtin_memset(sc, 0, sizeof(*sc));
+	__builtin_memset(sc, 0, offsetof(struct ct6_scratch, pol));
 	addr6_copy(rev_key->saddr, be->addr);
 	addr6_copy(rev_key->daddr, *snat ? snat_addr : p6->saddr);
 	rev_key->sport = be->port;
@@ -182,9 +193,7 @@ static __always_inline int ct6_create(const struct packet6 *p6, const struct ct6
 	v->svc_id = svc_id;
 	v->type = CT_REVERSE;
 	v->flags = *flags;
-	/* No IPv6 policy yet: every flow is allowed. */
-	v->pol_egress = POL_ALLOWED;
-	v->pol_ingress = POL_ALLOWED;
+	v->pol_egress = egress;	/* pol_ingress: unjudged, as ct_create's */
 
 	if (!*snat && (err = bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_NOEXIST))) {
 		if (err == -E2BIG)

@@ -12,9 +12,13 @@
  * so path-MTU discovery must work through the proxy) translated back.
  * Neighbour discovery and other ICMPv6 pass untouched.
  *
- * Not yet: network policy (a workload's IPv6 traffic is not judged; policy
- * programs see IPv4 only) and host endpoint policy. The pipeline therefore
- * returns TC verdicts only, never JUDGE_BY_POLICY or FORWARD_BY_FIB. */
+ * Policy: a workload's policy judges its IPv6 flows as it judges IPv4 ones
+ * (policy.h), the flow's addresses handed over in the per-CPU scratch map
+ * (policy_handoff6). Only ICMPv6 echo requests are judged among ICMPv6 (as
+ * ICMP echo is): neighbour discovery and MLD never are, so a pod under a
+ * deny-all policy still resolves its neighbours. Host endpoint
+ * policy is IPv4 only. The pipeline returns TC verdicts or JUDGE_BY_POLICY,
+ * never FORWARD_BY_FIB (IPv6 drops no packet for a local source address). */
 #pragma once
 
 #include "common.h"
@@ -25,6 +29,7 @@
 #include "hook.h"
 #include "ifstate.h"
 #include "ipv6.h"
+#include "policy.h"
 #include "reject.h"
 #include "rewrite6.h"
 #include "service6.h"
@@ -243,16 +248,117 @@ __subprog int icmp6_error_rnat(struct __sk_buff *skb, struct packet6 *p6)
 	return 0;
 }
 
+/* ---- Policy: policy.h's hand-off for IPv6 flows ---- */
+
+/* policy_handoff6: policy_handoff for an IPv6 packet. Its addresses go to
+ * the per-CPU scratch map; cb carries the rest, with POLICY_IPV6. */
+static __always_inline int policy_handoff6(struct __sk_buff *skb, const struct packet6 *p6, __u32 dir, __u32 slot)
+{
+	__u32 zero = 0;
+	struct ct6_scratch *sc = bpf_map_lookup_elem(&sl_scratch6_v1, &zero);
+	const struct packet *p = &p6->p;
+
+	if (!sc)
+		return drop(CNT_DROP_POLICY_MISSING);
+	addr6_copy(sc->pol.saddr, p6->saddr);
+	addr6_copy(sc->pol.daddr, p6->daddr);
+	skb->cb[0] = 0;
+	skb->cb[1] = 0;
+	skb->cb[2] = (__u32)p->sport | ((__u32)p->dport << 16);
+	skb->cb[3] = (__u32)p->proto | ((__u32)p->icmp_type << 8) | ((__u32)p->icmp_code << 16) |
+		     (dir << POLICY_DIR_SHIFT) | POLICY_IPV6;
+	skb->cb[4] = slot;
+	return JUDGE_BY_POLICY;
+}
+
+/* enforce6: enforce (policy.h) on an IPv6 flow's entry. */
+__subprog int enforce6(struct __sk_buff *skb, const struct packet6 *p6, struct ct6_value *v, __u32 dir)
+{
+	enum pol_verdict pv = dir == POLICY_DIR_EGRESS ? v->pol_egress : v->pol_ingress;
+
+	if (pv == POL_ALLOWED)
+		return TC_ACT_OK;
+	if (pv == POL_DENIED)
+		return drop(CNT_DROP_POLICY);
+	__u32 slot = policy_slot(skb, dir);
+	if (slot == IFSTATE_NO_POLICY) {
+		if (dir == POLICY_DIR_EGRESS)
+			v->pol_egress = POL_ALLOWED;
+		else
+			v->pol_ingress = POL_ALLOWED;
+		return TC_ACT_OK;
+	}
+	return policy_handoff6(skb, p6, dir, slot);
+}
+
+/* judge_stateless6: judge_stateless (policy.h) for an IPv6 packet. */
+static __always_inline int judge_stateless6(struct __sk_buff *skb, const struct packet6 *p6, __u32 dir)
+{
+	__u32 slot = policy_slot(skb, dir);
+
+	if (slot == IFSTATE_NO_POLICY)
+		return TC_ACT_OK;
+	return policy_handoff6(skb, p6, dir, slot);
+}
+
+/* policy_record6 writes a policy's verdict on both entries of the IPv6 flow
+ * whose tuple (as the destination sees it) policy_handoff6 left. */
+__subprog int policy_record6(struct __sk_buff *skb, __u32 dir, enum pol_verdict verdict)
+{
+	__u32 zero = 0;
+	struct ct6_scratch *sc = bpf_map_lookup_elem(&sl_scratch6_v1, &zero);
+
+	if (!sc)
+		return 0;
+	struct ct6_key key = { .sport = skb->cb[2] >> 16, .dport = skb->cb[2] & 0xffff, .proto = skb->cb[3] & 0xff };
+	addr6_copy(key.saddr, sc->pol.daddr);
+	addr6_copy(key.daddr, sc->pol.saddr);
+	struct ct6_value *rev = bpf_map_lookup_elem(&sl_ct6_v1, &key);
+	if (!rev)
+		return 0;
+	struct ct6_value *fwd = bpf_map_lookup_elem(&sl_ct6_v1, &rev->peer);
+	if (dir == POLICY_DIR_EGRESS) {
+		rev->pol_egress = verdict;
+		if (fwd)
+			fwd->pol_egress = verdict;
+	} else {
+		rev->pol_ingress = verdict;
+		if (fwd)
+			fwd->pol_ingress = verdict;
+	}
+	return 0;
+}
+
+/* judged_at: the policy direction a workload's hook judges (egress leaving
+ * the workload, ingress entering it), or -1 at a host hook. */
+static __always_inline int judged_at(enum hook hook)
+{
+	if (hook == HOOK_FROM_WL)
+		return POLICY_DIR_EGRESS;
+	if (hook == HOOK_TO_WL)
+		return POLICY_DIR_INGRESS;
+	return -1;
+}
+
 __subprog int handle_icmp6(struct __sk_buff *skb, struct packet6 *p6, enum hook hook)
 {
 	switch (p6->p.icmp_type) {
-	case ICMPV6_ECHO_REQUEST:
+	case ICMPV6_ECHO_REQUEST: {
+		/* Judged packet by packet at a workload (ICMPv6 has no
+		 * conntrack), as ICMP echo is; replies pass. */
+		int dir = judged_at(hook);
+		if (dir >= 0) {
+			int verdict = judge_stateless6(skb, p6, dir);
+			if (verdict != TC_ACT_OK)
+				return verdict;
+		}
 		if ((hook != HOOK_FROM_WL && hook != HOOK_FROM_HOST) || !is_service_ip6(p6->daddr))
 			return TC_ACT_OK;
 		if (answer_echo6(skb, p6))
 			return drop(CNT_DROP_REJECT_FAILED);
 		count(CNT_ICMP_ECHO_ANSWERED);
 		return bpf_redirect(skb->ifindex, 0);
+	}
 	case ICMPV6_DEST_UNREACH:
 	case ICMPV6_PKT_TOOBIG:
 	case ICMPV6_TIME_EXCEED:
@@ -263,9 +369,9 @@ __subprog int handle_icmp6(struct __sk_buff *skb, struct packet6 *p6, enum hook 
 	return TC_ACT_OK; /* neighbour discovery, router advertisements, MLD, ... */
 }
 
-/* track_flow6: track_flow (datapath.h), without policy. key: the packet's
- * tuple. */
-__subprog int track_flow6(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_key *key)
+/* track_flow6: track_flow (datapath.h). key: the packet's tuple; dir and
+ * slot: the policy that judges the flow (IFSTATE_NO_POLICY: none). */
+__subprog int track_flow6(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_key *key, __u32 dir, __u32 slot)
 {
 	struct be6_value self = { .port = p6->p.dport };
 	__u8 snat_addr[16] = {};
@@ -276,25 +382,43 @@ __subprog int track_flow6(struct __sk_buff *skb, struct packet6 *p6, const struc
 	if (p6->p.l4_absent)
 		return TC_ACT_OK;
 	addr6_copy(self.addr, p6->daddr);
-	int err = ct6_create(p6, key, 0, &self, &snat, snat_addr, &flags, &sport);
+	int err = ct6_create(p6, key, 0, &self, &snat, snat_addr, &flags,
+			     dir == POLICY_DIR_EGRESS && slot != IFSTATE_NO_POLICY ? POL_UNJUDGED : POL_ALLOWED, &sport);
 	if (err)
 		return drop_create_failed(err, snat);
 	if (snat && rewrite_src6(skb, p6, snat_addr, sport))
 		return drop(CNT_DROP_MALFORMED);
-	return TC_ACT_OK;
+	if (slot == IFSTATE_NO_POLICY)
+		return TC_ACT_OK;
+	return policy_handoff6(skb, p6, dir, slot);
 }
 
-/* to_workload_new6: to_workload_new (datapath.h), without policy. */
+/* to_workload_new6: to_workload_new (datapath.h). */
 __subprog int to_workload_new6(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_key *key)
 {
 	struct ct6_value *r = ct6_lookup_reversed(p6);
 	int syn = p6->p.proto == IPPROTO_TCP && (p6->p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
 
-	if (r && (r->type == CT_FORWARD || !(syn && (r->tcp_seen & TCP_FLAG_ACK))))
+	if (r && r->type == CT_FORWARD)
 		return TC_ACT_OK;
+	if (r && !(syn && (r->tcp_seen & TCP_FLAG_ACK)))
+		return enforce6(skb, p6, r, POLICY_DIR_INGRESS);
 	if (p6->p.proto == IPPROTO_TCP && !syn)
+		return judge_stateless6(skb, p6, POLICY_DIR_INGRESS);
+	return track_flow6(skb, p6, key, POLICY_DIR_INGRESS, policy_slot(skb, POLICY_DIR_INGRESS));
+}
+
+/* handled_upstream6: handled_upstream (datapath.h). */
+__subprog int handled_upstream6(struct __sk_buff *skb, struct packet6 *p6, enum hook hook)
+{
+	if (hook != HOOK_TO_WL)
 		return TC_ACT_OK;
-	return track_flow6(skb, p6, key);
+	struct ct6_value *r = ct6_lookup_reversed(p6);
+	if (r)
+		return r->type == CT_FORWARD ? TC_ACT_OK : enforce6(skb, p6, r, POLICY_DIR_INGRESS);
+	if (p6->p.l4_absent)
+		return TC_ACT_OK;
+	return judge_stateless6(skb, p6, POLICY_DIR_INGRESS);
 }
 
 /* NEW_FLOW_REJECT: new_flow6's "answer with a reject", which pipeline6 sends
@@ -341,8 +465,13 @@ __subprog int new_flow6(struct __sk_buff *skb, struct packet6 *p6, enum hook hoo
 		addr6_copy(snat_addr, node);
 	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0) |
 		     (snat ? CT_SNAT : 0) | (!from_host && addr6_eq(be.addr, p6->saddr) ? CT_HAIRPIN : 0);
+	/* A workload's egress policy judges the flow on the tuple the
+	 * destination sees (after NAT); external traffic is not judged (host
+	 * endpoint policy is IPv4 only). */
+	__u32 slot = from_host ? IFSTATE_NO_POLICY : policy_slot(skb, POLICY_DIR_EGRESS);
 	__be16 sport;
-	int err = ct6_create(p6, key, fe->svc_id, &be, &snat, snat_addr, &flags, &sport);
+	int err = ct6_create(p6, key, fe->svc_id, &be, &snat, snat_addr, &flags,
+			     slot == IFSTATE_NO_POLICY ? POL_ALLOWED : POL_UNJUDGED, &sport);
 	if (err)
 		return drop_create_failed(err, snat);
 	if (rewrite_dst6(skb, p6, be.addr, be.port))
@@ -350,7 +479,10 @@ __subprog int new_flow6(struct __sk_buff *skb, struct packet6 *p6, enum hook hoo
 	if (snat && rewrite_src6(skb, p6, snat_addr, sport))
 		return drop(CNT_DROP_MALFORMED);
 	svcstats_count(fe->svc_id, p, 0, 1);
-	return (flags & CT_HAIRPIN) ? hairpin_return(skb) : TC_ACT_OK;
+	if (slot == IFSTATE_NO_POLICY)
+		return (flags & CT_HAIRPIN) ? hairpin_return(skb) : TC_ACT_OK;
+	int verdict = policy_handoff6(skb, p6, POLICY_DIR_EGRESS, slot);
+	return (flags & CT_HAIRPIN) ? hairpin_verdict(skb, verdict) : verdict;
 }
 
 #define FRAGMENT_CONTINUES 0x40000
@@ -396,17 +528,19 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		}
 		if (p->proto == IPPROTO_ICMPV6)
 			return handle_icmp6(skb, &p6, hook);
-		return TC_ACT_OK;
+		/* judge_other (datapath.h): isolation holds for every protocol. */
+		int dir = judged_at(hook);
+		return dir < 0 ? TC_ACT_OK : judge_stateless6(skb, &p6, dir);
 	}
 	if (p->fragment) {
 		int verdict = fragment6(&p6);
 		if (verdict != FRAGMENT_CONTINUES)
 			return verdict;
 	}
-	/* Translated once on the node, where it entered (datapath.h); without
-	 * IPv6 policy, nothing is left to do where it leaves. */
+	/* Translated once on the node, where it entered (datapath.h); where it
+	 * leaves, only a workload's ingress policy judges it. */
 	if ((hook == HOOK_TO_WL || hook == HOOK_TO_HOST) && entered_managed(skb))
-		return TC_ACT_OK;
+		return handled_upstream6(skb, &p6, hook);
 
 	ct6_key_of(&p6, &key);
 	struct ct6_value *v = bpf_map_lookup_elem(&sl_ct6_v1, &key);
@@ -421,8 +555,12 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		if (ct6_apply(skb, &p6, v))
 			return drop(CNT_DROP_MALFORMED);
 		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
-			return hairpin_return(skb);
-		return TC_ACT_OK;
+			return hairpin_verdict(skb, v->type == CT_FORWARD ? enforce6(skb, &p6, v, POLICY_DIR_EGRESS) : TC_ACT_OK);
+		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)
+			return enforce6(skb, &p6, v, POLICY_DIR_EGRESS);
+		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)
+			return enforce6(skb, &p6, v, POLICY_DIR_INGRESS);
+		return TC_ACT_OK; /* a reply, or a hook without policy */
 	}
 
 	if (p->l4_absent) {
@@ -438,10 +576,11 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 	if (hook == HOOK_TO_WL)
 		return to_workload_new6(skb, &p6, &key);
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
-		return TC_ACT_OK;
+		return hook == HOOK_FROM_WL ? judge_stateless6(skb, &p6, POLICY_DIR_EGRESS) : TC_ACT_OK;
 	struct fe_value *fe = fe6_lookup(p6.daddr, p->dport, p->proto);
 	if (!fe)
-		return track_flow6(skb, &p6, &key);
+		return track_flow6(skb, &p6, &key, POLICY_DIR_EGRESS,
+				   hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS) : IFSTATE_NO_POLICY);
 	int verdict = new_flow6(skb, &p6, hook, fe, &key);
 	return verdict == NEW_FLOW_REJECT ? reject6(skb, &p6) : verdict;
 }

@@ -43,6 +43,9 @@
 /* The packet leaves a workload with the node's address as source: once
  * allowed it is routed by the FIB (fib_forward), not the node's stack. */
 #define POLICY_FIB_FORWARD	(1u << 25)
+/* An IPv6 flow: cb[0] and cb[1] are 0, its addresses are in the per-CPU
+ * scratch map (struct policy6_tuple, conntrack6.h; policy_handoff6). */
+#define POLICY_IPV6		(1u << 27)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
@@ -74,6 +77,22 @@ struct ipset_value {
 	__u32 flags;		/* host order: reserved, 0 */
 };
 ASSERT_SIZE(struct ipset_value, 4);
+
+/* The IPv6 members of the IP sets (read by the compiled policy programs). */
+struct ipset6_key {
+	__u32 prefixlen;	/* host order: 32 + the member's prefix length */
+	__be32 set_id;		/* network order */
+	__u8 addr[16];		/* network order */
+};
+ASSERT_SIZE(struct ipset6_key, 24);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, SL_IPSET_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct ipset6_key);
+	__type(value, struct ipset_value);
+} sl_ipset6_v1 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -275,6 +294,9 @@ static __always_inline void rule_count(__u64 rule_id)
 	bpf_map_update_elem(&sl_rulectr_v1, &key, &one, BPF_NOEXIST);
 }
 
+/* policy_record6 is policy_record for an IPv6 flow (datapath6.h). */
+__subprog int policy_record6(struct __sk_buff *skb, __u32 dir, enum pol_verdict verdict);
+
 /* policy_verdict is the body of sl_policy_verdict (slot 0). */
 static __always_inline int policy_verdict(struct __sk_buff *skb)
 {
@@ -282,7 +304,10 @@ static __always_inline int policy_verdict(struct __sk_buff *skb)
 	int allow = skb->cb[3] & POLICY_ALLOW;
 
 	rule_count(skb->cb[4]);
-	policy_record(skb, dir, allow ? POL_ALLOWED : POL_DENIED);
+	if (skb->cb[3] & POLICY_IPV6)
+		policy_record6(skb, dir, allow ? POL_ALLOWED : POL_DENIED);
+	else
+		policy_record(skb, dir, allow ? POL_ALLOWED : POL_DENIED);
 	if (allow) {
 		if (skb->cb[3] & POLICY_HAIRPIN)
 			return hairpin_return(skb);

@@ -3,9 +3,11 @@ package bpftest
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -94,6 +96,17 @@ func (topo *Topology) EnableIPv6(t testing.TB) {
 	}
 	plumb(topo.External, "sldata0", netip.MustParseAddr("fd00:210::2"), topo.NodeIP6)
 	topo.DP.SetNodeIP6(topo.NodeIP6)
+	// Neighbour discovery waits for the links' own (link-local) addresses,
+	// which duplicate address detection holds tentative for a second or
+	// so after a link comes up: wait, so that a test's first IPv6 packet
+	// is not lost to it.
+	for _, ns := range append([]*NetNS{topo.Node, topo.External}, slices.Collect(maps.Values(topo.Pods))...) {
+		for deadline := time.Now().Add(5 * time.Second); strings.TrimSpace(ns.Run("ip", "-6", "addr", "show", "tentative")) != ""; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("IPv6 addresses of %s still tentative after 5 s", ns.Name)
+			}
+		}
+	}
 }
 
 // Attach puts ingress and egress programs on an interface of the node namespace

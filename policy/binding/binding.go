@@ -40,10 +40,11 @@ type Stats struct {
 // concurrent use: Update runs on the policy source's goroutine, Slots and
 // Release on the interface manager's.
 type Binder struct {
-	log    *slog.Logger
-	node   string
-	rt     *policy.Runtime
-	ipsets *maps.CachingMap[gen.SluiceIpsetKey, gen.SluiceIpsetValue]
+	log     *slog.Logger
+	node    string
+	rt      *policy.Runtime
+	ipsets  *maps.CachingMap[gen.SluiceIpsetKey, gen.SluiceIpsetValue]
+	ipsets6 *maps.CachingMap[gen.SluiceIpset6Key, gen.SluiceIpsetValue]
 
 	mu      sync.Mutex
 	result  *k8s.Result
@@ -63,22 +64,30 @@ func New(opts Options) (*Binder, error) {
 	if err != nil {
 		return nil, err
 	}
+	ipsets6, err := maps.IPSets6.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
 	ifstate, err := maps.IfState.In(opts.Maps)
 	if err != nil {
 		return nil, err
 	}
 	rt, err := policy.NewRuntime(policy.Maps{Programs: opts.Maps.Map(maps.PolicyPrograms), IPSets: opts.Maps.Map(maps.IPSets.Name),
-		RuleCounters: opts.Maps.Map(maps.RuleCtrs.Name)}, opts.Verdict, 0)
+		RuleCounters: opts.Maps.Map(maps.RuleCtrs.Name), IPSets6: opts.Maps.Map(maps.IPSets6.Name),
+		Scratch6: opts.Maps.Map(gen.SluiceMapSlScratch6V1)}, opts.Verdict, 0)
 	if err != nil {
 		return nil, err
 	}
-	b := &Binder{log: opts.Log, node: opts.Node, rt: rt, ipsets: maps.NewCachingMap(ipsets),
+	b := &Binder{log: opts.Log, node: opts.Node, rt: rt, ipsets: maps.NewCachingMap(ipsets), ipsets6: maps.NewCachingMap(ipsets6),
 		result: &k8s.Result{Endpoints: map[string]k8s.Endpoint{}}, slots: map[int][2]uint32{},
 		cache: map[string]uint32{}, adopted: map[uint32]bool{}}
 	if b.log == nil {
 		b.log = slog.Default()
 	}
 	if err := b.ipsets.LoadDataplaneState(); err != nil {
+		return nil, err
+	}
+	if err := b.ipsets6.LoadDataplaneState(); err != nil {
 		return nil, err
 	}
 	var firsts []uint32
@@ -138,13 +147,21 @@ func (b *Binder) Update(c k8s.Cluster) (endpoints map[string]k8s.Endpoint, first
 	b.retired = nil
 	// IP sets go in before any program refers to them.
 	b.ipsets.ClearDesired()
+	b.ipsets6.ClearDesired()
 	for id, members := range res.IPSets {
 		for _, m := range members {
+			if m.Addr().Is6() {
+				b.ipsets6.SetDesired(gen.SluiceIpset6Key{Prefixlen: 32 + uint32(m.Bits()), SetId: gen.NetUint32(id), Addr: gen.NetAddr6(m.Addr())}, gen.SluiceIpsetValue{})
+				continue
+			}
 			b.ipsets.SetDesired(gen.SluiceIpsetKey{Prefixlen: 32 + uint32(m.Bits()), SetId: gen.NetUint32(id), Addr: gen.NetAddr(m.Addr())}, gen.SluiceIpsetValue{})
 		}
 	}
 	if _, err := b.ipsets.ApplyUpdatesOnly(); err != nil {
 		b.log.Error("writing policy IP sets", "err", err)
+	}
+	if _, err := b.ipsets6.ApplyUpdatesOnly(); err != nil {
+		b.log.Error("writing policy IPv6 IP sets", "err", err)
 	}
 	b.result = res
 	first = !b.synced
@@ -159,6 +176,9 @@ func (b *Binder) Finish() {
 	defer b.mu.Unlock()
 	if _, err := b.ipsets.ApplyDeletionsOnly(); err != nil {
 		b.log.Error("removing policy IP sets", "err", err)
+	}
+	if _, err := b.ipsets6.ApplyDeletionsOnly(); err != nil {
+		b.log.Error("removing policy IPv6 IP sets", "err", err)
 	}
 }
 

@@ -212,13 +212,7 @@ func (t *translator) cnpPeerMatch(where string, peer cnpPeer, ingress bool, acti
 		return []policy.Rule{{}}, true
 	}
 	set := func(pods []*v1.Pod) policy.Rule {
-		var members []netip.Prefix
-		for _, p := range pods {
-			if ip, ok := podIP(p); ok {
-				members = append(members, netip.PrefixFrom(ip, 32))
-			}
-		}
-		id := t.ipSet(members)
+		id := t.ipSet(members(pods))
 		if ingress {
 			return policy.Rule{SrcIPSets: []uint32{id}}
 		}
@@ -245,12 +239,7 @@ func (t *translator) cnpPeerMatch(where string, peer cnpPeer, ingress bool, acti
 			if err != nil {
 				return failClosed(fmt.Errorf("network %q: %w", n, err))
 			}
-			if p.Addr().Is4() {
-				nets = append(nets, p.Masked())
-			}
-		}
-		if len(nets) == 0 {
-			return nil, false // IPv6 only: no IPv4 packet matches
+			nets = append(nets, p.Masked())
 		}
 		return []policy.Rule{{DstNets: nets}}, true
 	case peer.nodes != nil:
@@ -339,12 +328,8 @@ func (t *translator) cnpNamedPort(cond policy.Rule, name string, pod *v1.Pod, pe
 	for _, pr := range protos {
 		byNumber := map[uint16][]netip.Prefix{}
 		for _, p := range pods {
-			ip, ok := podIP(p)
-			if !ok {
-				continue
-			}
 			for _, n := range namedPort(p, name, pr.api) {
-				byNumber[n] = append(byNumber[n], netip.PrefixFrom(ip, 32))
+				byNumber[n] = append(byNumber[n], members([]*v1.Pod{p})...)
 			}
 		}
 		for _, n := range slices.Sorted(maps.Keys(byNumber)) {

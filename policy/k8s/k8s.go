@@ -63,13 +63,41 @@ type Result struct {
 	Errors []error
 }
 
-func podIP(p *v1.Pod) (netip.Addr, bool) {
+// podIPs are a pod's addresses, both families (status.podIP and podIPs).
+func podIPs(p *v1.Pod) []netip.Addr {
+	var out []netip.Addr
 	for _, s := range append([]v1.PodIP{{IP: p.Status.PodIP}}, p.Status.PodIPs...) {
-		if a, err := netip.ParseAddr(s.IP); err == nil && a.Is4() {
+		if a, err := netip.ParseAddr(s.IP); err == nil && !slices.Contains(out, a.Unmap()) {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+// podIP is the address an endpoint is known by (its interface is found by
+// it): the pod's IPv4 address, else its IPv6 one.
+func podIP(p *v1.Pod) (netip.Addr, bool) {
+	ips := podIPs(p)
+	for _, a := range ips {
+		if a.Is4() {
 			return a, true
 		}
 	}
+	if len(ips) > 0 {
+		return ips[0], true
+	}
 	return netip.Addr{}, false
+}
+
+// members are the host prefixes of pods' addresses, both families.
+func members(pods []*v1.Pod) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range pods {
+		for _, a := range podIPs(p) {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	return out
 }
 
 type translator struct {
@@ -80,7 +108,7 @@ type translator struct {
 }
 
 // Translate computes the policies of the pods on node (every pod if node is
-// "") with an IPv4 address.
+// "") with an address; a pod's policy judges both of its families.
 func Translate(c Cluster, node string) *Result {
 	t := &translator{c: c, nsLabel: map[string]labels.Set{}, setIDs: map[string]uint32{},
 		res: &Result{Endpoints: map[string]Endpoint{}, IPSets: policy.IPSets{}, Rules: map[uint32]RuleInfo{}}}
@@ -251,10 +279,7 @@ func (t *translator) peerMatch(np *netv1.NetworkPolicy, peer netv1.NetworkPolicy
 	switch {
 	case peer.IPBlock != nil:
 		cidr, err := netip.ParsePrefix(peer.IPBlock.CIDR)
-		if err != nil || !cidr.Addr().Is4() {
-			if err == nil {
-				return r, false // another IP family
-			}
+		if err != nil {
 			t.err(fmt.Errorf("networkpolicy %s/%s: ipBlock %q: %w", np.Namespace, np.Name, peer.IPBlock.CIDR, err))
 			return r, false
 		}
@@ -267,9 +292,7 @@ func (t *translator) peerMatch(np *netv1.NetworkPolicy, peer netv1.NetworkPolicy
 					t.err(fmt.Errorf("networkpolicy %s/%s: ipBlock except %q: %w", np.Namespace, np.Name, e, err))
 					return r, false
 				}
-				if p.Addr().Is4() {
-					except = append(except, p.Masked())
-				}
+				except = append(except, p.Masked())
 			}
 			if len(except) > 0 {
 				setSets([]uint32{t.ipSet(except)}, true)
@@ -279,13 +302,7 @@ func (t *translator) peerMatch(np *netv1.NetworkPolicy, peer netv1.NetworkPolicy
 	case peer.PodSelector == nil && peer.NamespaceSelector == nil:
 		return r, true // everyone
 	}
-	var members []netip.Prefix
-	for _, pod := range t.selectPods(np, peer) {
-		if ip, ok := podIP(pod); ok {
-			members = append(members, netip.PrefixFrom(ip, 32))
-		}
-	}
-	setSets([]uint32{t.ipSet(members)}, false)
+	setSets([]uint32{t.ipSet(members(t.selectPods(np, peer)))}, false)
 	return r, true
 }
 
@@ -427,8 +444,9 @@ func (t *translator) namedEgress(np *netv1.NetworkPolicy, peer netv1.NetworkPoli
 			}
 		}
 		for _, p := range t.c.Pods {
-			ip, ok := podIP(p)
-			if ok && cidr.Contains(ip) && !slices.ContainsFunc(except, func(e netip.Prefix) bool { return e.Contains(ip) }) {
+			if slices.ContainsFunc(podIPs(p), func(ip netip.Addr) bool {
+				return cidr.Contains(ip) && !slices.ContainsFunc(except, func(e netip.Prefix) bool { return e.Contains(ip) })
+			}) {
 				pods = append(pods, p)
 			}
 		}
@@ -439,12 +457,8 @@ func (t *translator) namedEgress(np *netv1.NetworkPolicy, peer netv1.NetworkPoli
 	}
 	byNumber := map[uint16][]netip.Prefix{}
 	for _, p := range pods {
-		ip, ok := podIP(p)
-		if !ok {
-			continue
-		}
 		for _, n := range namedPort(p, port.Port.StrVal, proto) {
-			byNumber[n] = append(byNumber[n], netip.PrefixFrom(ip, 32))
+			byNumber[n] = append(byNumber[n], members([]*v1.Pod{p})...)
 		}
 	}
 	var out []policy.Rule
