@@ -16,8 +16,10 @@
  * (policy.h), the flow's addresses handed over in the per-CPU scratch map
  * (policy_handoff6). Only ICMPv6 echo requests are judged among ICMPv6 (as
  * ICMP echo is): neighbour discovery and MLD never are, so a pod under a
- * deny-all policy still resolves its neighbours. Host endpoint
- * policy is IPv4 only. The pipeline returns TC verdicts or JUDGE_BY_POLICY,
+ * deny-all policy still resolves its neighbours. Host endpoints judge
+ * IPv6 as IPv4: external flows to the node or a Service on their tuple as
+ * it came (before DNAT), the node's own flows as they leave, failsafe ports
+ * excepted. The pipeline returns TC verdicts or JUDGE_BY_POLICY,
  * never FORWARD_BY_FIB (IPv6 drops no packet for a local source address). */
 #pragma once
 
@@ -271,6 +273,33 @@ static __always_inline int policy_handoff6(struct __sk_buff *skb, const struct p
 	return JUDGE_BY_POLICY;
 }
 
+/* policy_tuple_pre_nat6 and policy_handoff_pre_nat6: policy.h's pre-NAT
+ * pair (a host endpoint judges external traffic to a Service on the tuple
+ * as it came) for an IPv6 packet; nothing between the two may use cb or the
+ * scratch map's tuple (ct6_create leaves it alone). */
+static __always_inline int policy_tuple_pre_nat6(struct __sk_buff *skb, const struct packet6 *p6)
+{
+	__u32 zero = 0;
+	struct ct6_scratch *sc = bpf_map_lookup_elem(&sl_scratch6_v1, &zero);
+
+	if (!sc)
+		return -1;
+	addr6_copy(sc->pol.saddr, p6->saddr);
+	addr6_copy(sc->pol.daddr, p6->daddr);
+	skb->cb[0] = 0;
+	skb->cb[1] = 0;
+	skb->cb[2] = (__u32)p6->p.sport | ((__u32)p6->p.dport << 16);
+	return 0;
+}
+
+static __always_inline int policy_handoff_pre_nat6(struct __sk_buff *skb, const struct packet *p, __u32 dir, __u32 slot)
+{
+	skb->cb[3] = (__u32)p->proto | ((__u32)p->icmp_type << 8) | ((__u32)p->icmp_code << 16) |
+		     (dir << POLICY_DIR_SHIFT) | POLICY_PRE_NAT | POLICY_IPV6;
+	skb->cb[4] = slot;
+	return JUDGE_BY_POLICY;
+}
+
 /* enforce6: enforce (policy.h) on an IPv6 flow's entry. */
 __subprog int enforce6(struct __sk_buff *skb, const struct packet6 *p6, struct ct6_value *v, __u32 dir)
 {
@@ -311,12 +340,27 @@ __subprog int policy_record6(struct __sk_buff *skb, __u32 dir, enum pol_verdict 
 	if (!sc)
 		return 0;
 	struct ct6_key key = { .sport = skb->cb[2] >> 16, .dport = skb->cb[2] & 0xffff, .proto = skb->cb[3] & 0xff };
-	addr6_copy(key.saddr, sc->pol.daddr);
-	addr6_copy(key.daddr, sc->pol.saddr);
-	struct ct6_value *rev = bpf_map_lookup_elem(&sl_ct6_v1, &key);
-	if (!rev)
-		return 0;
-	struct ct6_value *fwd = bpf_map_lookup_elem(&sl_ct6_v1, &rev->peer);
+	struct ct6_value *rev, *fwd;
+	if (skb->cb[3] & POLICY_PRE_NAT) {
+		/* The tuple is the forward key itself; the reverse entry is its peer. */
+		key.sport = skb->cb[2] & 0xffff;
+		key.dport = skb->cb[2] >> 16;
+		addr6_copy(key.saddr, sc->pol.saddr);
+		addr6_copy(key.daddr, sc->pol.daddr);
+		fwd = bpf_map_lookup_elem(&sl_ct6_v1, &key);
+		if (!fwd)
+			return 0;
+		rev = bpf_map_lookup_elem(&sl_ct6_v1, &fwd->peer);
+		if (!rev)
+			return 0;
+	} else {
+		addr6_copy(key.saddr, sc->pol.daddr);
+		addr6_copy(key.daddr, sc->pol.saddr);
+		rev = bpf_map_lookup_elem(&sl_ct6_v1, &key);
+		if (!rev)
+			return 0;
+		fwd = bpf_map_lookup_elem(&sl_ct6_v1, &rev->peer);
+	}
 	if (dir == POLICY_DIR_EGRESS) {
 		rev->pol_egress = verdict;
 		if (fwd)
@@ -421,6 +465,22 @@ __subprog int handled_upstream6(struct __sk_buff *skb, struct packet6 *p6, enum 
 	return judge_stateless6(skb, p6, POLICY_DIR_INGRESS);
 }
 
+/* host_new_flow_out6: host_new_flow_out (datapath.h). */
+__subprog int host_new_flow_out6(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_key *key)
+{
+	const struct packet *p = &p6->p;
+
+	if (skb->ingress_ifindex ||
+	    (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN))
+		return TC_ACT_OK;
+	struct ifstate_key k = { .ifindex = skb->ifindex };
+	struct ifstate_value *st = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
+
+	if (!st || (st->ingress_policy == IFSTATE_NO_POLICY && st->egress_policy == IFSTATE_NO_POLICY))
+		return TC_ACT_OK;
+	return track_flow6(skb, p6, key, POLICY_DIR_INGRESS, failsafe(p) ? IFSTATE_NO_POLICY : st->ingress_policy);
+}
+
 /* NEW_FLOW_REJECT: new_flow6's "answer with a reject", which pipeline6 sends
  * from its own frame, so that the reply's stack does not add to the flow
  * creation's. */
@@ -466,9 +526,11 @@ __subprog int new_flow6(struct __sk_buff *skb, struct packet6 *p6, enum hook hoo
 	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0) |
 		     (snat ? CT_SNAT : 0) | (!from_host && addr6_eq(be.addr, p6->saddr) ? CT_HAIRPIN : 0);
 	/* A workload's egress policy judges the flow on the tuple the
-	 * destination sees (after NAT); external traffic is not judged (host
-	 * endpoint policy is IPv4 only). */
-	__u32 slot = from_host ? IFSTATE_NO_POLICY : policy_slot(skb, POLICY_DIR_EGRESS);
+	 * destination sees (after NAT); external traffic its host endpoint's
+	 * ingress policy, on the tuple as it came (new_flow). */
+	__u32 slot = from_host ? host_ingress_slot(skb, p, 1) : policy_slot(skb, POLICY_DIR_EGRESS);
+	if (from_host && slot != IFSTATE_NO_POLICY && policy_tuple_pre_nat6(skb, p6))
+		return drop(CNT_DROP_POLICY_MISSING);
 	__be16 sport;
 	int err = ct6_create(p6, key, fe->svc_id, &be, &snat, snat_addr, &flags,
 			     slot == IFSTATE_NO_POLICY ? POL_ALLOWED : POL_UNJUDGED, &sport);
@@ -481,6 +543,8 @@ __subprog int new_flow6(struct __sk_buff *skb, struct packet6 *p6, enum hook hoo
 	svcstats_count(fe->svc_id, p, 0, 1);
 	if (slot == IFSTATE_NO_POLICY)
 		return (flags & CT_HAIRPIN) ? hairpin_return(skb) : TC_ACT_OK;
+	if (from_host)
+		return policy_handoff_pre_nat6(skb, p, POLICY_DIR_EGRESS, slot);
 	int verdict = policy_handoff6(skb, p6, POLICY_DIR_EGRESS, slot);
 	return (flags & CT_HAIRPIN) ? hairpin_verdict(skb, verdict) : verdict;
 }
@@ -560,6 +624,11 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 			return enforce6(skb, &p6, v, POLICY_DIR_EGRESS);
 		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)
 			return enforce6(skb, &p6, v, POLICY_DIR_INGRESS);
+		/* Host endpoints, as pipeline (datapath.h). */
+		if (v->type == CT_FORWARD && hook == HOOK_FROM_HOST && v->pol_egress != POL_ALLOWED)
+			return drop(CNT_DROP_POLICY);
+		if (v->type == CT_FORWARD && hook == HOOK_TO_HOST && !skb->ingress_ifindex)
+			return enforce6(skb, &p6, v, POLICY_DIR_INGRESS);
 		return TC_ACT_OK; /* a reply, or a hook without policy */
 	}
 
@@ -572,7 +641,7 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		return TC_ACT_OK;
 	}
 	if (hook == HOOK_TO_HOST)
-		return TC_ACT_OK; /* the node's own traffic: host endpoint policy is IPv4 only */
+		return host_new_flow_out6(skb, &p6, &key);
 	if (hook == HOOK_TO_WL)
 		return to_workload_new6(skb, &p6, &key);
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
@@ -580,7 +649,8 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 	struct fe_value *fe = fe6_lookup(p6.daddr, p->dport, p->proto);
 	if (!fe)
 		return track_flow6(skb, &p6, &key, POLICY_DIR_EGRESS,
-				   hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS) : IFSTATE_NO_POLICY);
+				   hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS)
+							: host_ingress_slot(skb, p, is_host_ip6(p6.daddr)));
 	int verdict = new_flow6(skb, &p6, hook, fe, &key);
 	return verdict == NEW_FLOW_REJECT ? reject6(skb, &p6) : verdict;
 }

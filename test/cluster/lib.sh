@@ -16,6 +16,13 @@ CP_IP=10.89.0.1              # the control plane's address on the node LAN
 NODE_NET=10.89.0             # node LAN; node i is $NODE_NET.$((10+i))
 CLUSTER_CIDR=10.244.0.0/16   # pods; the controller manager gives each node a /24
 SERVICE_CIDR=10.96.0.0/16
+# SLUICE_CLUSTER_DUALSTACK=1 makes the cluster dual-stack (IPv4 primary): the
+# node LAN, pods and Services get an IPv6 range each too.
+# up.sh records the choice, so the other scripts follow the running cluster.
+DUALSTACK=${SLUICE_CLUSTER_DUALSTACK:-$(cat "$STATE/dualstack" 2>/dev/null || echo 0)}
+CP_IP6=fd00:89::1
+CLUSTER_CIDR6=fd00:244::/56  # each node gets a /64
+SERVICE_CIDR6=fd00:96::/112
 API=https://$CP_IP:6443
 ADMIN_TOKEN=slc-admin-token
 
@@ -26,6 +33,9 @@ CGROUP_V1=(cpu cpuacct cpuset memory devices freezer blkio pids)
 node_name() { echo "node$1"; }
 node_ns() { echo "slc-node$1"; }
 node_ip() { echo "$NODE_NET.$((10 + $1))"; }
+node_ip6() { echo "fd00:89::$((10 + $1))"; }
+# dual V4 V6 is "V4,V6" on a dual-stack cluster, else V4.
+dual() { if [ "$DUALSTACK" = 1 ]; then echo "$1,$2"; else echo "$1"; fi; }
 node_dir() { echo "$STATE/node$1"; }
 node_data() { echo "$DATA/node$1"; }
 

@@ -15,7 +15,7 @@ start_proxy() {
 		# The socket-level load balancer attaches to the node's cgroup2
 		# subtree, which holds its daemons and its pods.
 		node_daemon "$i" sluice "$BIN/sluice" agent --kubeconfig "$STATE/admin.kubeconfig" \
-			--hostname-override "$name" --cluster-cidr "$CLUSTER_CIDR" --bpf-pin-dir "$dir/bpf/sluice" \
+			--hostname-override "$name" --cluster-cidr "$(dual "$CLUSTER_CIDR" "$CLUSTER_CIDR6")" --bpf-pin-dir "$dir/bpf/sluice" \
 			--cgroup "/sys/fs/cgroup/unified/slc-$name" --data-ifaces '^eth0$' \
 			--healthz-bind-address 0.0.0.0:10256 --metrics-bind-address 127.0.0.1:10249
 		;;
@@ -23,7 +23,7 @@ start_proxy() {
 		# The conntrack settings at 0 leave this machine's nf_conntrack
 		# sysctls as they are.
 		node_daemon "$i" kube-proxy "$BIN/kube-proxy" --kubeconfig "$STATE/admin.kubeconfig" \
-			--hostname-override "$name" --proxy-mode nftables --cluster-cidr "$CLUSTER_CIDR" \
+			--hostname-override "$name" --proxy-mode nftables --cluster-cidr "$(dual "$CLUSTER_CIDR" "$CLUSTER_CIDR6")" \
 			--conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0 \
 			--healthz-bind-address 0.0.0.0:10256 --metrics-bind-address 127.0.0.1:10249
 		;;

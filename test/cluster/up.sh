@@ -9,6 +9,10 @@
 #                     standard CNI bridge (pods on cni0, a /24 of
 #                     10.244.0.0/16 each), the kubelet, and the proxy
 #
+# With SLUICE_CLUSTER_DUALSTACK=1 the cluster is dual-stack, IPv4 first: the
+# node LAN fd00:89::/64 (node I fd00:89::(10+I)), pods a /64 of fd00:244::/56
+# per node, Services fd00:96::/112.
+#
 # Each node also has its own mount namespace (its sysfs, cgroup mounts, bpffs
 # and stand-ins for the kernel tunables the kubelet would otherwise set on
 # this machine), its own containerd state and its own cgroup subtree
@@ -42,6 +46,7 @@ mkdir -p "$STATE" "$DATA/logs"
 mount --bind "$STATE" "$STATE"
 mount --make-private "$STATE"
 echo "$PROXY" >"$STATE/proxy"
+echo "$DUALSTACK" >"$STATE/dualstack"
 
 echo "== certificates and kubeconfigs"
 pki=$STATE/pki
@@ -78,6 +83,10 @@ in_cp ip link add br0 type bridge
 in_cp ip addr add "$CP_IP/24" dev br0
 in_cp ip link set br0 up
 in_cp sysctl -qw net.ipv4.ip_forward=1
+if [ "$DUALSTACK" = 1 ]; then
+	in_cp ip addr add "$CP_IP6/64" dev br0 nodad
+	in_cp sysctl -qw net.ipv6.conf.all.forwarding=1
+fi
 for i in $(seq "$NODES"); do
 	ns=$(node_ns "$i")
 	ip netns add "$ns"
@@ -88,6 +97,11 @@ for i in $(seq "$NODES"); do
 	ip -n "$ns" link set eth0 up
 	ip -n "$ns" route add default via "$CP_IP"
 	ip netns exec "$ns" sysctl -qw net.ipv4.ip_forward=1
+	if [ "$DUALSTACK" = 1 ]; then
+		ip -n "$ns" addr add "$(node_ip6 "$i")/64" dev eth0 nodad
+		ip -n "$ns" -6 route add default via "$CP_IP6"
+		ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.forwarding=1
+	fi
 done
 
 echo "== control plane"
@@ -99,15 +113,16 @@ start kube-apiserver "$DATA/logs/kube-apiserver.log" ip netns exec "$CP_NS" "$(b
 	--etcd-servers http://127.0.0.1:2379 --bind-address 0.0.0.0 --secure-port 6443 --advertise-address "$CP_IP" \
 	--tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" --client-ca-file "$pki/ca.crt" \
 	--token-auth-file "$pki/tokens.csv" --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
-	--allow-privileged --service-cluster-ip-range "$SERVICE_CIDR" --service-node-port-range 30000-32767 \
+	--allow-privileged --service-cluster-ip-range "$(dual "$SERVICE_CIDR" "$SERVICE_CIDR6")" --service-node-port-range 30000-32767 \
 	--service-account-issuer https://kubernetes.default.svc.cluster.local \
 	--service-account-key-file "$pki/sa.key" --service-account-signing-key-file "$pki/sa.key" \
 	--kubelet-preferred-address-types InternalIP
 wait_for "the API server" 90 kubectl_cp get --raw /readyz
 start kube-controller-manager "$DATA/logs/kube-controller-manager.log" ip netns exec "$CP_NS" "$(bin kube-controller-manager)" \
 	--kubeconfig "$STATE/admin.kubeconfig" --leader-elect=false --service-account-private-key-file "$pki/sa.key" \
-	--root-ca-file "$pki/ca.crt" --allocate-node-cidrs --cluster-cidr "$CLUSTER_CIDR" --node-cidr-mask-size 24 \
-	--service-cluster-ip-range "$SERVICE_CIDR" --configure-cloud-routes=false --use-service-account-credentials
+	--root-ca-file "$pki/ca.crt" --allocate-node-cidrs --cluster-cidr "$(dual "$CLUSTER_CIDR" "$CLUSTER_CIDR6")" \
+	--node-cidr-mask-size-ipv4 24 --node-cidr-mask-size-ipv6 64 \
+	--service-cluster-ip-range "$(dual "$SERVICE_CIDR" "$SERVICE_CIDR6")" --configure-cloud-routes=false --use-service-account-credentials
 start kube-scheduler "$DATA/logs/kube-scheduler.log" ip netns exec "$CP_NS" "$(bin kube-scheduler)" \
 	--kubeconfig "$STATE/admin.kubeconfig" --leader-elect=false
 
@@ -215,7 +230,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOF
 	node_daemon "$i" kubelet "$(bin kubelet)" --config "$dir/kubelet.yaml" --kubeconfig "$dir/kubelet.kubeconfig" \
-		--hostname-override "$name" --node-ip "$(node_ip "$i")" --root-dir "$data/kubelet" --cert-dir "$data/kubelet-pki"
+		--hostname-override "$name" --node-ip "$(dual "$(node_ip "$i")" "$(node_ip6 "$i")")" --root-dir "$data/kubelet" --cert-dir "$data/kubelet-pki"
 done
 
 echo "== pod network"
@@ -230,10 +245,20 @@ for i in $(seq "$NODES"); do
 	for j in $(seq "$NODES"); do
 		[ "$i" = "$j" ] || ip -n "$(node_ns "$j")" route add "$cidr" via "$(node_ip "$i")"
 	done
+	ranges='[{"subnet": "'"$cidr"'"}]' routes='{"dst": "0.0.0.0/0"}'
+	if [ "$DUALSTACK" = 1 ]; then
+		cidr6=$(kubectl_cp get node "$name" -o 'jsonpath={.spec.podCIDRs[1]}')
+		[ -n "$cidr6" ] || { echo "$name has no IPv6 pod CIDR" >&2; exit 1; }
+		in_cp ip -6 route add "$cidr6" via "$(node_ip6 "$i")"
+		for j in $(seq "$NODES"); do
+			[ "$i" = "$j" ] || ip -n "$(node_ns "$j")" -6 route add "$cidr6" via "$(node_ip6 "$i")"
+		done
+		ranges+=', [{"subnet": "'"$cidr6"'"}]' routes+=', {"dst": "::/0"}'
+	fi
 	cat >"$(node_dir "$i")/cni/10-slc.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "slc", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$cidr"}]], "routes": [{"dst": "0.0.0.0/0"}],
+   "ipam": {"type": "host-local", "ranges": [$ranges], "routes": [$routes],
             "dataDir": "$(node_dir "$i")/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}
 ]}
