@@ -448,43 +448,37 @@ func (e *emitter) nets6(reg asm.Register, all []netip.Prefix, negate bool, fail 
 	e.mark(ok)
 }
 
-// sets6: sets for an IPv6 address, which reg points at (sl_ipset6_v1).
+// sets: the address at ctx offset off is in one of the IP sets (LPM lookup of
+// {64, set id, address} in sl_ipset_v1); negated, in none.
+func (e *emitter) sets(off int16, ids []uint32, negate bool, fail string) {
+	e.setLookups(ids, negate, fail, e.maps.IPSets, ipsetKeyBase, func(id int64) {
+		e.emit(
+			asm.StoreImm(asm.RFP, ipsetKeyPrefixlen, 64, asm.Word),
+			asm.StoreImm(asm.RFP, ipsetKeySetID, id, asm.Word),
+			asm.LoadMem(asm.R1, rCtx, off, asm.Word),
+			asm.StoreMem(asm.RFP, ipsetKeyAddr, asm.R1, asm.Word),
+		)
+	})
+}
+
+// sets6: sets for an IPv6 address, which reg points at ({32 + 128, set id,
+// address} in sl_ipset6_v1).
 func (e *emitter) sets6(reg asm.Register, ids []uint32, negate bool, fail string) {
-	if len(ids) == 0 {
-		return
-	}
-	ok := e.label()
-	for _, id := range ids {
-		var be [4]byte
-		binary.BigEndian.PutUint32(be[:], id)
+	e.setLookups(ids, negate, fail, e.maps.IPSets6, ipset6KeyBase, func(id int64) {
 		e.emit(
 			asm.StoreImm(asm.RFP, ipset6KeyPrefixlen, 32+128, asm.Word),
-			asm.StoreImm(asm.RFP, ipset6KeySetID, int64(int32(binary.LittleEndian.Uint32(be[:]))), asm.Word),
+			asm.StoreImm(asm.RFP, ipset6KeySetID, id, asm.Word),
 		)
 		for w := int16(0); w < 4; w++ {
 			e.emit(asm.LoadMem(asm.R1, reg, 4*w, asm.Word), asm.StoreMem(asm.RFP, ipset6KeyAddr+4*w, asm.R1, asm.Word))
 		}
-		e.emit(
-			e.mapPtr(asm.R1, e.maps.IPSets6),
-			asm.Mov.Reg(asm.R2, asm.RFP),
-			asm.Add.Imm(asm.R2, ipset6KeyBase),
-			asm.FnMapLookupElem.Call(),
-		)
-		if negate {
-			e.emit(asm.JNE.Imm(asm.R0, 0, fail))
-		} else {
-			e.emit(asm.JNE.Imm(asm.R0, 0, ok))
-		}
-	}
-	if !negate {
-		e.emit(asm.Ja.Label(fail))
-	}
-	e.mark(ok)
+	})
 }
 
-// sets: the address at ctx offset off is in one of the IP sets (LPM lookup of
-// {64, set id, address}); negated, in none.
-func (e *emitter) sets(off int16, ids []uint32, negate bool, fail string) {
+// setLookups emits one LPM lookup in m per set id, the key built at the
+// stack offset keyBase by key (given the set id as the network-order word
+// the key holds): the rule goes on when one holds (negated: when none does).
+func (e *emitter) setLookups(ids []uint32, negate bool, fail string, m *ebpf.Map, keyBase int16, key func(id int64)) {
 	if len(ids) == 0 {
 		return
 	}
@@ -492,14 +486,11 @@ func (e *emitter) sets(off int16, ids []uint32, negate bool, fail string) {
 	for _, id := range ids {
 		var be [4]byte
 		binary.BigEndian.PutUint32(be[:], id)
+		key(int64(int32(binary.LittleEndian.Uint32(be[:]))))
 		e.emit(
-			asm.StoreImm(asm.RFP, ipsetKeyPrefixlen, 64, asm.Word),
-			asm.StoreImm(asm.RFP, ipsetKeySetID, int64(int32(binary.LittleEndian.Uint32(be[:]))), asm.Word),
-			asm.LoadMem(asm.R1, rCtx, off, asm.Word),
-			asm.StoreMem(asm.RFP, ipsetKeyAddr, asm.R1, asm.Word),
-			e.mapPtr(asm.R1, e.maps.IPSets),
+			e.mapPtr(asm.R1, m),
 			asm.Mov.Reg(asm.R2, asm.RFP),
-			asm.Add.Imm(asm.R2, ipsetKeyBase),
+			asm.Add.Imm(asm.R2, int32(keyBase)),
 			asm.FnMapLookupElem.Call(),
 		)
 		if negate {

@@ -79,22 +79,21 @@ static __always_inline int socklb_fail(int picked)
 	return 0;
 }
 
-/* socklb_translate rewrites the destination of a connect() or sendmsg(); it
- * returns the hook's verdict (1 proceed, 0 fail with the retval set). */
-static __always_inline int socklb_translate(struct bpf_sock_addr *ctx)
+/* SOCKLB_PASS: socklb_balance found no frontend for the destination, or
+ * may not balance it: the call goes on untranslated. */
+#define SOCKLB_PASS 2
+
+/* socklb_balance picks the backend for an IPv4 destination addr:port of a
+ * connect() or sendmsg() and records the reverse translation; it returns 1
+ * with *be set, SOCKLB_PASS, or 0 (the call fails, the retval set). */
+static __always_inline int socklb_balance(struct bpf_sock_addr *ctx, const struct config *cfg,
+					  __be32 addr, __be16 port, struct be_value *be)
 {
-	struct config *cfg = config_get();
-	struct be_value be;
 	__u32 ordinal;
-
-	if (ctx->user_family != AF_INET || !socklb_applies(ctx, cfg))
-		return 1;
-	__be32 addr = ctx->user_ip4;
-	__be16 port = (__be16)ctx->user_port;
 	struct fe_value *fe = fe_lookup(addr, port, ctx->protocol);
-	if (!fe)
-		return 1;
 
+	if (!fe)
+		return SOCKLB_PASS;
 	/* Host sockets share the node's address as their client identity, as
 	 * their packets would with kube-proxy; external policy Local does not
 	 * apply to host traffic (it goes to every endpoint). */
@@ -103,17 +102,32 @@ static __always_inline int socklb_translate(struct bpf_sock_addr *ctx)
 	 * here only if the node's address may use the frontend; otherwise its
 	 * packets leave as they are, and the TC path judges their real source. */
 	if (!src_allowed(fe, client))
-		return 1;
-	int picked = pick_backend(fe, client, fe->flags & FE_INT_LOCAL, &be, &ordinal);
+		return SOCKLB_PASS;
+	int picked = pick_backend(fe, client, fe->flags & FE_INT_LOCAL, be, &ordinal);
 	if (picked != PICK_OK)
 		return socklb_fail(picked);
 
-	struct sock_key key = { .cookie = bpf_get_socket_cookie(ctx), .backend_addr = be.addr, .backend_port = be.port };
+	struct sock_key key = { .cookie = bpf_get_socket_cookie(ctx), .backend_addr = be->addr, .backend_port = be->port };
 	struct sock_value val = {
 		.ts = bpf_ktime_get_ns(), .frontend_addr = addr, .frontend_port = port,
 		.svc_id = fe->svc_id, .ordinal = ordinal,
 	};
 	bpf_map_update_elem(&sl_sock_v1, &key, &val, BPF_ANY);
+	return 1;
+}
+
+/* socklb_translate rewrites the destination of a connect() or sendmsg(); it
+ * returns the hook's verdict (1 proceed, 0 fail with the retval set). */
+static __always_inline int socklb_translate(struct bpf_sock_addr *ctx)
+{
+	struct config *cfg = config_get();
+	struct be_value be;
+
+	if (ctx->user_family != AF_INET || !socklb_applies(ctx, cfg))
+		return 1;
+	int r = socklb_balance(ctx, cfg, ctx->user_ip4, (__be16)ctx->user_port, &be);
+	if (r != 1)
+		return r == SOCKLB_PASS;
 	ctx->user_ip4 = be.addr;
 	ctx->user_port = (__u32)be.port;
 	return 1;
@@ -230,28 +244,14 @@ static __always_inline __be32 v4_mapped(const struct bpf_sock_addr *ctx)
 }
 
 /* socklb_translate_mapped: socklb_translate for a dual-stack socket's
- * IPv4-mapped destination. */
+ * IPv4-mapped destination; the backend is written back mapped. */
 static __always_inline int socklb_translate_mapped(struct bpf_sock_addr *ctx, const struct config *cfg, __be32 addr)
 {
 	struct be_value be;
-	__u32 ordinal;
-	__be16 port = (__be16)ctx->user_port;
-	struct fe_value *fe = fe_lookup(addr, port, ctx->protocol);
+	int r = socklb_balance(ctx, cfg, addr, (__be16)ctx->user_port, &be);
 
-	if (!fe)
-		return 1;
-	__be32 client = cfg ? cfg->node_ip : 0;
-	if (!src_allowed(fe, client))
-		return 1;
-	int picked = pick_backend(fe, client, fe->flags & FE_INT_LOCAL, &be, &ordinal);
-	if (picked != PICK_OK)
-		return socklb_fail(picked);
-	struct sock_key key = { .cookie = bpf_get_socket_cookie(ctx), .backend_addr = be.addr, .backend_port = be.port };
-	struct sock_value val = {
-		.ts = bpf_ktime_get_ns(), .frontend_addr = addr, .frontend_port = port,
-		.svc_id = fe->svc_id, .ordinal = ordinal,
-	};
-	bpf_map_update_elem(&sl_sock_v1, &key, &val, BPF_ANY);
+	if (r != 1)
+		return r == SOCKLB_PASS;
 	ctx->user_ip6[3] = be.addr;
 	ctx->user_port = (__u32)be.port;
 	return 1;
