@@ -67,3 +67,45 @@ func TestServiceCountersCountEachPacketOnce(t *testing.T) {
 		}
 	}
 }
+
+// The same over IPv6: the counted length is the IPv6 header plus payload.
+func TestIPv6ServiceCountersCountEachPacketOnce(t *testing.T) {
+	d := newDP6(t)
+	d.AddService(web6())
+	var want gen.SluiceSvcstatsValue
+	send := func(frame []byte, reply bool) {
+		t.Helper()
+		d.RunOK(d.Objs.SlFromWl, frame)
+		n := 40 + uint64(binary.BigEndian.Uint16(frame[14+4:])) // header + payload length
+		if reply {
+			want.RevPackets++
+			want.RevBytes += n
+		} else {
+			want.FwdPackets++
+			want.FwdBytes += n
+		}
+	}
+	for i := range 3 {
+		client := netip.AddrPortFrom(client6.Addr(), client6.Port()+uint16(i))
+		send(bpftest.TCPPacket(client, vip6, bpftest.SYN), false)
+		send(bpftest.TCPPacket(be1v6, client, bpftest.SYN|bpftest.ACK), true)
+		send(bpftest.TCPPacket(client, vip6, bpftest.ACK), false)
+		want.NewFlows++
+	}
+	d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(client6, netip.MustParseAddrPort("[fd00:9::9]:53"), []byte("q")))
+	var vs []gen.SluiceSvcstatsValue
+	if err := d.Objs.SlSvcstatsV1.Lookup(uint32(1), &vs); err != nil {
+		t.Fatal(err)
+	}
+	var got gen.SluiceSvcstatsValue
+	for _, v := range vs {
+		got.FwdPackets += v.FwdPackets
+		got.FwdBytes += v.FwdBytes
+		got.RevPackets += v.RevPackets
+		got.RevBytes += v.RevBytes
+		got.NewFlows += v.NewFlows
+	}
+	if got != want {
+		t.Fatalf("service 1 counters %+v, want %+v", got, want)
+	}
+}
