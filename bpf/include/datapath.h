@@ -20,7 +20,8 @@
  *                reject.h and icmp_error.h (answers the node writes itself),
  *                counters.h (drop)
  * This file joins them per hook: pipeline() at the bottom reads top-down,
- * and the functions above it are its branches.
+ * and the functions above it are its branches. IPv6 packets leave it at
+ * parse for pipeline6 (datapath6.h), the same stages on the IPv6 maps.
  *
  * Every stage returns a TC verdict, JUDGE_BY_POLICY or FORWARD_BY_FIB
  * (policy.h); the entry programs in sluice.c turn the latter two into the

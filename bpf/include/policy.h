@@ -12,6 +12,11 @@
  *   cb[4] the slot, until the tail call; then written by the policy program:
  *         the matched rule's id
  *
+ * An IPv6 flow's addresses do not fit: cb[0] and cb[1] are 0, POLICY_IPV6 is
+ * set in cb[3], and the addresses are in the per-CPU scratch map
+ * (policy_handoff6, datapath6.h), where the policy program and the verdict
+ * program, tail-called on the same CPU, read them.
+ *
  * The policy program ORs its verdict (POLICY_ALLOW / POLICY_DENY) into cb[3]
  * and tail-calls slot 0, sl_policy_verdict, which records the verdict on both
  * conntrack entries of the flow, counts the rule, and passes or drops the

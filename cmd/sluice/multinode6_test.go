@@ -119,11 +119,12 @@ apiVersion: v1
 kind: Service
 metadata: {name: local}
 spec:
-  type: NodePort
+  type: LoadBalancer
   clusterIP: 10.96.1.2
   clusterIPs: [10.96.1.2, 'fd00:96::1:2']
   ipFamilies: [IPv4, IPv6]
   externalTrafficPolicy: Local
+  healthCheckNodePort: 32101
   ports: [{name: http, port: 80, nodePort: 30101}]
 ---
 apiVersion: discovery.k8s.io/v1
@@ -202,7 +203,7 @@ func TestMultiNodeDualStack(t *testing.T) {
 		}
 	})
 
-	t.Run("IPv6 externalTrafficPolicy Local keeps the client's address, and only where local", func(t *testing.T) {
+	t.Run("IPv6 externalTrafficPolicy Local keeps the client's address, only where local, and its health check", func(t *testing.T) {
 		body, err := get(ext, "[fd00:210::2]:30101", "", 2*time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -212,6 +213,17 @@ func TestMultiNodeDualStack(t *testing.T) {
 		}
 		if _, err := get(ext, "[fd00:210::1]:30101", "", 700*time.Millisecond); err == nil {
 			t.Fatal("node without a local endpoint served an externalTrafficPolicy Local service")
+		}
+		// The health-check NodePort answers on the nodes' IPv6 addresses.
+		code := func(node string) int {
+			status, _, err := fetchIn(ext, node+":32101", "", time.Second)
+			if err != nil {
+				t.Fatalf("health check on %s: %v", node, err)
+			}
+			return status
+		}
+		if a, b := code("[fd00:210::1]"), code("[fd00:210::2]"); a != 503 || b != 200 {
+			t.Fatalf("health-check NodePort over IPv6: node-a %d (want 503), node-b %d (want 200)", a, b)
 		}
 	})
 
