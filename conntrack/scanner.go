@@ -89,11 +89,19 @@ type ScanStats struct {
 	// FIN or RST seen from the client); UDP and other protocols "active".
 	Flows map[FlowState]int
 	// Capacity sums the maps' capacities; FillRatio is the fullest map's
-	// fill (the one that refuses new flows first).
+	// fill (the one that refuses new flows first). Maps has each map's.
 	Capacity  uint32
 	FillRatio float64
+	Maps      []MapFill
 	Deleted   map[Reason]int
 	Duration  time.Duration
+}
+
+// MapFill is one conntrack map's fill at a scan.
+type MapFill struct {
+	Name     string
+	Entries  int
+	Capacity uint32
 }
 
 // FlowState is a flow's protocol and state, as the scanner counts them.
@@ -213,6 +221,7 @@ func (s *Scanner) Scan() (ScanStats, error) {
 		fill := float64(n) / float64(max(t.capacity(), 1))
 		st.Capacity += t.capacity()
 		st.FillRatio = max(st.FillRatio, fill)
+		st.Maps = append(st.Maps, MapFill{Name: t.name(), Entries: n, Capacity: t.capacity()})
 		if dropped := st.Deleted[ReasonEarlyDrop] - early; fill > fillWarning || dropped > 0 {
 			s.log.Warn("conntrack map nearly full: new flows are refused when it is full, established ones are kept, and flows never answered are dropped first",
 				"map", t.name(), "entries", n, "capacity", t.capacity(),

@@ -70,11 +70,11 @@ func TestServiceAndRuleCollectors(t *testing.T) {
 sluice_policy_rule_hits_total{policy="networkpolicy demo/web",rule="ingress rule 0 peer 0 port 0",rule_id="42"} 7
 # HELP sluice_service_new_flows_total Flows balanced to a backend of the service
 # TYPE sluice_service_new_flows_total counter
-sluice_service_new_flows_total{namespace="demo",port="http",service="web"} NF
+sluice_service_new_flows_total{ip_family="IPv4",namespace="demo",port="http",service="web"} NF
 # HELP sluice_service_packets_total Packets of a service's flows, by direction: to_service (client to backend) or reply
 # TYPE sluice_service_packets_total counter
-sluice_service_packets_total{direction="reply",namespace="demo",port="http",service="web"} RP
-sluice_service_packets_total{direction="to_service",namespace="demo",port="http",service="web"} FP
+sluice_service_packets_total{direction="reply",ip_family="IPv4",namespace="demo",port="http",service="web"} RP
+sluice_service_packets_total{direction="to_service",ip_family="IPv4",namespace="demo",port="http",service="web"} FP
 `, "NF", itoa(int32(3*both)))
 	want = strings.ReplaceAll(strings.ReplaceAll(want, "RP", itoa(int32(4*both))), "FP", itoa(int32(6*both)))
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sluice_policy_rule_hits_total",

@@ -28,8 +28,8 @@ type Metrics struct {
 	ManifestErrors      prometheus.Counter
 	PinsRepaired        prometheus.Counter
 	AttachmentsRepaired prometheus.Counter
-	ConntrackEntries    prometheus.Gauge
-	ConntrackCapacity   prometheus.Gauge
+	ConntrackEntries    *prometheus.GaugeVec
+	ConntrackCapacity   *prometheus.GaugeVec
 	ConntrackDeleted    *prometheus.CounterVec
 	ConntrackFlows      *prometheus.GaugeVec
 }
@@ -68,10 +68,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Map pins removed behind the agent's back and pinned again"}),
 		AttachmentsRepaired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "sluice", Name: "attachments_repaired_total",
 			Help: "Interface hooks found detached or running another program, and attached again"}),
-		ConntrackEntries: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Name: "conntrack_entries",
-			Help: "Conntrack entries (two per flow) at the last scan"}),
-		ConntrackCapacity: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "sluice", Name: "conntrack_capacity",
-			Help: "Conntrack map capacity; new flows are refused when it is full"}),
+		ConntrackEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "sluice", Name: "conntrack_entries",
+			Help: "Conntrack entries (two per flow) at the last scan, by map (one per address family)"}, []string{"map"}),
+		ConntrackCapacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "sluice", Name: "conntrack_capacity",
+			Help: "Conntrack map capacity, by map; new flows of its family are refused when it is full"}, []string{"map"}),
 		ConntrackDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Name: "conntrack_deleted_total",
 			Help: "Flows deleted by the conntrack scanner, by reason"}, []string{"reason"}),
 		ConntrackFlows: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "sluice", Name: "conntrack_flows",
@@ -93,12 +93,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // ObserveScan records a conntrack scan.
 func (m *Metrics) ObserveScan(st conntrack.ScanStats) {
-	m.ConntrackEntries.Set(float64(st.Entries))
+	for _, mf := range st.Maps {
+		m.ConntrackEntries.WithLabelValues(mf.Name).Set(float64(mf.Entries))
+		m.ConntrackCapacity.WithLabelValues(mf.Name).Set(float64(mf.Capacity))
+	}
 	m.ConntrackFlows.Reset()
 	for fs, n := range st.Flows {
 		m.ConntrackFlows.WithLabelValues(fs.Protocol, fs.State).Set(float64(n))
 	}
-	m.ConntrackCapacity.Set(float64(st.Capacity))
 	for reason, n := range st.Deleted {
 		m.ConntrackDeleted.WithLabelValues(string(reason)).Add(float64(n))
 	}
@@ -148,7 +150,9 @@ type ServiceCollector struct {
 // NewServiceCollector returns the collector; ids is usually
 // nat.Syncer.ServiceIDs.
 func NewServiceCollector(ids func() map[nat.ServicePortName][]uint32, stats *maps.PerCPUMap[uint32, gen.SluiceSvcstatsValue]) *ServiceCollector {
-	labels := []string{"namespace", "service", "port"}
+	// ip_family: a dual-stack Service is a service port per family, each
+	// counted on its own.
+	labels := []string{"namespace", "service", "port", "ip_family"}
 	return &ServiceCollector{IDs: ids, Stats: stats,
 		packets: prometheus.NewDesc("sluice_service_packets_total",
 			"Packets of a service's flows, by direction: to_service (client to backend) or reply", append(labels, "direction"), nil),
@@ -183,7 +187,11 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 				sum.NewFlows += v.NewFlows
 			}
 		}
-		l := []string{name.Namespace, name.Name, name.Port}
+		family := "IPv4"
+		if name.IPv6 {
+			family = "IPv6"
+		}
+		l := []string{name.Namespace, name.Name, name.Port, family}
 		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(sum.FwdPackets), append(l, "to_service")...)
 		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(sum.RevPackets), append(l, "reply")...)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(sum.FwdBytes), append(l, "to_service")...)

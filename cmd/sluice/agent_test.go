@@ -395,12 +395,13 @@ func TestAgentExportsDatapathMetrics(t *testing.T) {
 	}
 	var body string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if body = scrape(); strings.Contains(body, "sluice_conntrack_capacity 524288") {
+		if body = scrape(); strings.Contains(body, `sluice_conntrack_capacity{map="sl_ct_v2"} 524288`) {
 			break
 		}
 	}
 	for _, want := range []string{`sluice_datapath_events_total{event="reject_no_endpoints"} 1`,
-		`sluice_datapath_events_total{event="drop_ct_full"} 0`, "sluice_conntrack_capacity 524288", "sluice_conntrack_entries "} {
+		`sluice_datapath_events_total{event="drop_ct_full"} 0`, `sluice_conntrack_capacity{map="sl_ct_v2"} 524288`,
+		`sluice_conntrack_capacity{map="sl_ct6_v1"} 524288`, `sluice_conntrack_entries{map="sl_ct_v2"} `, `sluice_conntrack_entries{map="sl_ct6_v1"} `} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
 		}

@@ -146,7 +146,8 @@ func TestKubeProxyConfiguration(t *testing.T) {
 	}
 	cfg.NodePortAddresses, cfg.WorkloadPrefixes, cfg.FailsafePorts, cfg.NodeIPs = nil, nil, nil, nil
 	want := agent.Config{Kubeconfig: "/var/lib/kube-proxy/kubeconfig.conf", NodeName: "node-7",
-		ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), ConntrackMaxPerCore: 65536, ConntrackMin: 131072,
+		ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), ClusterCIDR6: netip.MustParsePrefix("fd00:10:244::/56"),
+		ConntrackMaxPerCore: 65536, ConntrackMin: 131072,
 		ConntrackTCPEstablished: 24 * time.Hour, ConntrackUDP: 30 * time.Second, DetectLocalMode: "InterfaceNamePrefix",
 		PodInterfaceNamePrefix: "cali", HealthzBindAddress: "0.0.0.0:10256", MetricsBindAddress: "127.0.0.1:10249",
 		MasqueradeAll: true, MinSyncPeriod: 2 * time.Millisecond, SyncPeriod: 30 * time.Second, NodePortPrimary: true,

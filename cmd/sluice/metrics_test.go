@@ -67,10 +67,11 @@ func TestMetricsFromTheDatapath(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		`sluice_service_new_flows_total{namespace="demo",port="http",service="web"} 5`,
-		`sluice_service_new_flows_total{namespace="demo",port="udp",service="echo"} 1`,
-		`sluice_service_packets_total{direction="to_service",namespace="demo",port="udp",service="echo"} 7`,
-		`sluice_service_packets_total{direction="reply",namespace="demo",port="udp",service="echo"} 7`,
+		`sluice_service_new_flows_total{ip_family="IPv4",namespace="demo",port="http",service="web"} 5`,
+		`sluice_service_new_flows_total{ip_family="IPv6",namespace="demo",port="http",service="web"} 0`,
+		`sluice_service_new_flows_total{ip_family="IPv4",namespace="demo",port="udp",service="echo"} 1`,
+		`sluice_service_packets_total{direction="to_service",ip_family="IPv4",namespace="demo",port="udp",service="echo"} 7`,
+		`sluice_service_packets_total{direction="reply",ip_family="IPv4",namespace="demo",port="udp",service="echo"} 7`,
 		`sluice_conntrack_flows{protocol="udp",state="active"} 1`,
 		`sluice_datapath_events_total{event="drop_malformed"} 0`,
 		`sluice_policy_rule_hits_total{policy="networkpolicy demo/b3-friends-only",rule="ingress rule 0 peer 0 port 0"`,
@@ -98,7 +99,7 @@ func TestMetricsFromTheDatapath(t *testing.T) {
 	}
 	checkDashboard(t, body)
 	// Bytes are IP lengths: 7 datagrams of 6 bytes, each in 28 bytes of headers.
-	if !strings.Contains(body, `sluice_service_bytes_total{direction="to_service",namespace="demo",port="udp",service="echo"} 238`) {
+	if !strings.Contains(body, `sluice_service_bytes_total{direction="to_service",ip_family="IPv4",namespace="demo",port="udp",service="echo"} 238`) {
 		t.Fatalf("echo's bytes:\n%s", grepLines(body, "sluice_service_bytes_total"))
 	}
 }

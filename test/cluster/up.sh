@@ -105,6 +105,10 @@ for i in $(seq "$NODES"); do
 done
 
 echo "== control plane"
+# The controller manager refuses the per-family mask flags on a single-stack
+# cluster, and the single one on a dual-stack cluster.
+masks="--node-cidr-mask-size 24"
+[ "$DUALSTACK" = 1 ] && masks="--node-cidr-mask-size-ipv4 24 --node-cidr-mask-size-ipv6 64"
 start etcd "$DATA/logs/etcd.log" ip netns exec "$CP_NS" "$(bin etcd)" --data-dir "$DATA/etcd" \
 	--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
 	--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
@@ -120,8 +124,7 @@ start kube-apiserver "$DATA/logs/kube-apiserver.log" ip netns exec "$CP_NS" "$(b
 wait_for "the API server" 90 kubectl_cp get --raw /readyz
 start kube-controller-manager "$DATA/logs/kube-controller-manager.log" ip netns exec "$CP_NS" "$(bin kube-controller-manager)" \
 	--kubeconfig "$STATE/admin.kubeconfig" --leader-elect=false --service-account-private-key-file "$pki/sa.key" \
-	--root-ca-file "$pki/ca.crt" --allocate-node-cidrs --cluster-cidr "$(dual "$CLUSTER_CIDR" "$CLUSTER_CIDR6")" \
-	--node-cidr-mask-size-ipv4 24 --node-cidr-mask-size-ipv6 64 \
+	--root-ca-file "$pki/ca.crt" --allocate-node-cidrs --cluster-cidr "$(dual "$CLUSTER_CIDR" "$CLUSTER_CIDR6")" $masks \
 	--service-cluster-ip-range "$(dual "$SERVICE_CIDR" "$SERVICE_CIDR6")" --configure-cloud-routes=false --use-service-account-credentials
 start kube-scheduler "$DATA/logs/kube-scheduler.log" ip netns exec "$CP_NS" "$(bin kube-scheduler)" \
 	--kubeconfig "$STATE/admin.kubeconfig" --leader-elect=false

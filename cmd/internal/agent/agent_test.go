@@ -29,7 +29,9 @@ func TestCheckDetectLocal(t *testing.T) {
 	}{
 		{Config{}, ""},
 		{Config{DetectLocalMode: "ClusterCIDR", ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8")}, ""},
-		{Config{DetectLocalMode: "ClusterCIDR", ClusterCIDR: netip.MustParsePrefix("fd00::/64")}, "IPv4-only"},
+		{Config{DetectLocalMode: "ClusterCIDR", ClusterCIDR: netip.MustParsePrefix("fd00::/64")}, "not an IPv4 CIDR"},
+		{Config{DetectLocalMode: "ClusterCIDR", ClusterCIDR6: netip.MustParsePrefix("10.0.0.0/8")}, "not an IPv6 CIDR"},
+		{Config{DetectLocalMode: "ClusterCIDR", ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8"), ClusterCIDR6: netip.MustParsePrefix("fd00::/56")}, ""},
 		{Config{DetectLocalMode: "NodeCIDR"}, ""},
 		{Config{DetectLocalMode: "InterfaceNamePrefix"}, "--pod-interface-name-prefix"},
 		{Config{DetectLocalMode: "InterfaceNamePrefix", PodInterfaceNamePrefix: "cali"}, ""},
