@@ -7,6 +7,7 @@ package nat
 // splitMap writes each entry to its family's map.
 
 import (
+	"fmt"
 	"net/netip"
 
 	"github.com/sluice-net/sluice/gen"
@@ -81,15 +82,24 @@ func (m *splitMap[K, V, K4, V4]) IterDataplane(fn func(K, V) bool) {
 	}
 }
 
-// full tells, for a plan's new entries, which map they would overfill.
-func (m *splitMap[K, V, K4, V4]) full(add4, add6 int) (name string, inUse int, capacity uint32, add int, ok bool) {
-	if n := m.m4.DesiredLen(); add4 > 0 && n+add4 > int(m.m4.Map().MaxEntries()) {
-		return m.m4.Map().Name(), n, m.m4.Map().MaxEntries(), add4, true
+// fits tells whether add4 more IPv4 and add6 more IPv6 entries fit beside
+// what is desired; the error names the service and the map that would
+// overfill.
+func (m *splitMap[K, V, K4, V4]) fits(service ServicePortName, add4, add6 int) error {
+	for _, c := range []struct {
+		name       string
+		inUse, add int
+		capacity   uint32
+	}{
+		{m.m4.Map().Name(), m.m4.DesiredLen(), add4, m.m4.Map().MaxEntries()},
+		{m.m6.Map().Name(), m.m6.DesiredLen(), add6, m.m6.Map().MaxEntries()},
+	} {
+		if c.add > 0 && c.inUse+c.add > int(c.capacity) {
+			return fmt.Errorf("service %s: needs %d more entries of map %s, which has %d of %d in use: %w",
+				service, c.add, c.name, c.inUse, c.capacity, &maps.FullError{Map: c.name, MaxEntries: c.capacity})
+		}
 	}
-	if n := m.m6.DesiredLen(); add6 > 0 && n+add6 > int(m.m6.Map().MaxEntries()) {
-		return m.m6.Map().Name(), n, m.m6.Map().MaxEntries(), add6, true
-	}
-	return "", 0, 0, 0, false
+	return nil
 }
 
 func (m *splitMap[K, V, K4, V4]) LoadDataplaneState() error {

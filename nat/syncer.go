@@ -317,17 +317,8 @@ func (s *Syncer) fits(name ServicePortName, p *plan) error {
 			newSrc[fam(k.Src)]++
 		}
 	}
-	for _, full := range []func() (string, int, uint32, int, bool){
-		func() (string, int, uint32, int, bool) { return s.fe.full(newFE[0], newFE[1]) },
-		func() (string, int, uint32, int, bool) { return s.be.full(newBE[0], newBE[1]) },
-		func() (string, int, uint32, int, bool) { return s.src.full(newSrc[0], newSrc[1]) },
-	} {
-		if m, inUse, capacity, add, over := full(); over {
-			return fmt.Errorf("service %s: needs %d more entries of map %s, which has %d of %d in use: %w",
-				name, add, m, inUse, capacity, &maps.FullError{Map: m, MaxEntries: capacity})
-		}
-	}
-	return nil
+	return errors.Join(s.fe.fits(name, newFE[0], newFE[1]), s.be.fits(name, newBE[0], newBE[1]),
+		s.src.fits(name, newSrc[0], newSrc[1]))
 }
 
 // planValid validates a service and its endpoints, then plans it.
