@@ -3,59 +3,14 @@ package gen_test
 import (
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
 )
 
-// The IPv6 twins of clash_test.go's flow-lifetime tests and of the SNAT
-// settings test.
-
-func TestIPv6SYNOnAnEndedFlowIsBalancedAgain(t *testing.T) {
-	d := newDP6(t)
-	d.AddService(web6())
-	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(client6, vip6, bpftest.SYN))
-	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1v6, client6, bpftest.SYN|bpftest.ACK))
-	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(client6, vip6, bpftest.ACK))
-	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(client6, vip6, bpftest.FIN|bpftest.ACK))
-	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1v6, client6, bpftest.FIN|bpftest.ACK))
-	// The backend leaves; another takes its place; the client reuses its port.
-	d.AddService(bpftest.Service{ID: 1, Front: vip6, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be2v6}}})
-	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(client6, vip6, bpftest.SYN))
-	wantAP(t, "reopened flow's destination", out.Dst, be2v6)
-	if d.Counter(gen.SluiceCounterCNT_TUPLE_REUSED) != 1 {
-		t.Fatalf("reuse counted %d times, want 1", d.Counter(gen.SluiceCounterCNT_TUPLE_REUSED))
-	}
-	r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be2v6, client6, bpftest.SYN|bpftest.ACK))
-	wantAP(t, "new flow's reply source", r.Src, vip6)
-}
-
-func TestIPv6FlowTrackedBeforeItsServiceExistedIsBalancedOnceItDoes(t *testing.T) {
-	d := newDP6(t)
-	early := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(client6, vip6, bpftest.SYN))
-	wantAP(t, "SYN before the Service exists", early.Dst, vip6)
-	d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(client6, vip6, []byte("early")))
-
-	d.AddService(web6())
-	d.AddService(bpftest.Service{ID: 2, Front: vip6, Proto: protoUDP, Backends: []bpftest.Backend{{AP: be1v6}}})
-	again := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(client6, vip6, bpftest.SYN))
-	wantAP(t, "SYN after the Service was programmed", again.Dst, be1v6)
-
-	key := bpftest.CtKey6(client6, vip6, protoUDP)
-	v, ok := d.CT6(key)
-	if !ok || v.SvcId != 0 {
-		t.Fatalf("untranslated UDP entry %+v (present %v)", v, ok)
-	}
-	v.LastSeen -= uint64(time.Second)
-	d.Put(d.Objs.SlCt6V1, key, v)
-	q := d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(client6, vip6, []byte("later")))
-	wantAP(t, "datagram after the Service was programmed", q.Dst, be1v6)
-	if n := d.Counter(gen.SluiceCounterCNT_FLOW_NOW_SERVICE); n != 2 {
-		t.Fatalf("counted %d flows balanced anew, want 2", n)
-	}
-}
+// The IPv6 twins of clash_test.go's full-map test and of the SNAT settings
+// test (the clash rules themselves run per family in clash_test.go).
 
 func TestIPv6FullConntrackRefusesNewFlowsNeverEvictsEstablished(t *testing.T) {
 	spec, err := gen.Spec()

@@ -14,87 +14,125 @@ import (
 // another flow (Service or direct, TCP or UDP) keeps the client's address and
 // gets another source port, unless the holder ended in a way that frees the
 // tuple (a reset, or the client closed first). Every case runs through the
-// real programs; replies of a remapped flow must reach the client's own port.
+// real programs, once per family; replies of a remapped flow must reach the
+// client's own port.
 
-// clashSetup programs a ClusterIP whose only backend is be1AP.
-func clashSetup(t *testing.T) *bpftest.Datapath {
-	t.Helper()
-	d := newDP(t)
-	d.AddService(webService())
-	d.AddService(bpftest.Service{ID: 2, Front: vipAP, Proto: protoUDP, Backends: []bpftest.Backend{{AP: be1AP}}})
-	return d
+// families are the addresses the per-family tests use.
+var families = []struct {
+	name                  string
+	newDP                 func(testing.TB) *bpftest.Datapath
+	client, vip, be1, be2 netip.AddrPort
+}{
+	{"IPv4", newDP, clientAP, vipAP, be1AP, be2AP},
+	{"IPv6", newDP6, client6, vip6, be1v6, be2v6},
+}
+
+// clashCase is one family's addresses and datapath for the clash tests.
+type clashCase struct {
+	t                     *testing.T
+	d                     *bpftest.Datapath
+	client, vip, be1, be2 netip.AddrPort
+}
+
+// forEachFamily runs test on an IPv4 and an IPv6 datapath, each with a TCP
+// and a UDP ClusterIP (ids 1 and 2) whose only backend is be1.
+func forEachFamily(t *testing.T, test func(c *clashCase)) {
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			d := f.newDP(t)
+			d.AddService(bpftest.Service{ID: 1, Front: f.vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: f.be1}}})
+			d.AddService(bpftest.Service{ID: 2, Front: f.vip, Proto: protoUDP, Backends: []bpftest.Backend{{AP: f.be1}}})
+			test(&clashCase{t: t, d: d, client: f.client, vip: f.vip, be1: f.be1, be2: f.be2})
+		})
+	}
+}
+
+// tcp runs a TCP segment from src to dst through the workload-egress
+// program and returns what left.
+func (c *clashCase) tcp(src, dst netip.AddrPort, flags uint8) *bpftest.Decoded {
+	c.t.Helper()
+	return c.d.RunOK(c.d.Objs.SlFromWl, bpftest.TCPPacket(src, dst, flags))
 }
 
 // serviceFlow opens a TCP flow client -> VIP and returns the tuple the
 // backend saw.
-func serviceFlow(t *testing.T, d *bpftest.Datapath) netip.AddrPort {
-	t.Helper()
-	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
-	wantAP(t, "service SYN destination", out.Dst, be1AP)
-	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, out.Src, bpftest.SYN|bpftest.ACK))
-	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.ACK))
+func (c *clashCase) serviceFlow() netip.AddrPort {
+	c.t.Helper()
+	out := c.tcp(c.client, c.vip, bpftest.SYN)
+	wantAP(c.t, "service SYN destination", out.Dst, c.be1)
+	c.tcp(c.be1, out.Src, bpftest.SYN|bpftest.ACK)
+	c.tcp(c.client, c.vip, bpftest.ACK)
 	return out.Src
 }
 
 // directSYN sends client -> be1 directly and returns the source the backend sees.
-func directSYN(t *testing.T, d *bpftest.Datapath) netip.AddrPort {
-	t.Helper()
-	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, be1AP, bpftest.SYN))
-	wantAP(t, "direct SYN destination", out.Dst, be1AP)
-	if out.Src.Addr() != clientAP.Addr() {
-		t.Fatalf("direct flow left with address %v: only its port may change", out.Src)
+func (c *clashCase) directSYN() netip.AddrPort {
+	c.t.Helper()
+	out := c.tcp(c.client, c.be1, bpftest.SYN)
+	wantAP(c.t, "direct SYN destination", out.Dst, c.be1)
+	if out.Src.Addr() != c.client.Addr() {
+		c.t.Fatalf("direct flow left with address %v: only its port may change", out.Src)
 	}
 	return out.Src
 }
 
 // wantReplyRestored checks that the backend's reply to seen reaches the
 // client's own port from from.
-func wantReplyRestored(t *testing.T, d *bpftest.Datapath, seen, from netip.AddrPort) {
-	t.Helper()
-	r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, seen, bpftest.SYN|bpftest.ACK))
-	wantAP(t, "reply source", r.Src, from)
-	wantAP(t, "reply destination", r.Dst, clientAP)
+func (c *clashCase) wantReplyRestored(seen, from netip.AddrPort) {
+	c.t.Helper()
+	r := c.tcp(c.be1, seen, bpftest.SYN|bpftest.ACK)
+	wantAP(c.t, "reply source", r.Src, from)
+	wantAP(c.t, "reply destination", r.Dst, c.client)
+}
+
+// wantRemapped fails unless seen is the client's address with another port.
+func (c *clashCase) wantRemapped(what string, seen netip.AddrPort) {
+	c.t.Helper()
+	if seen.Addr() != c.client.Addr() || seen.Port() == c.client.Port() {
+		c.t.Fatalf("%s left as %v: want the client's address with another port", what, seen)
+	}
 }
 
 func TestClashLiveServiceFlowThenDirectFlowIsRemapped(t *testing.T) {
-	d := clashSetup(t)
-	if seen := serviceFlow(t, d); seen != clientAP {
-		t.Fatalf("service flow remapped to %v with nothing to clash with", seen)
-	}
-	seen := directSYN(t, d)
-	if seen.Port() == clientAP.Port() {
-		t.Fatal("direct flow kept the port a live Service flow holds at the backend")
-	}
-	wantReplyRestored(t, d, seen, be1AP)
-	// The Service flow's replies are still its own.
-	wantReplyRestored(t, d, clientAP, vipAP)
-	// The direct flow's next segment keeps its new port.
-	again := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, be1AP, bpftest.ACK))
-	wantAP(t, "direct flow's next segment", again.Src, seen)
-	if d.Counter(gen.SluiceCounterCNT_TUPLE_REMAPPED) != 1 {
-		t.Fatalf("remaps counted %d, want 1", d.Counter(gen.SluiceCounterCNT_TUPLE_REMAPPED))
-	}
+	forEachFamily(t, func(c *clashCase) {
+		if seen := c.serviceFlow(); seen != c.client {
+			t.Fatalf("service flow remapped to %v with nothing to clash with", seen)
+		}
+		seen := c.directSYN()
+		c.wantRemapped("direct flow", seen)
+		c.wantReplyRestored(seen, c.be1)
+		// The Service flow's replies are still its own.
+		c.wantReplyRestored(c.client, c.vip)
+		// The direct flow's next segment keeps its new port.
+		wantAP(t, "direct flow's next segment", c.tcp(c.client, c.be1, bpftest.ACK).Src, seen)
+		if n := c.d.Counter(gen.SluiceCounterCNT_TUPLE_REMAPPED); n != 1 {
+			t.Fatalf("remaps counted %d, want 1", n)
+		}
+	})
 }
 
 func TestClashLiveDirectFlowThenServiceFlowIsRemapped(t *testing.T) {
-	d := clashSetup(t)
-	if seen := directSYN(t, d); seen != clientAP {
-		t.Fatalf("direct flow remapped to %v with nothing to clash with", seen)
-	}
-	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
-	if out.Src.Addr() != clientAP.Addr() || out.Src.Port() == clientAP.Port() {
-		t.Fatalf("service flow left as %v: want the client's address with another port", out.Src)
-	}
-	wantReplyRestored(t, d, out.Src, vipAP)
-	wantReplyRestored(t, d, clientAP, be1AP)
+	forEachFamily(t, func(c *clashCase) {
+		if seen := c.directSYN(); seen != c.client {
+			t.Fatalf("direct flow remapped to %v with nothing to clash with", seen)
+		}
+		out := c.tcp(c.client, c.vip, bpftest.SYN)
+		wantAP(t, "service flow destination", out.Dst, c.be1)
+		c.wantRemapped("service flow", out.Src)
+		if n := c.d.Counter(gen.SluiceCounterCNT_TUPLE_REMAPPED); n != 1 {
+			t.Fatalf("remaps counted %d, want 1", n)
+		}
+		c.wantReplyRestored(out.Src, c.vip)
+		c.wantReplyRestored(c.client, c.be1)
+	})
 }
 
 // closeFlow exchanges FINs on the service flow (client first or server first)
 // and the last ACK.
-func closeFlow(t *testing.T, d *bpftest.Datapath, serverFirst bool) {
-	t.Helper()
-	clientFIN := func() { d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.FIN|bpftest.ACK)) }
-	serverFIN := func() { d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.FIN|bpftest.ACK)) }
+func (c *clashCase) closeFlow(serverFirst bool) {
+	c.t.Helper()
+	clientFIN := func() { c.tcp(c.client, c.vip, bpftest.FIN|bpftest.ACK) }
+	serverFIN := func() { c.tcp(c.be1, c.client, bpftest.FIN|bpftest.ACK) }
 	if serverFirst {
 		serverFIN()
 		clientFIN()
@@ -110,93 +148,85 @@ func closeFlow(t *testing.T, d *bpftest.Datapath, serverFirst bool) {
 // once cannot both take it. The first FIN's side is recorded for the
 // scanner.
 func TestClashEndedFlowHoldsItsTupleUntilRemoved(t *testing.T) {
-	ends := map[string]func(d *bpftest.Datapath){
-		"server closed first": func(d *bpftest.Datapath) { closeFlow(t, d, true) },
-		"client closed first": func(d *bpftest.Datapath) { closeFlow(t, d, false) },
-		"client reset": func(d *bpftest.Datapath) {
-			d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.RST))
-		},
-		"server reset": func(d *bpftest.Datapath) {
-			d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.RST))
-		},
+	ends := map[string]func(c *clashCase){
+		"server closed first": func(c *clashCase) { c.closeFlow(true) },
+		"client closed first": func(c *clashCase) { c.closeFlow(false) },
+		"client reset":        func(c *clashCase) { c.tcp(c.client, c.vip, bpftest.RST) },
+		"server reset":        func(c *clashCase) { c.tcp(c.be1, c.client, bpftest.RST) },
 	}
 	for name, end := range ends {
 		t.Run(name, func(t *testing.T) {
-			d := clashSetup(t)
-			serviceFlow(t, d)
-			end(d)
-			if seen := directSYN(t, d); seen.Port() == clientAP.Port() {
-				t.Fatal("direct flow took the tuple of an ended flow still in conntrack")
-			}
-			// Once the scanner has removed the ended flow, the tuple is free.
-			for _, k := range []gen.SluiceCtKey{bpftest.CtKey(clientAP, vipAP, protoTCP), bpftest.CtKey(be1AP, clientAP, protoTCP),
-				bpftest.CtKey(clientAP, be1AP, protoTCP)} {
-				if err := d.Objs.SlCtV2.Delete(k); err != nil {
-					t.Fatal(err)
+			forEachFamily(t, func(c *clashCase) {
+				c.serviceFlow()
+				end(c)
+				if seen := c.directSYN(); seen.Port() == c.client.Port() {
+					t.Fatal("direct flow took the tuple of an ended flow still in conntrack")
 				}
-			}
-			if seen := directSYN(t, d); seen != clientAP {
-				t.Fatalf("direct flow remapped to %v after the ended flow was removed", seen)
-			}
+				// Once the scanner has removed the ended flow, the tuple is free.
+				c.d.DeleteCT(c.client, c.vip, protoTCP)
+				c.d.DeleteCT(c.be1, c.client, protoTCP)
+				c.d.DeleteCT(c.client, c.be1, protoTCP)
+				if seen := c.directSYN(); seen != c.client {
+					t.Fatalf("direct flow remapped to %v after the ended flow was removed", seen)
+				}
+			})
 		})
 	}
-	d := clashSetup(t)
-	serviceFlow(t, d)
-	closeFlow(t, d, true)
-	fwd, _ := d.CT(bpftest.CtKey(clientAP, vipAP, protoTCP))
-	rev, _ := d.CT(bpftest.CtKey(be1AP, clientAP, protoTCP))
-	if rev.TcpSeen&uint32(gen.SluiceCtSeenCT_SEEN_FIN_FIRST) == 0 || fwd.TcpSeen&uint32(gen.SluiceCtSeenCT_SEEN_FIN_FIRST) != 0 {
-		t.Fatalf("first FIN not recorded on the server's side: fwd %#x rev %#x", fwd.TcpSeen, rev.TcpSeen)
-	}
+	forEachFamily(t, func(c *clashCase) {
+		c.serviceFlow()
+		c.closeFlow(true)
+		fwd, _ := c.d.Flow(c.client, c.vip, protoTCP)
+		rev, _ := c.d.Flow(c.be1, c.client, protoTCP)
+		if rev.TCPSeen&uint32(gen.SluiceCtSeenCT_SEEN_FIN_FIRST) == 0 || fwd.TCPSeen&uint32(gen.SluiceCtSeenCT_SEEN_FIN_FIRST) != 0 {
+			t.Fatalf("first FIN not recorded on the server's side: fwd %#x rev %#x", fwd.TCPSeen, rev.TCPSeen)
+		}
+	})
 }
 
 func TestClashUDPServiceFlowThenDirectFlow(t *testing.T) {
-	d := clashSetup(t)
-	q := d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(clientAP, vipAP, []byte("via service")))
-	wantAP(t, "service datagram", q.Dst, be1AP)
-	direct := d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(clientAP, be1AP, []byte("direct")))
-	if direct.Src.Addr() != clientAP.Addr() || direct.Src.Port() == clientAP.Port() {
-		t.Fatalf("direct datagram left as %v while a Service flow holds the tuple", direct.Src)
-	}
-	r := d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(be1AP, direct.Src, []byte("answer")))
-	wantAP(t, "direct reply source", r.Src, be1AP)
-	wantAP(t, "direct reply destination", r.Dst, clientAP)
-	r = d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(be1AP, clientAP, []byte("answer")))
-	wantAP(t, "service reply source", r.Src, vipAP)
+	forEachFamily(t, func(c *clashCase) {
+		udp := func(src, dst netip.AddrPort, payload string) *bpftest.Decoded {
+			return c.d.RunOK(c.d.Objs.SlFromWl, bpftest.UDPPacket(src, dst, []byte(payload)))
+		}
+		wantAP(t, "service datagram", udp(c.client, c.vip, "via service").Dst, c.be1)
+		direct := udp(c.client, c.be1, "direct")
+		c.wantRemapped("direct datagram", direct.Src)
+		r := udp(c.be1, direct.Src, "answer")
+		wantAP(t, "direct reply source", r.Src, c.be1)
+		wantAP(t, "direct reply destination", r.Dst, c.client)
+		wantAP(t, "service reply source", udp(c.be1, c.client, "answer").Src, c.vip)
+	})
 }
 
 // A flow that enters a workload without having left one (the node itself, or
 // an interface Sluice does not manage) is tracked at the workload's egress
 // and remapped there, exactly as at the other hooks.
 func TestClashDetectedEnteringAWorkload(t *testing.T) {
-	d := clashSetup(t)
-	serviceFlow(t, d)
-	out := d.RunOK(d.Objs.SlToWl, bpftest.TCPPacket(clientAP, be1AP, bpftest.SYN))
-	if out.Src.Addr() != clientAP.Addr() || out.Src.Port() == clientAP.Port() {
-		t.Fatalf("flow entering the backend left as %v while a Service flow holds the tuple", out.Src)
-	}
-	r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, out.Src, bpftest.SYN|bpftest.ACK))
-	wantAP(t, "reply destination", r.Dst, clientAP)
+	forEachFamily(t, func(c *clashCase) {
+		c.serviceFlow()
+		out := c.d.RunOK(c.d.Objs.SlToWl, bpftest.TCPPacket(c.client, c.be1, bpftest.SYN))
+		c.wantRemapped("flow entering the backend", out.Src)
+		wantAP(t, "reply destination", c.tcp(c.be1, out.Src, bpftest.SYN|bpftest.ACK).Dst, c.client)
+	})
 }
 
 // A SYN on the tuple of a flow that ended is a new connection: it is
 // balanced again (to a live backend) instead of following the old flow.
 func TestSYNOnAnEndedFlowIsBalancedAgain(t *testing.T) {
-	d := clashSetup(t)
-	serviceFlow(t, d)
-	closeFlow(t, d, false)
-	// The backend leaves; another takes its place.
-	d.AddService(bpftest.Service{ID: 1, Front: vipAP, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be2AP}}})
-	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
-	wantAP(t, "reopened flow's destination", out.Dst, be2AP)
-	if d.Counter(gen.SluiceCounterCNT_TUPLE_REUSED) != 1 {
-		t.Fatalf("reuse counted %d times, want 1", d.Counter(gen.SluiceCounterCNT_TUPLE_REUSED))
-	}
-	// A retransmitted SYN of the new flow follows it.
-	again := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
-	wantAP(t, "retransmitted SYN", again.Dst, be2AP)
-	r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be2AP, clientAP, bpftest.SYN|bpftest.ACK))
-	wantAP(t, "new flow's reply source", r.Src, vipAP)
+	forEachFamily(t, func(c *clashCase) {
+		c.serviceFlow()
+		c.closeFlow(false)
+		// The backend leaves; another takes its place.
+		c.d.AddService(bpftest.Service{ID: 1, Front: c.vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: c.be2}}})
+		wantAP(t, "reopened flow's destination", c.tcp(c.client, c.vip, bpftest.SYN).Dst, c.be2)
+		if n := c.d.Counter(gen.SluiceCounterCNT_TUPLE_REUSED); n != 1 {
+			t.Fatalf("reuse counted %d times, want 1", n)
+		}
+		// A retransmitted SYN of the new flow follows it.
+		wantAP(t, "retransmitted SYN", c.tcp(c.client, c.vip, bpftest.SYN).Dst, c.be2)
+		r := c.tcp(c.be2, c.client, bpftest.SYN|bpftest.ACK)
+		wantAP(t, "new flow's reply source", r.Src, c.vip)
+	})
 }
 
 // A flow whose first packet reached a service IP before the Service was
@@ -205,32 +235,33 @@ func TestSYNOnAnEndedFlowIsBalancedAgain(t *testing.T) {
 // same port, or its next datagram, is balanced instead of following the old
 // entry to the bare service IP.
 func TestFlowTrackedBeforeItsServiceExistedIsBalancedOnceItDoes(t *testing.T) {
-	d := newDP(t)
-	early := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
-	wantAP(t, "SYN before the Service exists", early.Dst, vipAP)
-	q := d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(clientAP, vipAP, []byte("early")))
-	wantAP(t, "datagram before the Service exists", q.Dst, vipAP)
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			d := f.newDP(t)
+			early := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(f.client, f.vip, bpftest.SYN))
+			wantAP(t, "SYN before the Service exists", early.Dst, f.vip)
+			q := d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(f.client, f.vip, []byte("early")))
+			wantAP(t, "datagram before the Service exists", q.Dst, f.vip)
 
-	d.AddService(webService())
-	d.AddService(bpftest.Service{ID: 2, Front: vipAP, Proto: protoUDP, Backends: []bpftest.Backend{{AP: be1AP}}})
-	// The client's connect timed out; it tries again from the same port.
-	again := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
-	wantAP(t, "SYN after the Service was programmed", again.Dst, be1AP)
-	r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
-	wantAP(t, "reply source", r.Src, vipAP)
+			d.AddService(bpftest.Service{ID: 1, Front: f.vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: f.be1}}})
+			d.AddService(bpftest.Service{ID: 2, Front: f.vip, Proto: protoUDP, Backends: []bpftest.Backend{{AP: f.be1}}})
+			// The client's connect timed out; it tries again from the same port.
+			again := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(f.client, f.vip, bpftest.SYN))
+			wantAP(t, "SYN after the Service was programmed", again.Dst, f.be1)
+			r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(f.be1, f.client, bpftest.SYN|bpftest.ACK))
+			wantAP(t, "reply source", r.Src, f.vip)
 
-	// A UDP client with a fixed port is balanced at the entry's next refresh.
-	key := bpftest.CtKey(clientAP, vipAP, protoUDP)
-	v, ok := d.CT(key)
-	if !ok || v.SvcId != 0 {
-		t.Fatalf("untranslated UDP entry %+v (present %v)", v, ok)
-	}
-	v.LastSeen -= uint64(time.Second)
-	d.Put(d.Objs.SlCtV2, key, v)
-	q = d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(clientAP, vipAP, []byte("later")))
-	wantAP(t, "datagram after the Service was programmed", q.Dst, be1AP)
-	if n := d.Counter(gen.SluiceCounterCNT_FLOW_NOW_SERVICE); n != 2 {
-		t.Fatalf("counted %d flows balanced anew, want 2", n)
+			// A UDP client with a fixed port is balanced at the entry's next refresh.
+			if v, ok := d.Flow(f.client, f.vip, protoUDP); !ok || v.SvcID != 0 {
+				t.Fatalf("untranslated UDP entry %+v (present %v)", v, ok)
+			}
+			d.AgeFlow(f.client, f.vip, protoUDP, time.Second)
+			q = d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(f.client, f.vip, []byte("later")))
+			wantAP(t, "datagram after the Service was programmed", q.Dst, f.be1)
+			if n := d.Counter(gen.SluiceCounterCNT_FLOW_NOW_SERVICE); n != 2 {
+				t.Fatalf("counted %d flows balanced anew, want 2", n)
+			}
+		})
 	}
 }
 

@@ -357,27 +357,6 @@ func TestIPv6HairpinIsSNATedAndSentBack(t *testing.T) {
 	wantAP(t, "reply destination", reply.Dst, self)
 }
 
-// A client that reaches a backend directly and then, from the same port,
-// through the Service: the second flow would be the same connection at the
-// backend, so its port is remapped (ct6_create's clash rule).
-func TestIPv6ClientPortReusedAcrossServiceAndDirectIsRemapped(t *testing.T) {
-	d := newDP6(t)
-	d.AddService(web6())
-	direct := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(client6, be1v6, bpftest.SYN))
-	wantAP(t, "direct flow", direct.Src, client6)
-	svc := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(client6, vip6, bpftest.SYN))
-	wantAP(t, "service flow destination", svc.Dst, be1v6)
-	if svc.Src.Addr() != client6.Addr() || svc.Src.Port() == client6.Port() {
-		t.Fatalf("service flow source %v: want the client's address with another port", svc.Src)
-	}
-	if d.Counter(gen.SluiceCounterCNT_TUPLE_REMAPPED) != 1 {
-		t.Fatal("remap not counted")
-	}
-	r := d.RunOK(d.Objs.SlToWl, bpftest.TCPPacket(be1v6, svc.Src, bpftest.SYN|bpftest.ACK))
-	wantAP(t, "reply source", r.Src, vip6)
-	wantAP(t, "reply destination", r.Dst, client6)
-}
-
 func TestIPv6FragmentedDatagramToAService(t *testing.T) {
 	d := newDP6(t)
 	dns := netip.MustParseAddrPort("[fd00:96::53]:53")
@@ -406,6 +385,27 @@ func TestIPv6FragmentedDatagramToAService(t *testing.T) {
 	late := bpftest.Fragment6(bpftest.UDPPacket(netip.AddrPortFrom(client6.Addr(), 999), dns, payload), 1232, 0x7777)[1]
 	if ret, _ := d.Run(d.Objs.SlFromWl, late); ret != actShot {
 		t.Fatalf("unknown later fragment: verdict %d, want dropped", ret)
+	}
+}
+
+// The twin of TestFragmentsOfARejectedDatagramAreDropped: a later fragment
+// whose first was answered with ICMPv6 port unreachable starts nothing and
+// does not reach the Service's address.
+func TestIPv6FragmentsOfARejectedDatagramAreDropped(t *testing.T) {
+	d := newDP6(t)
+	dns := netip.MustParseAddrPort("[fd00:96::53]:53")
+	d.AddService(bpftest.Service{ID: 5, Front: dns, Proto: protoUDP}) // no endpoints
+	frags := bpftest.Fragment6(bpftest.UDPPacket(client6, dns, bytes.Repeat([]byte("x"), 3000)), 1232, 0x5555)
+	if ret, _ := d.Run(d.Objs.SlFromWl, frags[0]); ret != actRedirect {
+		t.Fatalf("first fragment to a Service without endpoints: verdict %d, want the reject", ret)
+	}
+	for i, f := range frags[1:] {
+		if ret, _ := d.Run(d.Objs.SlFromWl, f); ret != actShot {
+			t.Fatalf("later fragment %d of a rejected datagram: verdict %d, want drop", i+1, ret)
+		}
+	}
+	if d.CTCount() != 0 {
+		t.Fatalf("%d conntrack entries", d.CTCount())
 	}
 }
 

@@ -514,13 +514,19 @@ func TestTruncatedHeadersAtEveryLength(t *testing.T) {
 // Port 0 is a legal value in a header: a flow from it is balanced like any other
 // (it once collided with ct_create's failure value).
 func TestSourcePortZeroIsBalanced(t *testing.T) {
-	d := newDP(t)
-	d.AddService(webService())
-	src := netip.AddrPortFrom(clientAP.Addr(), 0)
-	out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN))
-	wantAP(t, "destination", out.Dst, be1AP)
-	if c := d.Counter(gen.SluiceCounterCNT_DROP_CT_CREATE); c != 0 {
-		t.Fatalf("%d conntrack-create drops", c)
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			d := f.newDP(t)
+			d.AddService(bpftest.Service{ID: 1, Front: f.vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: f.be1}}})
+			src := netip.AddrPortFrom(f.client.Addr(), 0)
+			out := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, f.vip, bpftest.SYN))
+			wantAP(t, "destination", out.Dst, f.be1)
+			if c := d.Counter(gen.SluiceCounterCNT_DROP_CT_CREATE); c != 0 {
+				t.Fatalf("%d conntrack-create drops", c)
+			}
+			r := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(f.be1, src, bpftest.SYN|bpftest.ACK))
+			wantAP(t, "reply source", r.Src, f.vip)
+		})
 	}
 }
 

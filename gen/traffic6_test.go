@@ -143,21 +143,28 @@ func TestRealIPv6TrafficThroughTheDatapath(t *testing.T) {
 		}
 	})
 
+	// The 4000-byte datagram leaves the client in fragments: the error
+	// answers the first and quotes its fragment header, and the client's
+	// stack must still match it to the socket.
 	t.Run("UDP to a service without endpoints is refused (ICMPv6 port unreachable)", func(t *testing.T) {
 		d.AddService(bpftest.Service{ID: 7, Front: netip.AddrPortFrom(empty.Addr(), 53), Proto: protoUDP})
-		err := client.Do(func() error {
-			c, err := net.Dial("udp6", netip.AddrPortFrom(empty.Addr(), 53).String())
-			if err != nil {
+		for _, size := range []int{1, 4000} {
+			err := client.Do(func() error {
+				c, err := net.Dial("udp6", netip.AddrPortFrom(empty.Addr(), 53).String())
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(2 * time.Second))
+				if _, err := c.Write(bytes.Repeat([]byte("q"), size)); err != nil {
+					return err
+				}
+				_, err = c.Read(make([]byte, 16))
 				return err
+			})
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("read after a %d-byte datagram to a service without endpoints: %v, want connection refused", size, err)
 			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(2 * time.Second))
-			c.Write([]byte("q"))
-			_, err = c.Read(make([]byte, 16))
-			return err
-		})
-		if !errors.Is(err, syscall.ECONNREFUSED) {
-			t.Fatalf("read after a send to a service without endpoints: %v, want connection refused", err)
 		}
 	})
 }

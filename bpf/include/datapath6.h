@@ -68,7 +68,7 @@ static __always_inline __s64 pseudo6_sum(const struct packet6 *p6, __u8 next, __
 
 /* reject6_tcp: reject_tcp (reject.h). Extension headers are dropped: the
  * RST is built from scratch after the link layer. */
-static __always_inline int reject6_tcp(struct __sk_buff *skb, const struct packet6 *p6)
+__subprog int reject6_tcp(struct __sk_buff *skb, const struct packet6 *p6)
 {
 	const struct packet *p = &p6->p;
 	struct tcp_raw in, rst = {};
@@ -103,28 +103,38 @@ static __always_inline int reject6_tcp(struct __sk_buff *skb, const struct packe
 	return 0;
 }
 
-/* The ICMPv6 error quotes the IPv6 header and the first 8 bytes after it:
- * the UDP header, which is what the sender's stack matches the error by. */
-#define ICMP6_QUOTE_LEN (IPV6_HLEN + 8)
+/* The ICMPv6 error quotes the IPv6 header, its extension headers and the
+ * first 8 bytes after them: the UDP header, which is what the sender's stack
+ * matches the error by (it walks the quoted extension headers as it walks a
+ * received packet's). The first fragment of a datagram carries an 8-byte
+ * fragment header; ICMP6_QUOTE_EXT bounds the extension headers a quote
+ * takes. */
+#define ICMP6_QUOTE_EXT 64
+#define ICMP6_QUOTE_MAX (IPV6_HLEN + ICMP6_QUOTE_EXT + 8)
 
 /* reject6_udp turns a datagram into the ICMPv6 port unreachable that
- * answers it. A datagram with extension headers would quote them instead of
- * its ports, so it is refused (the caller drops), as reject_udp refuses IPv4
- * options. */
-static __always_inline int reject6_udp(struct __sk_buff *skb, const struct packet6 *p6)
+ * answers it. A datagram with more extension headers than a quote takes is
+ * refused (the caller drops), as reject_udp refuses IPv4 options. */
+__subprog int reject6_udp(struct __sk_buff *skb, const struct packet6 *p6)
 {
 	const struct packet *p = &p6->p;
 	struct {
 		struct ip6_raw ip;
 		struct icmphdr icmp;
-		__u8 quote[ICMP6_QUOTE_LEN];
+		__u8 quote[ICMP6_QUOTE_MAX];
 	} reply = {};
 	const __u32 grow = sizeof(reply.ip) + sizeof(reply.icmp);
-	const __u32 icmp_len = sizeof(reply.icmp) + sizeof(reply.quote);
+	/* Extension headers are whole multiples of 8 bytes, so the quote's
+	 * length stays a multiple of 4, as bpf_csum_diff requires. */
+	__u32 ext = p->l4_off - p->l3_off - IPV6_HLEN;
 
-	if (p->l4_off != p->l3_off + IPV6_HLEN)
+	if (ext > ICMP6_QUOTE_EXT)
 		return -1;
-	if (bpf_skb_load_bytes(skb, p->l3_off, reply.quote, sizeof(reply.quote)))
+	__u32 quote_len = IPV6_HLEN + ext + 8;
+	__u32 icmp_len = sizeof(reply.icmp) + quote_len;
+
+	if (quote_len > sizeof(reply.quote) ||
+	    bpf_skb_load_bytes(skb, p->l3_off, reply.quote, quote_len))
 		return -1;
 	reply.icmp.type = ICMPV6_DEST_UNREACH;
 	reply.icmp.code = ICMPV6_PORT_UNREACH;
@@ -133,14 +143,17 @@ static __always_inline int reject6_udp(struct __sk_buff *skb, const struct packe
 	reply_ip6hdr(&reply.ip, p6, IPPROTO_ICMPV6, icmp_len);
 
 	if (bpf_skb_adjust_room(skb, grow, BPF_ADJ_ROOM_MAC, 0) ||
-	    bpf_skb_change_tail(skb, p->l3_off + sizeof(reply), 0) ||
-	    bpf_skb_store_bytes(skb, p->l3_off, &reply, sizeof(reply), 0) ||
+	    bpf_skb_change_tail(skb, p->l3_off + grow + quote_len, 0) ||
+	    bpf_skb_store_bytes(skb, p->l3_off, &reply, grow + quote_len, 0) ||
 	    swap_macs(skb, p))
 		return -1;
 	return 0;
 }
 
-__subprog int reject6(struct __sk_buff *skb, const struct packet6 *p6)
+/* reject6 answers a new flow to a Service without endpoints. Each answer is
+ * a function of its own, so the stack holds one reply at a time: the
+ * pipeline's frames and the UDP reply's quote fill most of the 512 bytes. */
+static __always_inline int reject6(struct __sk_buff *skb, const struct packet6 *p6)
 {
 	int err = p6->p.proto == IPPROTO_TCP ? reject6_tcp(skb, p6) : reject6_udp(skb, p6);
 

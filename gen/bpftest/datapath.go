@@ -3,6 +3,7 @@ package bpftest
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
@@ -224,4 +225,59 @@ func (d *Datapath) CTCount() int {
 		n++
 	}
 	return n + d.CT6Count()
+}
+
+// FlowState is what the family-neutral tests read from a conntrack entry.
+type FlowState struct {
+	SvcID   uint32
+	TCPSeen uint32
+}
+
+// Flow returns the conntrack entry of a packet from src to dst, from
+// whichever family's map the addresses belong to.
+func (d *Datapath) Flow(src, dst netip.AddrPort, proto uint8) (FlowState, bool) {
+	if src.Addr().Is4() {
+		v, ok := d.CT(CtKey(src, dst, proto))
+		return FlowState{SvcID: v.SvcId, TCPSeen: v.TcpSeen}, ok
+	}
+	v, ok := d.CT6(CtKey6(src, dst, proto))
+	return FlowState{SvcID: v.SvcId, TCPSeen: v.TcpSeen}, ok
+}
+
+// AgeFlow moves the last-seen time of the conntrack entry of a packet from
+// src to dst back by age, as if no packet had refreshed it since.
+func (d *Datapath) AgeFlow(src, dst netip.AddrPort, proto uint8, age time.Duration) {
+	d.TB.Helper()
+	if src.Addr().Is4() {
+		k := CtKey(src, dst, proto)
+		v, ok := d.CT(k)
+		if !ok {
+			d.TB.Fatalf("no conntrack entry %v -> %v", src, dst)
+		}
+		v.LastSeen -= uint64(age)
+		d.Put(d.Objs.SlCtV2, k, v)
+		return
+	}
+	k := CtKey6(src, dst, proto)
+	v, ok := d.CT6(k)
+	if !ok {
+		d.TB.Fatalf("no conntrack entry %v -> %v", src, dst)
+	}
+	v.LastSeen -= uint64(age)
+	d.Put(d.Objs.SlCt6V1, k, v)
+}
+
+// DeleteCT removes the conntrack entry of a packet from src to dst, as the
+// conntrack scanner would.
+func (d *Datapath) DeleteCT(src, dst netip.AddrPort, proto uint8) {
+	d.TB.Helper()
+	var err error
+	if src.Addr().Is4() {
+		err = d.Objs.SlCtV2.Delete(CtKey(src, dst, proto))
+	} else {
+		err = d.Objs.SlCt6V1.Delete(CtKey6(src, dst, proto))
+	}
+	if err != nil {
+		d.TB.Fatalf("delete conntrack entry %v -> %v: %v", src, dst, err)
+	}
 }
