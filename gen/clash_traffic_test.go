@@ -12,23 +12,41 @@ import (
 // A pod client alternating Service and direct connections to the same
 // backends, behind servers that close first, at full rate with its ephemeral
 // ports narrowed so that they are reused across destinations: every
-// connection must succeed at once. A tuple clash shows as a SYN the backend
-// drops (PAWS against its TIME_WAIT, or a segment of another connection) and
-// the client retransmits a second later.
+// connection must succeed at once, over IPv4 and over IPv6. A tuple clash
+// shows as a SYN the backend drops (PAWS against its TIME_WAIT, or a segment
+// of another connection) and the client retransmits a second later.
 func TestRealClientsReusingPortsAcrossServiceAndDirect(t *testing.T) {
-	d := newDP(t)
-	names := []string{"b1", "b2", "b3"}
-	topo := bpftest.NewTopology(t, d, append([]string{"client"}, names...)...)
-	var backends []bpftest.Backend
-	for _, n := range names {
-		bpftest.ServeCloseFirst(t, topo.Pods[n], n, ":8080")
-		backends = append(backends, bpftest.Backend{AP: netip.AddrPortFrom(topo.PodIP[n], 8080), Local: true})
+	for _, f := range []struct {
+		name, listen string
+		vip          netip.AddrPort
+		podIP        func(*bpftest.Topology, string) netip.Addr
+	}{
+		{"IPv4", ":8080", netip.MustParseAddrPort("10.96.0.10:80"), func(topo *bpftest.Topology, n string) netip.Addr { return topo.PodIP[n] }},
+		{"IPv6", "[::]:8080", netip.MustParseAddrPort("[fd00:96::10]:80"), func(topo *bpftest.Topology, n string) netip.Addr { return topo.PodIP6[n] }},
+	} {
+		t.Run(f.name, func(t *testing.T) {
+			d := newDP(t)
+			names := []string{"b1", "b2", "b3"}
+			topo := bpftest.NewTopology(t, d, append([]string{"client"}, names...)...)
+			topo.EnableIPv6(t)
+			var backends []bpftest.Backend
+			for _, n := range names {
+				bpftest.ServeCloseFirst(t, topo.Pods[n], n, f.listen)
+				backends = append(backends, bpftest.Backend{AP: netip.AddrPortFrom(f.podIP(topo, n), 8080), Local: true})
+			}
+			d.AddService(bpftest.Service{ID: 1, Front: f.vip, Proto: protoTCP, Backends: backends})
+			client := topo.Pods["client"]
+			// The range is the IPv4 sysctl's name; it binds IPv6 sockets too.
+			client.Run("sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 40063")
+			reuseAtFullRate(t, d, topo, client, names, f.vip, backends)
+		})
 	}
-	vip := netip.MustParseAddrPort("10.96.0.10:80")
-	d.AddService(bpftest.Service{ID: 1, Front: vip, Proto: protoTCP, Backends: backends})
-	client := topo.Pods["client"]
-	client.Run("sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 40063")
+}
 
+// reuseAtFullRate runs the clients against the Service and each backend
+// directly, and checks that no connection failed or waited.
+func reuseAtFullRate(t *testing.T, d *bpftest.Datapath, topo *bpftest.Topology, client *bpftest.NetNS, names []string,
+	vip netip.AddrPort, backends []bpftest.Backend) {
 	stats := clientStats{ns: client, backends: names, topo: topo}
 	stats.snapshot(t)
 	targets := []string{vip.String()}

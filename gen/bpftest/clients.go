@@ -56,8 +56,9 @@ func RunClients(ns *NetNS, targets []string, workers int, duration time.Duration
 	return r
 }
 
+// connectAndRead dials target, an IPv4 or IPv6 literal, in its own family.
 func connectAndRead(target string) error {
-	c, err := net.DialTimeout("tcp4", target, 3*time.Second)
+	c, err := net.DialTimeout("tcp", target, 3*time.Second)
 	if err != nil {
 		return err
 	}
