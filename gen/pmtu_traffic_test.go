@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,13 +88,24 @@ func addrAt(b []byte, off, ipLen int) netip.Addr {
 }
 
 // TestRealPathMTUThroughANodePort: an external client behind a router
-// whose link toward it has an MTU of 1280 downloads 2 MB from a NodePort
-// backend, over IPv4 and IPv6. The client advertises a 1500-byte MTU's
-// segment size, so the backend's segments are too big for that link: the
-// router's ICMP error goes to the NodePort address, and only if the datapath
-// hands it to the backend does the backend's path MTU drop and the download
+// downloads 2 MB from a NodePort backend, over IPv4 and IPv6, where one link
+// on the way has an MTU of 1280. The client advertises a 1500-byte MTU's
+// segment size, so the backend's segments are too big for that link, and
+// only if the backend hears of it does its path MTU drop and the download
 // finish (otherwise every large segment is lost and the transfer stalls).
+//
+//   - The router's link toward the client: the router's ICMP error goes to
+//     the NodePort address, and the datapath hands it to the backend
+//     (icmp_error_rnat).
+//   - The node's own link toward the router: the node cannot send the error
+//     to the reply's source, which is itself, so the datapath finds the MTU
+//     as it forwards the reply and answers the backend (fib.h).
 func TestRealPathMTUThroughANodePort(t *testing.T) {
+	t.Run("router's link", func(t *testing.T) { pathMTUDownload(t, false) })
+	t.Run("node's own link", func(t *testing.T) { pathMTUDownload(t, true) })
+}
+
+func pathMTUDownload(t *testing.T, narrowAtNode bool) {
 	d := newDP(t)
 	node := bpftest.NewNetNS(t)
 	topo := &bpftest.Topology{DP: d, Node: node}
@@ -118,7 +130,6 @@ func TestRealPathMTUThroughANodePort(t *testing.T) {
 	}
 	steps := [][]string{
 		{"netns", "exec", router, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
-		{"-n", router, "link", "set", "r1", "mtu", "1280"},
 		{"-n", node.Name, "addr", "add", "fd00:220::1/64", "dev", "sldata0", "nodad"},
 		{"-n", router, "addr", "add", "fd00:220::2/64", "dev", "r0", "nodad"},
 		{"-n", router, "addr", "add", "fd00:221::1/64", "dev", "r1", "nodad"},
@@ -127,6 +138,15 @@ func TestRealPathMTUThroughANodePort(t *testing.T) {
 		{"-n", node.Name, "-6", "route", "add", "fd00:221::/64", "via", "fd00:220::2"},
 		{"-n", ext, "route", "add", "default", "via", "10.221.0.1"},
 		{"-n", ext, "-6", "route", "add", "default", "via", "fd00:221::1"},
+	}
+	if narrowAtNode {
+		// Both ends: a veth delivers a GSO packet whatever the MTU, so
+		// only the forwarding's own check (the FIB's, or the stack's)
+		// sees the narrow link, as it would on a real NIC.
+		steps = append(steps, []string{"-n", node.Name, "link", "set", "sldata0", "mtu", "1280"},
+			[]string{"-n", router, "link", "set", "r0", "mtu", "1280"})
+	} else {
+		steps = append(steps, []string{"-n", router, "link", "set", "r1", "mtu", "1280"})
 	}
 	if err := netlab.AddVeth(netlab.End{NS: node.Name, Name: "sldata0", Addr: netip.MustParsePrefix("10.220.0.1/24")},
 		netlab.End{NS: router, Name: "r0", Addr: netip.MustParsePrefix("10.220.0.2/24")}); err != nil {
@@ -175,12 +195,14 @@ func TestRealPathMTUThroughANodePort(t *testing.T) {
 		Backends: []bpftest.Backend{{AP: netip.MustParseAddrPort("[fd00:200::2]:8080"), Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
 
 	extNS := &bpftest.NetNS{Name: ext}
-	for _, target := range []string{"10.220.0.1:30080", "[fd00:220::1]:30080"} {
-		t.Run(target, func(t *testing.T) {
+	for _, f := range []struct{ target, client, family string }{
+		{"10.220.0.1:30080", "10.221.0.2", "-4"}, {"[fd00:220::1]:30080", "fd00:221::2", "-6"},
+	} {
+		t.Run(f.target, func(t *testing.T) {
 			before := d.Counter(gen.SluiceCounterCNT_ICMP_ERROR_TRANSLATED)
 			var got int64
 			err := extNS.Do(func() error {
-				c, err := net.DialTimeout("tcp", target, 3*time.Second)
+				c, err := net.DialTimeout("tcp", f.target, 3*time.Second)
 				if err != nil {
 					return err
 				}
@@ -190,10 +212,15 @@ func TestRealPathMTUThroughANodePort(t *testing.T) {
 				return err
 			})
 			if err != nil || got != size {
+				logCounters(t, d)
 				t.Fatalf("download through a 1280-byte link: %d of %d bytes (%v)", got, size, err)
 			}
 			if d.Counter(gen.SluiceCounterCNT_ICMP_ERROR_TRANSLATED) == before {
 				t.Fatal("the download finished without an ICMP error translated: the test did not exercise path-MTU discovery")
+			}
+			// The backend's stack learnt the path's MTU toward the client.
+			if route := backend.Run("ip", f.family, "route", "get", f.client); !strings.Contains(route, "mtu 1280") {
+				t.Fatalf("the backend's route to the client holds no path MTU of 1280:\n%s", route)
 			}
 		})
 	}

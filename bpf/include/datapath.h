@@ -426,3 +426,4 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 }
 
 #include "datapath6.h"
+#include "fib.h"

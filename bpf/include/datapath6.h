@@ -538,6 +538,10 @@ __subprog int new_flow6(struct __sk_buff *skb, struct packet6 *p6, enum hook hoo
 		addr6_copy(snat_addr, node);
 	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0) |
 		     (snat ? CT_SNAT : 0) | (!from_host && addr6_eq(be.addr, p6->saddr) ? CT_HAIRPIN : 0);
+	/* As new_flow: a direction that leaves a workload with a node address
+	 * as source has its path MTU checked here (fib.h). */
+	if (!(flags & CT_HAIRPIN) && ((!from_host && snat) || is_host_ip6(p6->daddr)))
+		flags |= CT_NODE_SOURCE;
 	/* A workload's egress policy judges the flow on the tuple the
 	 * destination sees (after NAT); external traffic its host endpoint's
 	 * ingress policy, on the tuple as it came (new_flow). */
@@ -633,6 +637,10 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 			return drop(CNT_DROP_MALFORMED);
 		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
 			return hairpin_verdict(skb, v->type == CT_FORWARD ? enforce6(skb, &p6, v, POLICY_DIR_EGRESS) : TC_ACT_OK);
+		/* Leaving a workload with a node address as source: the stack
+		 * forwards it, but could not answer it were it too big (fib.h). */
+		if (hook == HOOK_FROM_WL && (v->flags & CT_NODE_SOURCE) && is_host_ip6(p6.saddr))
+			return fib_verdict(skb, v->type == CT_FORWARD ? enforce6(skb, &p6, v, POLICY_DIR_EGRESS) : TC_ACT_OK);
 		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)
 			return enforce6(skb, &p6, v, POLICY_DIR_EGRESS);
 		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)

@@ -25,6 +25,7 @@
 
 #include "common.h"
 
+#define IP_DF		0x4000
 #define IP_MF		0x2000
 #define IP_OFFSET	0x1fff
 

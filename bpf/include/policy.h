@@ -120,6 +120,9 @@ struct {
  * entry program calls from its own frame (policy_dispatch), so that the FIB
  * lookup's stack does not add to the stages'. */
 #define FORWARD_BY_FIB 0x20000
+/* fib.h, included after this file (its path-MTU answers need the IPv6
+ * pipeline's ICMPv6 translation, which needs this file). */
+static __always_inline int forward_by_fib(struct __sk_buff *skb);
 
 /* policy_handoff writes the packet's tuple (as the destination will see it)
  * and the policy slot into skb->cb, for policy_dispatch. The slot is kept in
@@ -179,13 +182,13 @@ static __always_inline int fib_verdict(struct __sk_buff *skb, int verdict)
 }
 
 /* policy_dispatch finishes an entry program: a TC verdict is returned as it
- * is; FORWARD_BY_FIB becomes fib_forward; JUDGE_BY_POLICY becomes the tail
+ * is; FORWARD_BY_FIB becomes forward_by_fib; JUDGE_BY_POLICY becomes the tail
  * call into the slot's policy program, and a slot without a program drops
  * (fail closed). */
 static __always_inline int policy_dispatch(struct __sk_buff *skb, int verdict)
 {
 	if (verdict == FORWARD_BY_FIB)
-		return fib_forward(skb);
+		return forward_by_fib(skb);
 	if (verdict != JUDGE_BY_POLICY)
 		return verdict;
 	__u32 slot = skb->cb[4];
@@ -317,7 +320,7 @@ static __always_inline int policy_verdict(struct __sk_buff *skb)
 		if (skb->cb[3] & POLICY_HAIRPIN)
 			return hairpin_return(skb);
 		if (skb->cb[3] & POLICY_FIB_FORWARD)
-			return fib_forward(skb);
+			return forward_by_fib(skb);
 		return TC_ACT_OK;
 	}
 	count(CNT_DROP_POLICY);

@@ -177,51 +177,6 @@ static __always_inline int hairpin_return(struct __sk_buff *skb)
 	return bpf_redirect(skb->ifindex, 0);
 }
 
-/* fib_forward forwards a packet from a workload whose source has just become
- * one of the node's own addresses: the reply of a NodePort flow to a local
- * backend (the node's address is the Service's), or a flow SNATed to the
- * node. The node's stack would drop it as a spoof of its own address (a
- * martian source), so it is routed here instead: the kernel's FIB picks the
- * interface and next hop for the packet's (translated) addresses, the TTL
- * goes down by one as the stack's forwarding would, and the packet is
- * redirected, resolving the next hop's MAC if the neighbour table does not
- * hold it. What the FIB does not forward (a local destination, an expired
- * TTL, no route) goes to the stack as before. A subprogram: the lookup's
- * 64 bytes stay off the stages' stack. Only workloads' interfaces (with an
- * Ethernet header) call it. */
-__subprog int fib_forward(struct __sk_buff *skb)
-{
-	struct iphdr ip;
-
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) || ip.ttl <= 1)
-		return TC_ACT_OK;
-	struct bpf_fib_lookup fib = {
-		.family = 2, /* AF_INET */
-		.l4_protocol = ip.protocol,
-		.ipv4_src = ip.saddr,
-		.ipv4_dst = ip.daddr,
-		.ifindex = skb->ifindex,
-	};
-	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return TC_ACT_OK;
-	/* The TTL and the protocol share the checksum's 16-bit word. */
-	__be16 old = bpf_htons((__u16)ip.ttl << 8), new = bpf_htons((__u16)(ip.ttl - 1) << 8);
-	__u8 ttl = ip.ttl - 1;
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old, new, sizeof(new)) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, ttl), &ttl, 1, 0))
-		return drop(CNT_DROP_MALFORMED);
-	count(CNT_FIB_FORWARDED);
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		struct bpf_redir_neigh nh = { .nh_family = 2 /* AF_INET */, .ipv4_nh = fib.ipv4_dst };
-		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
-	}
-	if (bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0) ||
-	    bpf_skb_store_bytes(skb, ETH_ALEN, fib.smac, ETH_ALEN, 0))
-		return drop(CNT_DROP_MALFORMED);
-	return bpf_redirect(fib.ifindex, 0);
-}
-
 /* ---- Which new flows leave with the node's address ---- */
 
 /* cluster_local is kube-proxy's local-traffic detector: whether a packet is
