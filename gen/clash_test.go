@@ -17,16 +17,6 @@ import (
 // real programs, once per family; replies of a remapped flow must reach the
 // client's own port.
 
-// families are the addresses the per-family tests use.
-var families = []struct {
-	name                  string
-	newDP                 func(testing.TB) *bpftest.Datapath
-	client, vip, be1, be2 netip.AddrPort
-}{
-	{"IPv4", newDP, clientAP, vipAP, be1AP, be2AP},
-	{"IPv6", newDP6, client6, vip6, be1v6, be2v6},
-}
-
 // clashCase is one family's addresses and datapath for the clash tests.
 type clashCase struct {
 	t                     *testing.T

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket/layers"
@@ -406,6 +407,42 @@ func TestIPv6FragmentsOfARejectedDatagramAreDropped(t *testing.T) {
 	}
 	if d.CTCount() != 0 {
 		t.Fatalf("%d conntrack entries", d.CTCount())
+	}
+}
+
+// The twin of TestFragmentsOutOfOrderOrExpiredAreDroppedNotPassedToAService.
+func TestIPv6FragmentsOutOfOrderOrExpiredAreDroppedNotPassedToAService(t *testing.T) {
+	d := newDP6(t)
+	dns := netip.MustParseAddrPort("[fd00:96::53]:53")
+	d.AddService(bpftest.Service{ID: 2, Front: dns, Proto: protoUDP, Backends: []bpftest.Backend{{AP: be1v6}}})
+	d.Put(d.Objs.SlFe6V1, bpftest.FeKey6(netip.AddrPortFrom(dns.Addr(), 0), bpftest.ProtoICMPv6), gen.SluiceFeValue{})
+	datagram := func(dst netip.AddrPort, id uint32) [][]byte {
+		return bpftest.Fragment6(bpftest.UDPPacket(client6, dst, bytes.Repeat([]byte("f"), 3000)), 1232, id)
+	}
+	// The last fragment before the first: nothing tells which flow it is.
+	if ret, _ := d.Run(d.Objs.SlFromWl, datagram(dns, 0x1111)[2]); ret != actShot || d.Counter(gen.SluiceCounterCNT_DROP_FRAGMENT_UNKNOWN) != 1 {
+		t.Fatalf("out-of-order fragment to a service IP: verdict %d, %d counted", ret, d.Counter(gen.SluiceCounterCNT_DROP_FRAGMENT_UNKNOWN))
+	}
+	// A later fragment of a datagram to another address passes untouched.
+	other := datagram(netip.MustParseAddrPort("[fd00:9::9]:53"), 0x2222)[1]
+	if ret, out := d.Run(d.Objs.SlFromWl, other); ret != actOK || !bytes.Equal(out[:len(other)], other) {
+		t.Fatalf("unknown fragment to a non-service address: verdict %d or changed", ret)
+	}
+	if d.Counter(gen.SluiceCounterCNT_PASS_FRAGMENT) != 1 {
+		t.Fatal("passed unknown fragment not counted")
+	}
+	// An expired first fragment no longer serves its datagram.
+	late := datagram(dns, 0x3333)
+	d.RunOK(d.Objs.SlFromWl, late[0])
+	key := gen.SluiceFrag6Key{Saddr: gen.NetAddr6(client6.Addr()), Daddr: gen.NetAddr6(dns.Addr()), Id: gen.NetUint32(0x3333), Proto: protoUDP}
+	var v gen.SluiceFragValue
+	if err := d.Objs.SlFrag6V1.Lookup(key, &v); err != nil {
+		t.Fatalf("first fragment not recorded: %v", err)
+	}
+	v.Created -= uint64(31 * time.Second)
+	d.Put(d.Objs.SlFrag6V1, key, v)
+	if ret, _ := d.Run(d.Objs.SlFromWl, late[1]); ret != actShot {
+		t.Fatalf("fragment of an expired datagram: verdict %d, want drop", ret)
 	}
 }
 

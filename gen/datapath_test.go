@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket/layers"
@@ -100,29 +101,31 @@ func TestUDPBothWays(t *testing.T) {
 }
 
 func TestBackendChoiceIsSpreadAndIgnoresNonSYN(t *testing.T) {
-	d := newDP(t)
-	s := webService()
-	s.Backends = []bpftest.Backend{{AP: be1AP}, {AP: be2AP}}
-	d.AddService(s)
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			d := f.newDP(t)
+			d.AddService(bpftest.Service{ID: 1, Front: f.vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: f.be1}, {AP: f.be2}}})
 
-	hits := map[netip.AddrPort]int{}
-	for port := range uint16(200) {
-		src := netip.AddrPortFrom(clientAP.Addr(), 20000+port)
-		hits[d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst]++
-	}
-	if len(hits) != 2 || hits[be1AP] < 50 || hits[be2AP] < 50 {
-		t.Fatalf("200 new flows spread %v over two backends", hits)
-	}
+			hits := map[netip.AddrPort]int{}
+			for port := range uint16(200) {
+				src := netip.AddrPortFrom(f.client.Addr(), 20000+port)
+				hits[d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, f.vip, bpftest.SYN)).Dst]++
+			}
+			if len(hits) != 2 || hits[f.be1] < 50 || hits[f.be2] < 50 {
+				t.Fatalf("200 new flows spread %v over two backends", hits)
+			}
 
-	// A segment that is not a SYN and has no conntrack entry is left alone.
-	before := d.CTCount()
-	frame := bpftest.TCPPacket(netip.MustParseAddrPort("10.1.0.6:999"), vipAP, bpftest.ACK)
-	ret, out := d.Run(d.Objs.SlFromWl, frame)
-	if ret != actOK || !bytes.Equal(out, frame) {
-		t.Fatalf("non-SYN without conntrack: verdict %d, changed %v", ret, !bytes.Equal(out, frame))
-	}
-	if d.CTCount() != before {
-		t.Fatal("non-SYN created conntrack entries")
+			// A segment that is not a SYN and has no conntrack entry is left alone.
+			before := d.CTCount()
+			frame := bpftest.TCPPacket(netip.AddrPortFrom(f.client.Addr().Next(), 999), f.vip, bpftest.ACK)
+			ret, out := d.Run(d.Objs.SlFromWl, frame)
+			if ret != actOK || !bytes.Equal(out[:len(frame)], frame) {
+				t.Fatalf("non-SYN without conntrack: verdict %d, changed %v", ret, !bytes.Equal(out[:len(frame)], frame))
+			}
+			if d.CTCount() != before {
+				t.Fatal("non-SYN created conntrack entries")
+			}
+		})
 	}
 }
 
@@ -315,14 +318,16 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 }
 
 func TestInternalTrafficPolicyLocal(t *testing.T) {
-	d := newDP(t)
-	s := webService()
-	s.Backends = []bpftest.Backend{{AP: be1AP, Local: true}, {AP: be2AP}}
-	s.Flags = gen.SluiceFeFlagsFE_INT_LOCAL
-	d.AddService(s)
-	for port := range uint16(30) {
-		src := netip.AddrPortFrom(clientAP.Addr(), 1000+port)
-		wantAP(t, "internal-local", d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst, be1AP)
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			d := f.newDP(t)
+			d.AddService(bpftest.Service{ID: 1, Front: f.vip, Proto: protoTCP, Flags: gen.SluiceFeFlagsFE_INT_LOCAL,
+				Backends: []bpftest.Backend{{AP: f.be1, Local: true}, {AP: f.be2}}})
+			for port := range uint16(30) {
+				src := netip.AddrPortFrom(f.client.Addr(), 1000+port)
+				wantAP(t, "internal-local", d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, f.vip, bpftest.SYN)).Dst, f.be1)
+			}
+		})
 	}
 }
 
@@ -533,28 +538,38 @@ func TestSourcePortZeroIsBalanced(t *testing.T) {
 // Backends laid out [local only][local and cluster][cluster only]: external-local
 // traffic uses ordinals 0..local_count-1, everything else the cluster range.
 func TestClusterRangeAndLocalPrefixDiffer(t *testing.T) {
-	d := newDP(t)
-	localOnly := netip.MustParseAddrPort("10.2.0.30:8080") // e.g. local but terminating
-	both := netip.MustParseAddrPort("10.2.0.31:8080")
-	clusterOnly := netip.MustParseAddrPort("10.3.0.32:8080")
-	for i, ap := range []netip.AddrPort{localOnly, both, clusterOnly} {
-		d.Put(d.Objs.SlBeV1, gen.SluiceBeKey{SvcId: 20, Ordinal: uint32(i)},
-			gen.SluiceBeValue{Addr: gen.NetAddr(ap.Addr()), Port: gen.NetPort(ap.Port())})
-	}
-	np := netip.AddrPortFrom(nodeIP, 30090)
-	d.Put(d.Objs.SlFeV1, bpftest.FeKey(np, protoTCP), gen.SluiceFeValue{SvcId: 20, Count: 2, LocalCount: 2, ClusterStart: 1,
-		Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_EXT_LOCAL})
-	fromHost, fromPod := map[netip.AddrPort]int{}, map[netip.AddrPort]int{}
-	for port := range uint16(100) {
-		src := netip.AddrPortFrom(extAP.Addr(), 2000+port)
-		fromHost[d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(src, np, bpftest.SYN)).Dst]++
-		fromPod[d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(netip.AddrPortFrom(clientAP.Addr(), 2000+port), np, bpftest.SYN)).Dst]++
-	}
-	if len(fromHost) != 2 || fromHost[clusterOnly] != 0 {
-		t.Fatalf("external-local traffic went to %v, want only the two local backends", fromHost)
-	}
-	if len(fromPod) != 2 || fromPod[localOnly] != 0 {
-		t.Fatalf("cluster traffic went to %v, want only the two cluster backends", fromPod)
+	for _, f := range []struct {
+		name                         string
+		newDP                        func(testing.TB) *bpftest.Datapath
+		node                         netip.Addr
+		ext, client                  netip.AddrPort
+		localOnly, both, clusterOnly string
+	}{
+		{"IPv4", newDP, nodeIP, extAP, clientAP, "10.2.0.30:8080", "10.2.0.31:8080", "10.3.0.32:8080"},
+		{"IPv6", newDP6, node6, ext6, client6, "[fd00:2::30]:8080", "[fd00:2::31]:8080", "[fd00:3::32]:8080"},
+	} {
+		t.Run(f.name, func(t *testing.T) {
+			d := f.newDP(t)
+			localOnly := netip.MustParseAddrPort(f.localOnly) // e.g. local but terminating
+			both := netip.MustParseAddrPort(f.both)
+			clusterOnly := netip.MustParseAddrPort(f.clusterOnly)
+			np := netip.AddrPortFrom(f.node, 30090)
+			d.AddService(bpftest.Service{ID: 20, Front: np, Proto: protoTCP, ClusterStart: 1,
+				Backends: []bpftest.Backend{{AP: localOnly, Local: true}, {AP: both, Local: true}, {AP: clusterOnly}},
+				Flags:    gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_EXT_LOCAL})
+			fromHost, fromPod := map[netip.AddrPort]int{}, map[netip.AddrPort]int{}
+			for port := range uint16(100) {
+				src := netip.AddrPortFrom(f.ext.Addr(), 2000+port)
+				fromHost[d.RunOK(d.Objs.SlFromHost, bpftest.TCPPacket(src, np, bpftest.SYN)).Dst]++
+				fromPod[d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(netip.AddrPortFrom(f.client.Addr(), 2000+port), np, bpftest.SYN)).Dst]++
+			}
+			if len(fromHost) != 2 || fromHost[clusterOnly] != 0 {
+				t.Fatalf("external-local traffic went to %v, want only the two local backends", fromHost)
+			}
+			if len(fromPod) != 2 || fromPod[localOnly] != 0 {
+				t.Fatalf("cluster traffic went to %v, want only the two cluster backends", fromPod)
+			}
+		})
 	}
 }
 
@@ -589,73 +604,74 @@ func TestMasqueradeAllAndClusterCIDR(t *testing.T) {
 // socket from their own Service. A tuple is free again once the flow that
 // held it is gone.
 func TestClientPortReusedTowardAnotherServiceIsRemapped(t *testing.T) {
-	d := newDP(t)
-	d.AddService(webService())
-	vip2 := netip.MustParseAddrPort("10.96.0.11:80")
-	d.AddService(bpftest.Service{ID: 2, Front: vip2, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			d := f.newDP(t)
+			client, be1 := f.client, f.be1
+			// The family's ClusterIP and the three after it.
+			vip := []netip.AddrPort{f.vip}
+			for range 3 {
+				vip = append(vip, netip.AddrPortFrom(vip[len(vip)-1].Addr().Next(), f.vip.Port()))
+			}
+			for i := range 2 {
+				d.AddService(bpftest.Service{ID: uint32(i + 1), Front: vip[i], Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1}}})
+			}
+			tcp := func(src, dst netip.AddrPort, flags uint8) *bpftest.Decoded {
+				return d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, dst, flags))
+			}
 
-	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN))
-	second := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip2, bpftest.SYN))
-	wantAP(t, "second flow destination", second.Dst, be1AP)
-	if second.Src.Addr() != clientAP.Addr() || second.Src.Port() == clientAP.Port() {
-		t.Fatalf("second flow left as %v: want the client's address with another port", second.Src)
-	}
-	r1 := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
-	wantAP(t, "first flow's reply source", r1.Src, vipAP)
-	wantAP(t, "first flow's reply destination", r1.Dst, clientAP)
-	r2 := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, second.Src, bpftest.SYN|bpftest.ACK))
-	wantAP(t, "second flow's reply source", r2.Src, vip2)
-	wantAP(t, "second flow's reply destination", r2.Dst, clientAP)
-	again := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip2, bpftest.ACK))
-	wantAP(t, "second flow's next packet source", again.Src, second.Src)
+			tcp(client, vip[0], bpftest.SYN)
+			second := tcp(client, vip[1], bpftest.SYN)
+			wantAP(t, "second flow destination", second.Dst, be1)
+			if second.Src.Addr() != client.Addr() || second.Src.Port() == client.Port() {
+				t.Fatalf("second flow left as %v: want the client's address with another port", second.Src)
+			}
+			r1 := tcp(be1, client, bpftest.SYN|bpftest.ACK)
+			wantAP(t, "first flow's reply source", r1.Src, vip[0])
+			wantAP(t, "first flow's reply destination", r1.Dst, client)
+			r2 := tcp(be1, second.Src, bpftest.SYN|bpftest.ACK)
+			wantAP(t, "second flow's reply source", r2.Src, vip[1])
+			wantAP(t, "second flow's reply destination", r2.Dst, client)
+			wantAP(t, "second flow's next packet source", tcp(client, vip[1], bpftest.ACK).Src, second.Src)
 
-	// The first flow closes: until the scanner removes it, it still holds
-	// its tuple, and a third Service's flow from the same port is remapped
-	// too; once it is gone, the port is kept.
-	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.FIN|bpftest.ACK))
-	d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.FIN|bpftest.ACK))
-	vip3 := netip.MustParseAddrPort("10.96.0.12:80")
-	d.AddService(bpftest.Service{ID: 3, Front: vip3, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
-	third := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip3, bpftest.SYN))
-	if third.Src.Addr() != clientAP.Addr() || third.Src.Port() == clientAP.Port() || third.Src == second.Src {
-		t.Fatalf("third flow left as %v while the closed first flow holds the tuple", third.Src)
+			// The first flow closes: until the scanner removes it, it still holds
+			// its tuple, and a third Service's flow from the same port is remapped
+			// too; once it is gone, the port is kept.
+			tcp(client, vip[0], bpftest.FIN|bpftest.ACK)
+			tcp(be1, client, bpftest.FIN|bpftest.ACK)
+			d.AddService(bpftest.Service{ID: 3, Front: vip[2], Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1}}})
+			third := tcp(client, vip[2], bpftest.SYN)
+			if third.Src.Addr() != client.Addr() || third.Src.Port() == client.Port() || third.Src == second.Src {
+				t.Fatalf("third flow left as %v while the closed first flow holds the tuple", third.Src)
+			}
+			d.DeleteCT(client, vip[0], protoTCP)
+			d.DeleteCT(be1, client, protoTCP)
+			d.AddService(bpftest.Service{ID: 4, Front: vip[3], Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1}}})
+			wantAP(t, "fourth flow source (the first flow removed)", tcp(client, vip[3], bpftest.SYN).Src, client)
+			wantAP(t, "fourth flow's reply source", tcp(be1, client, bpftest.SYN|bpftest.ACK).Src, vip[3])
+		})
 	}
-	for _, k := range []gen.SluiceCtKey{bpftest.CtKey(clientAP, vipAP, protoTCP), bpftest.CtKey(be1AP, clientAP, protoTCP)} {
-		if err := d.Objs.SlCtV2.Delete(k); err != nil {
-			t.Fatal(err)
-		}
-	}
-	vip4 := netip.MustParseAddrPort("10.96.0.13:80")
-	d.AddService(bpftest.Service{ID: 4, Front: vip4, Proto: protoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
-	fourth := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vip4, bpftest.SYN))
-	wantAP(t, "fourth flow source (the first flow removed)", fourth.Src, clientAP)
-	r4 := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
-	wantAP(t, "fourth flow's reply source", r4.Src, vip4)
 }
 
 // Session affinity's timeout counts from the client's last new connection
 // (kube-proxy): a client that comes back every 4 s to a Service with a 6 s
 // timeout keeps its backend, however long it keeps doing so.
 func TestSessionAffinityIsRefreshedByEachNewFlow(t *testing.T) {
-	d := newDP(t)
-	s := webService()
-	s.Backends = []bpftest.Backend{{AP: be1AP}, {AP: be2AP}, {AP: netip.MustParseAddrPort("10.2.0.10:8080")}}
-	s.Affinity = 6
-	d.AddService(s)
-	affKey := gen.SluiceAffKey{SvcId: 1, Client: gen.NetAddr(clientAP.Addr())}
-	first := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, bpftest.SYN)).Dst
-	for i := range uint16(10) {
-		// 4 s pass: move the entry's time back, as the clock would.
-		var a gen.SluiceAffValue
-		if err := d.Objs.SlAffV1.Lookup(affKey, &a); err != nil {
-			t.Fatal(err)
-		}
-		a.Ts -= 4 * 1e9
-		d.Put(d.Objs.SlAffV1, affKey, a)
-		src := netip.AddrPortFrom(clientAP.Addr(), 30000+i)
-		if got := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, vipAP, bpftest.SYN)).Dst; got != first {
-			t.Fatalf("connection %d, %d s after the first and 4 s after the previous one, went to %v: affinity says %v",
-				i+1, 4*(i+1), got, first)
-		}
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			d := f.newDP(t)
+			third := netip.AddrPortFrom(f.be2.Addr().Next(), f.be2.Port())
+			d.AddService(bpftest.Service{ID: 1, Front: f.vip, Proto: protoTCP, Affinity: 6,
+				Backends: []bpftest.Backend{{AP: f.be1}, {AP: f.be2}, {AP: third}}})
+			first := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(f.client, f.vip, bpftest.SYN)).Dst
+			for i := range uint16(10) {
+				d.AgeAffinity(1, f.client.Addr(), 4*time.Second)
+				src := netip.AddrPortFrom(f.client.Addr(), 30000+i)
+				if got := d.RunOK(d.Objs.SlFromWl, bpftest.TCPPacket(src, f.vip, bpftest.SYN)).Dst; got != first {
+					t.Fatalf("connection %d, %d s after the first and 4 s after the previous one, went to %v: affinity says %v",
+						i+1, 4*(i+1), got, first)
+				}
+			}
+		})
 	}
 }

@@ -45,3 +45,13 @@ func logCounters(tb testing.TB, d *bpftest.Datapath) {
 		}
 	}
 }
+
+// families are the addresses the per-family tests use.
+var families = []struct {
+	name                  string
+	newDP                 func(testing.TB) *bpftest.Datapath
+	client, vip, be1, be2 netip.AddrPort
+}{
+	{"IPv4", newDP, clientAP, vipAP, be1AP, be2AP},
+	{"IPv6", newDP6, client6, vip6, be1v6, be2v6},
+}

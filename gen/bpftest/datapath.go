@@ -84,6 +84,9 @@ type Service struct {
 	Backends []Backend // local ones first
 	Affinity uint32    // seconds
 	Flags    gen.SluiceFeFlags
+	// ClusterStart is the first backend of the cluster range; those before
+	// it serve external-local traffic only (local but terminating, say).
+	ClusterStart uint32
 }
 
 // AddService writes the backends, then the frontend that points at them.
@@ -103,7 +106,7 @@ func (d *Datapath) AddService(s Service) {
 		d.Put(d.Objs.SlBeV1, gen.SluiceBeKey{SvcId: s.ID, Ordinal: uint32(i)}, v)
 	}
 	d.Put(d.Objs.SlFeV1, FeKey(s.Front, s.Proto), gen.SluiceFeValue{
-		SvcId: s.ID, Count: uint32(len(s.Backends)), LocalCount: local,
+		SvcId: s.ID, Count: uint32(len(s.Backends)) - s.ClusterStart, LocalCount: local, ClusterStart: s.ClusterStart,
 		AffinityTimeout: s.Affinity, Flags: s.Flags,
 	})
 }
@@ -119,7 +122,7 @@ func (d *Datapath) addService6(s Service) {
 		d.Put(d.Objs.SlBe6V1, gen.SluiceBeKey{SvcId: s.ID, Ordinal: uint32(i)}, v)
 	}
 	d.Put(d.Objs.SlFe6V1, FeKey6(s.Front, s.Proto), gen.SluiceFeValue{
-		SvcId: s.ID, Count: uint32(len(s.Backends)), LocalCount: local,
+		SvcId: s.ID, Count: uint32(len(s.Backends)) - s.ClusterStart, LocalCount: local, ClusterStart: s.ClusterStart,
 		AffinityTimeout: s.Affinity, Flags: s.Flags,
 	})
 }
@@ -280,4 +283,27 @@ func (d *Datapath) DeleteCT(src, dst netip.AddrPort, proto uint8) {
 	if err != nil {
 		d.TB.Fatalf("delete conntrack entry %v -> %v: %v", src, dst, err)
 	}
+}
+
+// AgeAffinity moves the time of client's affinity to service id back by age,
+// as the clock would.
+func (d *Datapath) AgeAffinity(id uint32, client netip.Addr, age time.Duration) {
+	d.TB.Helper()
+	if client.Is4() {
+		var a gen.SluiceAffValue
+		k := gen.SluiceAffKey{SvcId: id, Client: gen.NetAddr(client)}
+		if err := d.Objs.SlAffV1.Lookup(k, &a); err != nil {
+			d.TB.Fatalf("affinity of %v: %v", client, err)
+		}
+		a.Ts -= uint64(age)
+		d.Put(d.Objs.SlAffV1, k, a)
+		return
+	}
+	var a gen.SluiceAff6Value
+	k := gen.SluiceAff6Key{SvcId: id, Client: gen.NetAddr6(client)}
+	if err := d.Objs.SlAff6V1.Lookup(k, &a); err != nil {
+		d.TB.Fatalf("affinity of %v: %v", client, err)
+	}
+	a.Ts -= uint64(age)
+	d.Put(d.Objs.SlAff6V1, k, a)
 }
