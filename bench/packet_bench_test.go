@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/nat/maglev"
 )
 
 var (
@@ -249,6 +250,20 @@ func benchmarkPaths(b *testing.B, f family, services int) {
 		d.AddService(bpftest.Service{ID: 900_002, Front: netip.AddrPortFrom(f.wildcard, 30080), Proto: bpftest.ProtoTCP,
 			Backends: []bpftest.Backend{{AP: be, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
 		measureNew(b, d, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return f.nodePort(f.node, 30080, i) })
+	})
+	run("nodeport-new-flow-maglev", func(b *testing.B) {
+		// The same NodePort picking by its Maglev table (one backend: only
+		// the pick's cost differs from nodeport-new-flow).
+		d.AddService(bpftest.Service{ID: 900_004, Front: netip.AddrPortFrom(f.wildcard, 30081), Proto: bpftest.ProtoTCP,
+			Backends: []bpftest.Backend{{AP: be, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_MAGLEV})
+		table, err := maglev.Build([]maglev.Backend{{Name: be.String()}}, gen.MaglevDefaultTableSize)
+		if err != nil {
+			b.Fatal(err)
+		}
+		d.SetMaglevTable(900_004, table)
+		// nodeport-new-flow's flows hold this client's ports at the backend.
+		clearConntrack(b, d)
+		measureNew(b, d, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return f.nodePort(f.node, 30081, i) })
 	})
 	// Untranslated (pod to pod) traffic is tracked too, for the clash
 	// check: its established packets against the untracked path they took

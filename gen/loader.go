@@ -14,7 +14,18 @@ type LoadOptions struct {
 	// opened by package maps, so that programs and userspace share one set and
 	// state survives a restart. Maps not named here are created unpinned.
 	Maps map[string]*ebpf.Map
+	// MaglevTableSize is the number of slots of every Maglev table
+	// (sl_maglev_v1's inner maps); 0 keeps the object's default. The NAT
+	// syncer must build its tables with the same size (nat/maglev checks
+	// that it is a prime).
+	MaglevTableSize uint32
 }
+
+// MaglevDefaultTableSize is the object's own Maglev table size.
+const MaglevDefaultTableSize = 16381
+
+// maglevMaxTableSize is the largest table the programs index (MAGLEV_MAX_SIZE).
+const maglevMaxTableSize = 131071
 
 // Spec returns a fresh copy of the collection spec of every Sluice program and map.
 func Spec() (*ebpf.CollectionSpec, error) {
@@ -34,6 +45,9 @@ func Load(opts LoadOptions) (*SluiceObjects, error) {
 			ms.MaxEntries = m.MaxEntries()
 		}
 	}
+	if err := sizeMaglev(spec, opts.MaglevTableSize); err != nil {
+		return nil, err
+	}
 	var objs SluiceObjects
 	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: opts.Maps})
 	if err != nil {
@@ -45,4 +59,20 @@ func Load(opts LoadOptions) (*SluiceObjects, error) {
 		return nil, fmt.Errorf("load sluice programs: %w", err)
 	}
 	return &objs, nil
+}
+
+// sizeMaglev sets the Maglev table size: the constant the programs take a
+// flow's slot modulo, and the inner maps' value (one 32-bit ordinal a slot).
+func sizeMaglev(spec *ebpf.CollectionSpec, size uint32) error {
+	if size == 0 {
+		return nil
+	}
+	if size > maglevMaxTableSize {
+		return fmt.Errorf("maglev table size %d: over the datapath's %d", size, maglevMaxTableSize)
+	}
+	if err := spec.Variables[SluiceVarMaglevSize].Set(size); err != nil {
+		return fmt.Errorf("maglev table size: %w", err)
+	}
+	spec.Maps[SluiceMapSlMaglevV1].InnerMap.ValueSize = size * 4
+	return nil
 }

@@ -246,6 +246,7 @@ const (
 	SluiceFeFlagsFE_EXT_LOCAL  SluiceFeFlags = 2
 	SluiceFeFlagsFE_SRC_RANGES SluiceFeFlags = 4
 	SluiceFeFlagsFE_EXTERNAL   SluiceFeFlags = 8
+	SluiceFeFlagsFE_MAGLEV     SluiceFeFlags = 16
 )
 
 type SluiceFeKey struct {
@@ -483,6 +484,7 @@ const (
 	SluiceMapSlIfstateV1      = "sl_ifstate_v1"
 	SluiceMapSlIpset6V1       = "sl_ipset6_v1"
 	SluiceMapSlIpsetV1        = "sl_ipset_v1"
+	SluiceMapSlMaglevV1       = "sl_maglev_v1"
 	SluiceMapSlPolprogV1      = "sl_polprog_v1"
 	SluiceMapSlPrefilter6V1   = "sl_prefilter6_v1"
 	SluiceMapSlPrefilterV1    = "sl_prefilter_v1"
@@ -511,6 +513,7 @@ const (
 	SluiceProgSlToHostL3      = "sl_to_host_l3"
 	SluiceProgSlToWl          = "sl_to_wl"
 	SluiceProgSlXdpPrefilter  = "sl_xdp_prefilter"
+	SluiceVarMaglevSize       = "maglev_size"
 )
 
 // LoadSluice returns the embedded CollectionSpec for Sluice.
@@ -597,6 +600,7 @@ type SluiceMapSpecs struct {
 	SlIfstateV1    *ebpf.MapSpec `ebpf:"sl_ifstate_v1"`
 	SlIpset6V1     *ebpf.MapSpec `ebpf:"sl_ipset6_v1"`
 	SlIpsetV1      *ebpf.MapSpec `ebpf:"sl_ipset_v1"`
+	SlMaglevV1     *ebpf.MapSpec `ebpf:"sl_maglev_v1"`
 	SlPolprogV1    *ebpf.MapSpec `ebpf:"sl_polprog_v1"`
 	SlPrefilter6V1 *ebpf.MapSpec `ebpf:"sl_prefilter6_v1"`
 	SlPrefilterV1  *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
@@ -614,6 +618,7 @@ type SluiceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceVariableSpecs struct {
+	MaglevSize *ebpf.VariableSpec `ebpf:"maglev_size"`
 }
 
 // SluiceObjects contains all objects after they have been loaded into the kernel.
@@ -655,6 +660,7 @@ type SluiceMaps struct {
 	SlIfstateV1    *ebpf.Map `ebpf:"sl_ifstate_v1"`
 	SlIpset6V1     *ebpf.Map `ebpf:"sl_ipset6_v1"`
 	SlIpsetV1      *ebpf.Map `ebpf:"sl_ipset_v1"`
+	SlMaglevV1     *ebpf.Map `ebpf:"sl_maglev_v1"`
 	SlPolprogV1    *ebpf.Map `ebpf:"sl_polprog_v1"`
 	SlPrefilter6V1 *ebpf.Map `ebpf:"sl_prefilter6_v1"`
 	SlPrefilterV1  *ebpf.Map `ebpf:"sl_prefilter_v1"`
@@ -689,6 +695,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlIfstateV1,
 		m.SlIpset6V1,
 		m.SlIpsetV1,
+		m.SlMaglevV1,
 		m.SlPolprogV1,
 		m.SlPrefilter6V1,
 		m.SlPrefilterV1,
@@ -707,6 +714,7 @@ func (m *SluiceMaps) Close() error {
 //
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluiceVariables struct {
+	MaglevSize *ebpf.Variable `ebpf:"maglev_size"`
 }
 
 // SluicePrograms contains all programs after they have been loaded into the kernel.

@@ -161,7 +161,10 @@ func mapSpecs() ([]*ebpf.MapSpec, error) {
 	}
 	var specs []*ebpf.MapSpec
 	for name, ms := range spec.Maps {
-		if strings.HasPrefix(name, NamePrefix) {
+		// Maps of maps are the loaded programs' own (gen.Load sizes their
+		// inner maps, which a pin could not tell): sl_maglev_v1's tables
+		// are built again by the NAT syncer's first sync after a start.
+		if strings.HasPrefix(name, NamePrefix) && ms.Type != ebpf.HashOfMaps {
 			specs = append(specs, ms)
 		}
 	}

@@ -3,9 +3,13 @@ package nat_test
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
@@ -117,4 +121,79 @@ func BenchmarkApplyNoChange(b *testing.B) {
 		writes += stats.Writes + stats.Deletes
 	}
 	report(b, writes)
+}
+
+// BenchmarkApplyFullMaglev: services × 100 endpoints programmed from empty
+// maps with Maglev tables of the default size, beside the same without
+// Maglev. kernel-MiB is what the node's available memory dropped by while
+// the maps held the result (the tables dominate it: 64 KiB each).
+//
+//	go test -run XXX -bench ApplyFullMaglev -benchtime 1x ./nat
+func BenchmarkApplyFullMaglev(b *testing.B) {
+	for _, n := range []int{100, 10_000} {
+		for _, on := range []bool{false, true} {
+			b.Run(fmt.Sprintf("services=%d/backends=100/maglev=%v", n, on), func(b *testing.B) {
+				svcs, e := scale(n, 100)
+				st := nat.State{Node: nat.Node{Name: "node-a", NodePortIPs: []netip.Addr{nodeIP}, AllNodePortIPs: true},
+					Services: map[nat.ServicePortName]*nat.ServicePort{}, Endpoints: e}
+				for _, s := range svcs {
+					s.NodePort = 30000 // the frontends Maglev serves
+					st.Services[s.Name] = s
+				}
+				var dropped float64
+				for b.Loop() {
+					b.StopTimer()
+					set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(b)})
+					if err != nil {
+						b.Fatal(err)
+					}
+					opts := nat.Options{Maps: set}
+					var outer *ebpf.Map
+					if on {
+						spec, err := gen.Spec()
+						if err != nil {
+							b.Fatal(err)
+						}
+						if outer, err = ebpf.NewMap(spec.Maps[gen.SluiceMapSlMaglevV1]); err != nil {
+							b.Fatal(err)
+						}
+						opts.Maglev = &nat.MaglevOptions{Tables: outer}
+					}
+					s, err := nat.NewSyncer(opts)
+					if err != nil {
+						b.Fatal(err)
+					}
+					before := memAvailable(b)
+					b.StartTimer()
+					if _, err := s.Apply(st); err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					dropped += float64(before-memAvailable(b)) / (1 << 20)
+					if outer != nil {
+						outer.Close()
+					}
+					set.Close()
+					b.StartTimer()
+				}
+				b.ReportMetric(dropped/float64(b.N), "kernel-MiB")
+			})
+		}
+	}
+}
+
+// memAvailable is /proc/meminfo's MemAvailable, in bytes.
+func memAvailable(b *testing.B) int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		var kb int64
+		if _, err := fmt.Sscanf(line, "MemAvailable: %d kB", &kb); err == nil {
+			return kb << 10
+		}
+	}
+	b.Fatal("no MemAvailable in /proc/meminfo")
+	return 0
 }

@@ -87,6 +87,16 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 			s.be.SetDesired(gen.SluiceBeKey{SvcId: id, Ordinal: uint32(i)}, v)
 		}
 	}
+	if s.maglev != nil {
+		for id := range old.maglev {
+			s.maglev.set(id, nil)
+		}
+		if p != nil {
+			for id, t := range p.maglev {
+				s.maglev.set(id, t)
+			}
+		}
+	}
 	if p != nil {
 		for node, id := range p.ids {
 			label := name.String()
@@ -147,6 +157,8 @@ func (s *Syncer) wait(k gen.SluiceFe6Key, name ServicePortName) {
 	s.feWaiting[k][name] = true
 }
 
+func noMaglev() (maps.ApplyStats, error) { return maps.ApplyStats{}, nil }
+
 func svcName(s string) gen.SluiceSvcnameValue {
 	var v gen.SluiceSvcnameValue
 	gen.PutCString(v.Name[:], s)
@@ -198,9 +210,20 @@ func (s *Syncer) setHostIPs(ips []netip.Addr) {
 }
 
 // write applies the desired state in the order that never exposes a half
-// state: frontend deletions, backend (and source range) updates, frontend
-// updates, backend (and source range) deletions.
+// state: frontend deletions, backend (source range, Maglev table) updates,
+// frontend updates, backend (source range, Maglev table) deletions.
 func (s *Syncer) write(stats *Stats) error {
+	maglevUpdates, maglevDeletions := noMaglev, noMaglev
+	if s.maglev != nil {
+		maglevUpdates = func() (maps.ApplyStats, error) {
+			n, err := s.maglev.applyUpdates()
+			return maps.ApplyStats{Writes: n}, err
+		}
+		maglevDeletions = func() (maps.ApplyStats, error) {
+			n, err := s.maglev.applyDeletions()
+			return maps.ApplyStats{Deletes: n}, err
+		}
+	}
 	steps := []struct {
 		what  string
 		apply func() (maps.ApplyStats, error)
@@ -208,9 +231,13 @@ func (s *Syncer) write(stats *Stats) error {
 		{"frontend deletions", s.fe.ApplyDeletionsOnly},
 		{"source range updates", s.src.ApplyUpdatesOnly},
 		{"backend updates", s.be.ApplyUpdatesOnly},
+		// After its backends, so a table's ordinals are written: a table
+		// is only a moment older than its backends, never newer.
+		{"maglev table updates", maglevUpdates},
 		{"service name updates", s.names.ApplyUpdatesOnly},
 		{"frontend updates", s.fe.ApplyUpdatesOnly},
 		{"backend deletions", s.be.ApplyDeletionsOnly},
+		{"maglev table deletions", maglevDeletions},
 		{"source range deletions", s.src.ApplyDeletionsOnly},
 		{"service name deletions", s.names.ApplyDeletionsOnly},
 		{"host IPs", s.hostIPs.ApplyAll},

@@ -219,6 +219,10 @@ type Endpoint struct {
 	Zone      string
 	ZoneHints []string
 	NodeHints []string
+	// Weight is the endpoint's share of a Maglev table against the others
+	// (MaglevOptions); 0 counts as 1, which is what every Kubernetes
+	// endpoint gets. Random picks ignore it.
+	Weight uint32
 }
 
 // NewEndpoint validates e; the error names the bad field.
@@ -236,7 +240,7 @@ func NewEndpoint(e Endpoint) (Endpoint, error) {
 func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.Addr == o.Addr && e.Ready == o.Ready && e.Serving == o.Serving && e.Terminating == o.Terminating &&
 		e.Local == o.Local && e.NodeName == o.NodeName && e.Zone == o.Zone &&
-		slices.Equal(e.ZoneHints, o.ZoneHints) && slices.Equal(e.NodeHints, o.NodeHints)
+		slices.Equal(e.ZoneHints, o.ZoneHints) && slices.Equal(e.NodeHints, o.NodeHints) && e.Weight == o.Weight
 }
 
 // reserved is 240.0.0.0/4 (RFC 1112 "future use"), which holds the limited

@@ -45,6 +45,7 @@ type plan struct {
 	frontends map[gen.SluiceFe6Key]gen.SluiceFeValue
 	backends  map[uint32][]gen.SluiceBe6Value // service id -> backends by ordinal
 	srcRanges []gen.SluiceSrcrange6Key
+	maglev    map[uint32][]uint32 // service id -> Maglev table (MaglevOptions)
 	ips       []netip.Addr // service IPs whose echo requests are answered
 	// routeMisses are endpoint IPs whose node the route lookup did not know.
 	routeMisses []netip.Addr
@@ -135,6 +136,8 @@ type planner struct {
 	idFor  func(k idKey, fe gen.SluiceFe6Key) uint32
 	// prev returns the backends a service id has now, so ordinals stay put.
 	prev func(id uint32) []gen.SluiceBe6Value
+	// maglev: frontends pick by Maglev tables (nil: at random).
+	maglev *MaglevOptions
 }
 
 func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (*plan, error) {
@@ -175,11 +178,25 @@ func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (
 	if svc.InternalPolicy == PolicyLocal {
 		clusterIPEntry.Flags |= gen.SluiceFeFlagsFE_INT_LOCAL
 	}
+	var maglevFlag gen.SluiceFeFlags
+	if p.maglev != nil {
+		table, err := maglevTable(list, clusterStart, main.Count, eps, p.maglev.size())
+		if err != nil {
+			return nil, fmt.Errorf("service %s: %w", name, err)
+		}
+		if table != nil {
+			pl.maglev = map[uint32][]uint32{id: table}
+		}
+		maglevFlag = gen.SluiceFeFlagsFE_MAGLEV
+		if p.maglev.ClusterIP {
+			clusterIPEntry.Flags |= maglevFlag
+		}
+	}
 	pl.frontends[mainKey] = clusterIPEntry
 	pl.ips = append(pl.ips, svc.ClusterIP)
 
 	external := main
-	external.Flags = gen.SluiceFeFlagsFE_EXTERNAL
+	external.Flags = gen.SluiceFeFlagsFE_EXTERNAL | maglevFlag
 	if svc.ExternalPolicy == PolicyLocal {
 		external.Flags |= gen.SluiceFeFlagsFE_EXT_LOCAL
 	}

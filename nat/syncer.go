@@ -28,6 +28,9 @@ type Options struct {
 	// affinity entries with. Nil: CLOCK_MONOTONIC.
 	Clock  func() time.Duration
 	Logger *slog.Logger
+	// Maglev, when not nil, makes frontends pick backends by Maglev
+	// consistent hashing (see MaglevOptions); nil picks at random.
+	Maglev *MaglevOptions
 }
 
 // State is everything to program: every service port with its endpoints, and
@@ -109,6 +112,7 @@ type Syncer struct {
 	ipRefs    map[netip.Addr]int
 	// affinityDirty: service ids whose backends changed while they use affinity.
 	affinityDirty map[uint32]bool
+	maglev        *maglevWriter // nil without Options.Maglev
 }
 
 // NewSyncer opens the typed maps of opts.Maps.
@@ -174,6 +178,11 @@ func NewSyncer(opts Options) (*Syncer, error) {
 	s.names = maps.NewCachingMap(names)
 	s.fe, s.be = newFrontendMap(fe, fe6), newBackendMap(be, be6)
 	s.src, s.hostIPs = newSrcRangeMap(src, src6), newHostIPMap(hip, hip6)
+	if opts.Maglev != nil {
+		if s.maglev, err = newMaglevWriter(opts.Maglev); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -201,7 +210,7 @@ func (s *Syncer) Apply(st State) (Stats, error) {
 	s.nodeChanged = nodeChanged
 	s.node = st.Node
 	s.node.NodePortIPs = slices.Clone(st.Node.NodePortIPs)
-	pl := &planner{node: &s.node, routes: s.opts.Routes, idFor: s.idFor, prev: s.currentBackends}
+	pl := &planner{node: &s.node, routes: s.opts.Routes, idFor: s.idFor, prev: s.currentBackends, maglev: s.opts.Maglev}
 
 	if first {
 		s.adoptIDs(st.Services)

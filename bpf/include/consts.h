@@ -19,6 +19,7 @@
 #define SL_IPSET_MAX		262144		/* IP set members */
 #define SL_FRAG_MAX		16384		/* datagrams in flight as fragments (LRU) */
 #define SL_SVCSTATS_MAX		65536		/* per-service counters, by service id */
+#define SL_MAGLEV_MAX		65536		/* Maglev tables, one per service id */
 
 /* An unconnected UDP socket's translation is used for replies (recvmsg) up to
  * this long after its last send; later "replies" keep the backend's address. */

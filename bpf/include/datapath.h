@@ -146,7 +146,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 		return drop(CNT_DROP_SRC_RANGE);
 
 	int local_only = (fe->flags & FE_INT_LOCAL) || (from_host && (fe->flags & FE_EXT_LOCAL));
-	int picked = pick_backend(fe, p->saddr, local_only, &be, &ordinal);
+	int picked = pick_backend(fe, p->saddr, p->sport, 1, local_only, &be, &ordinal);
 	if (picked == PICK_BACKEND_MISSING) {
 		/* This packet read the frontend just before a sync replaced it
 		 * with a shorter one and deleted the backend it then chose (an
@@ -157,7 +157,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 		if (now && now != fe) {
 			fe = now;
 			local_only = (fe->flags & FE_INT_LOCAL) || (from_host && (fe->flags & FE_EXT_LOCAL));
-			picked = pick_backend(fe, p->saddr, local_only, &be, &ordinal);
+			picked = pick_backend(fe, p->saddr, p->sport, 1, local_only, &be, &ordinal);
 		}
 	}
 	switch (picked) {

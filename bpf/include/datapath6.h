@@ -512,14 +512,14 @@ __subprog int new_flow6(struct __sk_buff *skb, struct packet6 *p6, enum hook hoo
 		return drop(CNT_DROP_SRC_RANGE);
 
 	int local_only = (fe->flags & FE_INT_LOCAL) || (from_host && (fe->flags & FE_EXT_LOCAL));
-	int picked = pick_backend6(fe, p6->saddr, local_only, &be, &ordinal);
+	int picked = pick_backend6(fe, p6->saddr, p->sport, 1, local_only, &be, &ordinal);
 	if (picked == PICK_BACKEND_MISSING) {
 		/* A sync replaced the frontend under this packet (new_flow). */
 		const struct fe_value *now = fe6_lookup(p6->daddr, p->dport, p->proto);
 		if (now && now != fe) {
 			fe = now;
 			local_only = (fe->flags & FE_INT_LOCAL) || (from_host && (fe->flags & FE_EXT_LOCAL));
-			picked = pick_backend6(fe, p6->saddr, local_only, &be, &ordinal);
+			picked = pick_backend6(fe, p6->saddr, p->sport, 1, local_only, &be, &ordinal);
 		}
 	}
 	switch (picked) {

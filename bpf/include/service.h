@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "consts.h"
+#include "maglev.h"
 
 /* NodePort entries are also programmed at this address; a packet to any address
  * of this node (sl_hostip_v1) that matches no exact entry is looked up again
@@ -36,6 +37,9 @@ enum fe_flags : __u32 {
 	FE_SRC_RANGES = 1 << 2,	/* sources must match sl_srcrange_v1 for svc_id */
 	FE_EXTERNAL = 1 << 3,	/* NodePort, LoadBalancer IP or externalIP: traffic
 				 * from outside to a remote backend is SNATed */
+	FE_MAGLEV = 1 << 4,	/* new flows pick from the cluster backends by the
+				 * service id's Maglev table (maglev.h), so every
+				 * node picks the same backend for a flow */
 };
 
 /* A service's backends are laid out as [local only][local and cluster][cluster
@@ -189,8 +193,10 @@ enum pick_result {
 	PICK_BACKEND_MISSING,	/* drop: the frontend points at a missing backend */
 };
 
-/* pick_backend chooses a backend for a new flow from client, and its ordinal. */
-static __always_inline int pick_backend(const struct fe_value *fe, __be32 client,
+/* pick_backend chooses a backend for a new flow from client, and its ordinal.
+ * sport is the flow's source port, for a Maglev frontend's flow hash; a
+ * socket's connect() has none yet (by_flow 0) and picks at random. */
+static __always_inline int pick_backend(const struct fe_value *fe, __be32 client, __be16 sport, int by_flow,
 					int local_only, struct be_value *out, __u32 *ordinal)
 {
 	__u32 n = local_only ? fe->local_count : fe->count;
@@ -221,6 +227,8 @@ static __always_inline int pick_backend(const struct fe_value *fe, __be32 client
 
 	__u32 first = local_only ? 0 : fe->cluster_start;
 	struct be_key bkey = { .svc_id = fe->svc_id, .ordinal = first + bpf_get_prandom_u32() % n };
+	if (by_flow && (fe->flags & FE_MAGLEV) && !local_only)
+		maglev_pick(fe->svc_id, maglev_hash4(client, sport), first, n, &bkey.ordinal);
 	struct be_value *be = bpf_map_lookup_elem(&sl_be_v1, &bkey);
 	if (!be)
 		return PICK_BACKEND_MISSING;

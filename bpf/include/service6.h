@@ -166,7 +166,7 @@ static __always_inline int src_allowed6(const struct fe_value *fe, const __u8 *s
 }
 
 /* pick_backend6: pick_backend (service.h) for an IPv6 client. */
-static __always_inline int pick_backend6(const struct fe_value *fe, const __u8 *client,
+static __always_inline int pick_backend6(const struct fe_value *fe, const __u8 *client, __be16 sport, int by_flow,
 					 int local_only, struct be6_value *out, __u32 *ordinal)
 {
 	__u32 n = local_only ? fe->local_count : fe->count;
@@ -194,6 +194,8 @@ static __always_inline int pick_backend6(const struct fe_value *fe, const __u8 *
 
 	__u32 first = local_only ? 0 : fe->cluster_start;
 	struct be_key bkey = { .svc_id = fe->svc_id, .ordinal = first + bpf_get_prandom_u32() % n };
+	if (by_flow && (fe->flags & FE_MAGLEV) && !local_only)
+		maglev_pick(fe->svc_id, maglev_hash6(client, sport), first, n, &bkey.ordinal);
 	struct be6_value *be = bpf_map_lookup_elem(&sl_be6_v1, &bkey);
 	if (!be)
 		return PICK_BACKEND_MISSING;

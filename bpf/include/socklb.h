@@ -103,7 +103,7 @@ static __always_inline int socklb_balance(struct bpf_sock_addr *ctx, const struc
 	 * packets leave as they are, and the TC path judges their real source. */
 	if (!src_allowed(fe, client))
 		return SOCKLB_PASS;
-	int picked = pick_backend(fe, client, fe->flags & FE_INT_LOCAL, be, &ordinal);
+	int picked = pick_backend(fe, client, 0, 0, fe->flags & FE_INT_LOCAL, be, &ordinal);
 	if (picked != PICK_OK)
 		return socklb_fail(picked);
 
@@ -283,7 +283,7 @@ static __always_inline int socklb_translate6(struct bpf_sock_addr *ctx)
 	if (!src_allowed6(fe, client))
 		return 1;
 	__u32 ordinal;
-	int picked = pick_backend6(fe, client, fe->flags & FE_INT_LOCAL, &be, &ordinal);
+	int picked = pick_backend6(fe, client, 0, 0, fe->flags & FE_INT_LOCAL, &be, &ordinal);
 	if (picked != PICK_OK)
 		return socklb_fail(picked);
 

@@ -92,6 +92,10 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.IntVar(&cfg.ConntrackMin, "conntrack-min", 131072, "least flows tracked whatever the CPU count, with --conntrack-max-per-core")
 	fs.DurationVar(&cfg.ConntrackScanPeriod, "conntrack-scan-period", 10*time.Second, "first conntrack scan interval (it adapts)")
 	fs.BoolVar(&cfg.MasqueradeAll, "masquerade-all", false, "SNAT every Service flow to the node IP")
+	fs.StringVar(&cfg.LBAlgorithm, "lb-algorithm", "random",
+		"how new flows pick a backend: random, or maglev (consistent hashing: every node picks the same backend for a flow from outside)")
+	fs.IntVar(&cfg.MaglevTableSize, "maglev-table-size", 16381, "slots of each Service's Maglev table: a prime, 251-131071 (4 bytes each)")
+	fs.BoolVar(&cfg.MaglevClusterIP, "maglev-cluster-ip", false, "with --lb-algorithm=maglev, ClusterIPs pick by Maglev too (otherwise only NodePorts, load balancer and external IPs)")
 	fs.Func("failsafe-ports", "TCP ports to the node that neither the XDP prefilter nor a host endpoint's policy ever blocks (default 22,6443,10256)", func(s string) error {
 		return parseList(s, &cfg.FailsafePorts, func(f string) (uint16, error) {
 			n, err := strconv.ParseUint(f, 10, 16)

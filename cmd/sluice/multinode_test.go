@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -34,6 +35,11 @@ type cluster struct {
 	nodes    map[string]*clusterNode
 	external string
 	dir      string
+	// agentArgs are added to every agent's command line.
+	agentArgs []string
+	// frontends is how many frontends a programmed node has (0: the
+	// multiNodeServices' 5).
+	frontends int
 }
 
 type clusterNode struct {
@@ -165,9 +171,10 @@ func (c *cluster) startAgent(node string) {
 			c.t.Fatal(err)
 		}
 	}
-	n.agent = startAgentProc(c.t, n.ns, n.log, "--manifests", n.manifests, "--hostname-override", n.name,
+	args := []string{"--manifests", n.manifests, "--hostname-override", n.name,
 		"--bpf-pin-dir", n.pinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", "^sldata", "--cgroup=",
-		"--healthz-bind-address", n.ip+":10256", "--metrics-bind-address=", "--min-sync-period", "50ms")
+		"--healthz-bind-address", n.ip + ":10256", "--metrics-bind-address=", "--min-sync-period", "50ms"}
+	n.agent = startAgentProc(c.t, n.ns, n.log, append(args, c.agentArgs...)...)
 	// Ready when its health endpoint answers 200 after a sync.
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -210,7 +217,7 @@ func (c *cluster) programmed(n *clusterNode) bool {
 		}
 	}
 	fes, err := nat.ReadFrontends(set)
-	return err == nil && len(fes) >= 5
+	return err == nil && len(fes) >= cmp.Or(c.frontends, 5)
 }
 
 // backendsOf lists the backends a node programs for a frontend ("ip:port").

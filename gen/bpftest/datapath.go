@@ -307,3 +307,21 @@ func (d *Datapath) AgeAffinity(id uint32, client netip.Addr, age time.Duration) 
 	a.Ts -= uint64(age)
 	d.Put(d.Objs.SlAff6V1, k, a)
 }
+
+// SetMaglevTable installs service id's Maglev table (slot -> backend
+// ordinal), as the NAT syncer does: a new inner map, then one update of
+// sl_maglev_v1. len(table) must be the programs' table size.
+func (d *Datapath) SetMaglevTable(id uint32, table []uint32) {
+	d.TB.Helper()
+	inner, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: uint32(len(table)) * 4, MaxEntries: 1})
+	if err != nil {
+		d.TB.Fatal(err)
+	}
+	defer inner.Close()
+	if err := inner.Put(uint32(0), table); err != nil {
+		d.TB.Fatal(err)
+	}
+	if err := d.Objs.SlMaglevV1.Put(id, inner); err != nil {
+		d.TB.Fatalf("maglev table of service id %d: %v", id, err)
+	}
+}

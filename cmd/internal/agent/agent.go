@@ -33,6 +33,7 @@ import (
 	"github.com/sluice-net/sluice/kubeproxy"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
+	"github.com/sluice-net/sluice/nat/maglev"
 	"github.com/sluice-net/sluice/policy/k8s"
 	netv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -97,6 +98,14 @@ type Config struct {
 	// kube-proxy sizes nf_conntrack_max (see ConntrackEntries); a
 	// MaxPerCore of 0 keeps the built-in size.
 	ConntrackMaxPerCore, ConntrackMin int
+	// LBAlgorithm is how a new flow's backend is picked: "random" (the
+	// default, kube-proxy's) or "maglev" (consistent hashing: every node
+	// picks the same backend for a flow from outside; nat.MaglevOptions).
+	LBAlgorithm string
+	// MaglevTableSize is the slots of each Maglev table, a prime (0: the
+	// default, 16381); MaglevClusterIP makes ClusterIPs use Maglev too.
+	MaglevTableSize int
+	MaglevClusterIP bool
 }
 
 // ConntrackEntries is the conntrack map's capacity for kube-proxy's sizing
@@ -109,6 +118,23 @@ func ConntrackEntries(maxPerCore, minFlows, cpus int) uint32 {
 	}
 	flows := max(minFlows, maxPerCore*cpus)
 	return uint32(min(2*flows, 1<<30))
+}
+
+// maglevOptions reads --lb-algorithm and the Maglev flags: nil for random
+// picks, an error naming the flag for a bad value.
+func maglevOptions(cfg Config) (*nat.MaglevOptions, error) {
+	switch cfg.LBAlgorithm {
+	case "", "random":
+		return nil, nil
+	case "maglev":
+	default:
+		return nil, fmt.Errorf("--lb-algorithm %q: want random or maglev", cfg.LBAlgorithm)
+	}
+	size := cmp.Or(cfg.MaglevTableSize, maglev.DefaultSize)
+	if err := maglev.ValidSize(size); err != nil {
+		return nil, fmt.Errorf("--maglev-table-size: %w", err)
+	}
+	return &nat.MaglevOptions{TableSize: size, ClusterIP: cfg.MaglevClusterIP}, nil
 }
 
 // DefaultFailsafePorts are never dropped by the XDP prefilter (SSH, API
@@ -272,8 +298,19 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 func (a *Agent) start(ctx context.Context) error {
 	cfg, log := a.cfg, a.log
 	var err error
-	if a.objs, err = gen.Load(gen.LoadOptions{Maps: a.set.All()}); err != nil {
+	maglevOpts, err := maglevOptions(cfg)
+	if err != nil {
 		return err
+	}
+	loadOpts := gen.LoadOptions{Maps: a.set.All()}
+	if maglevOpts != nil {
+		loadOpts.MaglevTableSize = uint32(maglevOpts.TableSize)
+	}
+	if a.objs, err = gen.Load(loadOpts); err != nil {
+		return err
+	}
+	if maglevOpts != nil {
+		maglevOpts.Tables = a.objs.SlMaglevV1
 	}
 	if err := a.writeNodeConfig(); err != nil {
 		return err
@@ -351,7 +388,7 @@ func (a *Agent) start(ctx context.Context) error {
 	// every Node.
 	routes := &kubeproxy.NodeRoutes{}
 	syncer, err := nat.NewSyncer(nat.Options{Maps: a.set, Logger: log, Routes: routes.Lookup,
-		Trigger: func() { a.Proxier.RequestSync() }})
+		Trigger: func() { a.Proxier.RequestSync() }, Maglev: maglevOpts})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,136 @@
+package nat
+
+// Maglev tables: one per service id whose frontends pick by Maglev, written
+// into the datapath's sl_maglev_v1 (bpf/include/maglev.h).
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/nat/maglev"
+)
+
+// MaglevOptions turns Maglev consistent hashing on: every node then picks the
+// same backend for a flow from outside, so a connection that an upstream
+// router moves to another node keeps its backend, and one backend leaving
+// moves few flows.
+type MaglevOptions struct {
+	// Tables is the datapath's sl_maglev_v1 (gen.SluiceObjects.SlMaglevV1),
+	// loaded with gen.LoadOptions.MaglevTableSize = TableSize.
+	Tables *ebpf.Map
+	// TableSize is the slots of a table: a prime (maglev.ValidSize); 0 is
+	// maglev.DefaultSize. Each table takes 4 bytes a slot.
+	TableSize int
+	// ClusterIP makes ClusterIP frontends pick by Maglev too; otherwise only
+	// NodePorts, load balancer IPs and external IPs do.
+	ClusterIP bool
+}
+
+func (o *MaglevOptions) size() int {
+	if o.TableSize == 0 {
+		return maglev.DefaultSize
+	}
+	return o.TableSize
+}
+
+// maglevTable builds the table of a service id: each slot an ordinal of the
+// cluster backends list[start:start+count]. Names are addresses (the same on
+// every node); weights come from the endpoints.
+func maglevTable(list []gen.SluiceBe6Value, start, count uint32, eps []Endpoint, size int) ([]uint32, error) {
+	if count == 0 {
+		return nil, nil
+	}
+	weights := map[string]uint32{}
+	for i := range eps {
+		weights[eps[i].Addr.String()] = eps[i].Weight
+	}
+	cluster := list[start : start+count]
+	bs := make([]maglev.Backend, len(cluster))
+	for i, v := range cluster {
+		name := backendAddr(v).String()
+		bs[i] = maglev.Backend{Name: name, Weight: weights[name]}
+	}
+	table, err := maglev.Build(bs, size)
+	if err != nil {
+		return nil, err
+	}
+	for i := range table {
+		table[i] += start
+	}
+	return table, nil
+}
+
+// maglevWriter keeps sl_maglev_v1 in step with the tables desired. A table is
+// replaced whole: a new inner map, filled, then put in the outer map in one
+// update.
+type maglevWriter struct {
+	outer   *ebpf.Map
+	inner   *ebpf.MapSpec
+	desired map[uint32][]uint32
+	written map[uint32][]uint32
+}
+
+func newMaglevWriter(o *MaglevOptions) (*maglevWriter, error) {
+	if err := maglev.ValidSize(o.size()); err != nil {
+		return nil, err
+	}
+	if o.Tables == nil || o.Tables.Type() != ebpf.HashOfMaps {
+		return nil, fmt.Errorf("nat syncer: maglev: Tables is not the datapath's %s", gen.SluiceMapSlMaglevV1)
+	}
+	return &maglevWriter{
+		outer: o.Tables,
+		inner: &ebpf.MapSpec{Name: "sl_maglev_tbl", Type: ebpf.Array, KeySize: 4,
+			ValueSize: uint32(o.size()) * 4, MaxEntries: 1},
+		desired: map[uint32][]uint32{}, written: map[uint32][]uint32{},
+	}, nil
+}
+
+func (w *maglevWriter) set(id uint32, table []uint32) {
+	if table == nil {
+		delete(w.desired, id)
+		return
+	}
+	w.desired[id] = table
+}
+
+// applyUpdates writes every desired table the map does not hold yet.
+func (w *maglevWriter) applyUpdates() (writes int, err error) {
+	for id, t := range w.desired {
+		if slices.Equal(w.written[id], t) {
+			continue
+		}
+		inner, err := ebpf.NewMap(w.inner)
+		if err != nil {
+			return writes, fmt.Errorf("maglev table of service id %d: %w", id, err)
+		}
+		err = inner.Put(uint32(0), t)
+		if err == nil {
+			err = w.outer.Put(id, inner)
+		}
+		inner.Close() // the outer map holds it now
+		if err != nil {
+			return writes, fmt.Errorf("maglev table of service id %d: %w", id, err)
+		}
+		w.written[id] = t
+		writes++
+	}
+	return writes, nil
+}
+
+// applyDeletions removes the tables no service id wants any more.
+func (w *maglevWriter) applyDeletions() (deletes int, err error) {
+	for id := range w.written {
+		if _, ok := w.desired[id]; ok {
+			continue
+		}
+		if err := w.outer.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return deletes, fmt.Errorf("maglev table of service id %d: %w", id, err)
+		}
+		delete(w.written, id)
+		deletes++
+	}
+	return deletes, nil
+}

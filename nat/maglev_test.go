@@ -1,0 +1,242 @@
+package nat_test
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/nat"
+	"github.com/sluice-net/sluice/nat/maglev"
+)
+
+// maglevNode is one node: its own pinned maps, programs and syncer.
+type maglevNode struct {
+	*fixture
+	dp *bpftest.Datapath
+}
+
+func newMaglevNode(t *testing.T, nodeIP netip.Addr, size int, on bool) *maglevNode {
+	dir := bpftest.PinDir(t)
+	f := &fixture{t: t, dir: dir, node: nat.Node{Name: nodeIP.String(), NodePortIPs: []netip.Addr{nodeIP}, AllNodePortIPs: true}}
+	f.open(nat.Options{}) // the pinned maps; the syncer comes after the programs
+	objs, err := gen.Load(gen.LoadOptions{Maps: f.set.All(), MaglevTableSize: uint32(size)})
+	if err != nil {
+		t.Fatalf("%+v", err)
+	}
+	t.Cleanup(func() { objs.Close() })
+	opts := nat.Options{Maps: f.set}
+	if on {
+		opts.Maglev = &nat.MaglevOptions{Tables: objs.SlMaglevV1, TableSize: size}
+	}
+	if f.s, err = nat.NewSyncer(opts); err != nil {
+		t.Fatal(err)
+	}
+	d := &bpftest.Datapath{TB: t, Objs: objs}
+	// The node's address, the source of SNATed flows, and its host IP.
+	if nodeIP.Is4() {
+		d.Put(objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP)})
+	} else {
+		d.SetNodeIP6(nodeIP)
+	}
+	return &maglevNode{fixture: f, dp: d}
+}
+
+// pick sends a SYN from client to the NodePort and returns the backend chosen.
+func (n *maglevNode) pick(client, nodePort netip.AddrPort) netip.AddrPort {
+	n.t.Helper()
+	return n.dp.RunOK(n.dp.Objs.SlFromHost, bpftest.TCPPacket(client, nodePort, bpftest.SYN)).Dst
+}
+
+// maglevEndpoints are n endpoints, the first local ones local to this node.
+func maglevEndpoints(n, localFrom, localTo int, v6 bool) []nat.Endpoint {
+	var out []nat.Endpoint
+	for i := range n {
+		a := netip.AddrFrom4([4]byte{10, 2, byte(i / 200), byte(1 + i%200)})
+		if v6 {
+			a = netip.MustParseAddr(fmt.Sprintf("fd00:2::%x", i+1))
+		}
+		out = append(out, nat.Endpoint{Addr: netip.AddrPortFrom(a, 8080), Ready: true, Serving: true,
+			Local: i >= localFrom && i < localTo})
+	}
+	return out
+}
+
+// Two nodes with the same Service, each with other endpoints local (so their
+// backend ordinals differ), pick the same backend for every flow from
+// outside, whichever node the flow reaches; one backend leaving moves about
+// 1/N of the flows; the flows spread evenly. Without Maglev the nodes agree
+// on about 1/N of the flows only, which is what shows the test can fail.
+func TestMaglevEveryNodePicksTheSameBackend(t *testing.T) {
+	for _, fam := range []struct {
+		name         string
+		clusterIP    string
+		nodeA, nodeB netip.Addr
+		client       func(i int) netip.Addr
+		v6           bool
+	}{
+		{"IPv4", "10.96.0.10", netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"),
+			func(i int) netip.Addr { return netip.AddrFrom4([4]byte{192, 0, 2, byte(i % 250)}) }, false},
+		{"IPv6", "fd00:96::10", netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2"),
+			func(i int) netip.Addr { return netip.MustParseAddr(fmt.Sprintf("2001:db8::%x", i%250+1)) }, true},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			const n, flows = 10, 2000
+			web := svc("web", fam.clusterIP, 80, func(s *nat.ServicePort) { s.NodePort = 30080 })
+			nodes := map[string]*maglevNode{}
+			for _, c := range []struct {
+				name string
+				ip   netip.Addr
+				lo   int
+				on   bool
+			}{{"A", fam.nodeA, 0, true}, {"B", fam.nodeB, 5, true}, {"A random", fam.nodeA, 0, false}} {
+				node := newMaglevNode(t, c.ip, maglev.DefaultSize, c.on)
+				node.apply([]*nat.ServicePort{web}, map[nat.ServicePortName][]nat.Endpoint{web.Name: maglevEndpoints(n, c.lo, c.lo+3, fam.v6)})
+				nodes[c.name] = node
+			}
+			a, b, random := nodes["A"], nodes["B"], nodes["A random"]
+			flow := func(i int) netip.AddrPort { return netip.AddrPortFrom(fam.client(i), uint16(20000+i)) }
+			npA, npB := netip.AddrPortFrom(fam.nodeA, 30080), netip.AddrPortFrom(fam.nodeB, 30080)
+
+			first := map[int]netip.AddrPort{}
+			perBackend := map[netip.AddrPort]int{}
+			agreeRandom := 0
+			for i := range flows {
+				first[i] = a.pick(flow(i), npA)
+				if got := b.pick(flow(i), npB); got != first[i] {
+					t.Fatalf("flow %d: node A picked %v, node B %v", i, first[i], got)
+				}
+				perBackend[first[i]]++
+				if random.pick(flow(i), npA) == first[i] {
+					agreeRandom++
+				}
+			}
+			t.Logf("random picks agree with Maglev's on %d of %d flows", agreeRandom, flows)
+			if agreeRandom > flows/3 {
+				t.Fatalf("random picks agree on %d of %d flows: the test cannot tell Maglev from random", agreeRandom, flows)
+			}
+			most := 0
+			for _, c := range perBackend {
+				most = max(most, c)
+			}
+			if len(perBackend) != n || float64(most) > 1.3*flows/n {
+				t.Fatalf("%d flows over %d backends: %v", flows, len(perBackend), perBackend)
+			}
+
+			// One backend leaves, on both nodes; new flows from the same
+			// clients (their old conntrack entries removed, as a client's
+			// new connection from the same port would be after them).
+			gone := maglevEndpoints(n, 0, 3, fam.v6)[7].Addr
+			for node, lo := range map[*maglevNode]int{a: 0, b: 5} {
+				left := maglevEndpoints(n, lo, lo+3, fam.v6)
+				left = append(left[:7], left[8:]...)
+				node.apply([]*nat.ServicePort{web}, map[nat.ServicePortName][]nat.Endpoint{web.Name: left})
+				clearConntrack(t, node)
+			}
+			moved, others := 0, 0
+			for i := range flows {
+				got := a.pick(flow(i), npA)
+				if got2 := b.pick(flow(i), npB); got2 != got {
+					t.Fatalf("after a backend left, flow %d: node A picked %v, node B %v", i, got, got2)
+				}
+				if got == gone {
+					t.Fatalf("flow %d went to the backend that left", i)
+				}
+				if got != first[i] {
+					moved++
+					if first[i] != gone {
+						others++
+					}
+				}
+			}
+			t.Logf("one of %d backends left: %d of %d flows moved, %d of them from the backends that stayed", n, moved, flows, others)
+			// The leaver's flows all move; of the others, Maglev moves a
+			// few (6% of 1/N at this size: nat/maglev's test).
+			if others > flows/40 {
+				t.Fatalf("%d flows of the backends that stayed moved", others)
+			}
+		})
+	}
+}
+
+// clearConntrack empties a node's conntrack maps of both families.
+func clearConntrack(t *testing.T, n *maglevNode) {
+	t.Helper()
+	var k gen.SluiceCtKey
+	var keys []gen.SluiceCtKey
+	for it := n.dp.Objs.SlCtV2.Iterate(); it.Next(&k, new(gen.SluiceCtValue)); {
+		keys = append(keys, k)
+	}
+	for _, k := range keys {
+		n.dp.Objs.SlCtV2.Delete(k)
+	}
+	var k6 gen.SluiceCt6Key
+	var keys6 []gen.SluiceCt6Key
+	for it := n.dp.Objs.SlCt6V1.Iterate(); it.Next(&k6, new(gen.SluiceCt6Value)); {
+		keys6 = append(keys6, k6)
+	}
+	for _, k := range keys6 {
+		n.dp.Objs.SlCt6V1.Delete(k)
+	}
+}
+
+// A table exists exactly while its service has cluster endpoints; external
+// frontends carry FE_MAGLEV, a ClusterIP only with MaglevOptions.ClusterIP.
+func TestMaglevTablesFollowServices(t *testing.T) {
+	for _, clusterIP := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ClusterIP=%v", clusterIP), func(t *testing.T) {
+			node := newMaglevNode(t, netip.MustParseAddr("10.0.0.1"), 251, false)
+			var err error
+			node.s, err = nat.NewSyncer(nat.Options{Maps: node.set,
+				Maglev: &nat.MaglevOptions{Tables: node.dp.Objs.SlMaglevV1, TableSize: 251, ClusterIP: clusterIP}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tables := func() int {
+				n := 0
+				var k uint32
+				var id uint32
+				for it := node.dp.Objs.SlMaglevV1.Iterate(); it.Next(&k, &id); {
+					n++
+				}
+				return n
+			}
+			web := svc("web", "10.96.0.10", 80, func(s *nat.ServicePort) {
+				s.NodePort = 30080
+				s.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.7")}
+			})
+			node.apply([]*nat.ServicePort{web}, map[nat.ServicePortName][]nat.Endpoint{web.Name: eps("10.2.0.1:8080", "10.2.0.2:8080")})
+			if n := tables(); n != 1 {
+				t.Fatalf("%d tables for one service", n)
+			}
+			for key, fe := range node.frontends() {
+				if fe.SvcId == 0 {
+					continue // a service IP's echo marker
+				}
+				want := fe.Flags&gen.SluiceFeFlagsFE_EXTERNAL != 0 || clusterIP
+				if got := fe.Flags&gen.SluiceFeFlagsFE_MAGLEV != 0; got != want {
+					t.Errorf("frontend %s: FE_MAGLEV %v, want %v", key, got, want)
+				}
+			}
+			node.apply([]*nat.ServicePort{web}, map[nat.ServicePortName][]nat.Endpoint{web.Name: nil})
+			if n := tables(); n != 0 {
+				t.Fatalf("%d tables for a service without endpoints", n)
+			}
+			node.apply([]*nat.ServicePort{web}, map[nat.ServicePortName][]nat.Endpoint{web.Name: eps("10.2.0.1:8080")})
+			node.apply(nil, nil)
+			if n := tables(); n != 0 {
+				t.Fatalf("%d tables after the service was deleted", n)
+			}
+		})
+	}
+}
+
+func TestMaglevTableSizeMustBeAPrime(t *testing.T) {
+	node := newMaglevNode(t, netip.MustParseAddr("10.0.0.1"), 251, false)
+	_, err := nat.NewSyncer(nat.Options{Maps: node.set, Maglev: &nat.MaglevOptions{Tables: node.dp.Objs.SlMaglevV1, TableSize: 1000}})
+	if err == nil || !strings.Contains(err.Error(), "not a prime") {
+		t.Fatalf("table size 1000: %v", err)
+	}
+}
