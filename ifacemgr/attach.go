@@ -67,9 +67,24 @@ func sameProgram(id ebpf.ProgramID, ours *ebpf.ProgramInfo) bool {
 	if !ok1 || !ok2 {
 		return false
 	}
+	theirs, mine = slices.DeleteFunc(theirs, constants), slices.DeleteFunc(mine, constants)
 	slices.Sort(theirs)
 	slices.Sort(mine)
 	return slices.Equal(theirs, mine)
+}
+
+// constants tells a program's read-only data (its .rodata: load-time
+// constants such as the Maglev table size) from the maps it shares: every
+// load makes its own, so it never matches another load's. Its contents are
+// the load's options, which show in the maps they size (the Maglev tables'
+// pin is replaced when its size changes).
+func constants(id ebpf.MapID) bool {
+	m, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		return false
+	}
+	defer m.Close()
+	return m.Flags()&unix.BPF_F_RDONLY_PROG != 0
 }
 
 // ensure makes prog run on the hook. It returns whether it changed anything.

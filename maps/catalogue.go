@@ -123,6 +123,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlSock6V1:      "socket LB of IPv6 sockets: {socket cookie, backend} -> service address to give back (LRU)",
 	gen.SluiceMapSlScratch6V1:   "per-CPU scratch space where the datapath builds IPv6 conntrack entries and hands an IPv6 tuple to the policy programs; holds nothing between packets",
 	gen.SluiceMapSlIpset6V1:     "policy IP sets, IPv6 members: LPM {set id, address}",
+	gen.SluiceMapSlMaglevV1:     "Maglev tables: service id -> inner array map holding the table (slot -> backend ordinal); replaced whole",
 }
 
 // Info describes one map of the catalogue.
@@ -161,10 +162,7 @@ func mapSpecs() ([]*ebpf.MapSpec, error) {
 	}
 	var specs []*ebpf.MapSpec
 	for name, ms := range spec.Maps {
-		// Maps of maps are the loaded programs' own (gen.Load sizes their
-		// inner maps, which a pin could not tell): sl_maglev_v1's tables
-		// are built again by the NAT syncer's first sync after a start.
-		if strings.HasPrefix(name, NamePrefix) && ms.Type != ebpf.HashOfMaps {
+		if strings.HasPrefix(name, NamePrefix) {
 			specs = append(specs, ms)
 		}
 	}
@@ -187,6 +185,10 @@ type OpenOptions struct {
 	// it (see Migration). The caller calls FinishMigrations once its
 	// programs use the new maps.
 	Migrate bool
+	// MaglevTableSize is the slots of the Maglev tables the NAT syncer
+	// writes (gen.LoadOptions.MaglevTableSize must be the same); 0: Maglev
+	// is off, and sl_maglev_v1 is emptied.
+	MaglevTableSize uint32
 }
 
 // Set is the catalogue's maps, open and pinned.
@@ -216,6 +218,8 @@ func Open(opts OpenOptions) (*Set, error) {
 		var m *ebpf.Map
 		var err error
 		switch {
+		case spec.Type == ebpf.HashOfMaps && !opts.NoCreate:
+			m, err = openMaglevTables(dir, spec, opts.MaglevTableSize)
 		case opts.NoCreate:
 			m, err = openExisting(dir, spec)
 		case opts.Migrate:
@@ -233,6 +237,62 @@ func Open(opts OpenOptions) (*Set, error) {
 		s.maps[spec.Name] = m
 	}
 	return s, nil
+}
+
+// openMaglevTables opens sl_maglev_v1, the Maglev tables (a hash of maps).
+// The kernel does not tell a map of maps' inner size, so the map's kernel
+// name carries it (sl_maglev<slots>): a pin of the size wanted is kept, so a
+// restarted agent's programs pick as before from the first packet (and the
+// programs attached stay, their maps unchanged), and its NAT syncer replaces
+// the tables one by one. A pin of another size is replaced by an empty map:
+// nothing is lost that the syncer does not write again. With Maglev off
+// (size 0) the map keeps the default size and is emptied.
+func openMaglevTables(dir string, spec *ebpf.MapSpec, size uint32) (*ebpf.Map, error) {
+	spec = spec.Copy()
+	slots := size
+	if slots == 0 {
+		slots = spec.InnerMap.ValueSize / 4 // the object's default
+	}
+	spec.InnerMap.ValueSize = slots * 4
+	spec.Name = fmt.Sprintf("sl_maglev%d", slots)
+	path := filepath.Join(dir, gen.SluiceMapSlMaglevV1)
+	pinned, err := ebpf.LoadPinnedMap(path, nil)
+	if err == nil {
+		info, ierr := pinned.Info()
+		if ierr == nil && info.Name == spec.Name && checkPinned(pinned, spec, path) == nil {
+			if size == 0 {
+				if err := emptyMap(pinned); err != nil {
+					pinned.Close()
+					return nil, fmt.Errorf("map %s: empty the tables of a Maglev run: %w", gen.SluiceMapSlMaglevV1, err)
+				}
+			}
+			return pinned, nil
+		}
+		pinned.Close()
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("map %s: replace pin %s: %w", gen.SluiceMapSlMaglevV1, path, err)
+		}
+	}
+	return openPinnedAt(dir, gen.SluiceMapSlMaglevV1, spec)
+}
+
+// emptyMap deletes every entry of m.
+func emptyMap(m *ebpf.Map) error {
+	var keys [][]byte
+	var k []byte
+	it := m.Iterate()
+	for it.Next(&k, new([]byte)) {
+		keys = append(keys, slices.Clone(k))
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 func cmpOr(s, def string) string {
@@ -332,7 +392,12 @@ func (s *Set) Unpin() error {
 // OpenPinned returns the map pinned at dir/spec.Name after checking it matches
 // spec, or creates and pins it when there is no pin.
 func OpenPinned(dir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
-	path := filepath.Join(dir, spec.Name)
+	return openPinnedAt(dir, spec.Name, spec)
+}
+
+// openPinnedAt is OpenPinned with a pin name other than the kernel name.
+func openPinnedAt(dir, pinName string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
+	path := filepath.Join(dir, pinName)
 	for range 2 {
 		m, err := ebpf.LoadPinnedMap(path, nil)
 		if err == nil {

@@ -71,24 +71,25 @@ func roundTrip[K comparable, V comparable](d maps.Def[K, V]) func(t *testing.T, 
 // roundTrips must name every map of the catalogue: a map added to bpf/include
 // without a typed Def and a round trip here fails TestCatalogueRoundTrips.
 var roundTrips = map[string]func(*testing.T, *maps.Set){
-	maps.Frontends.Name: roundTrip(maps.Frontends),
-	maps.Backends.Name:  roundTrip(maps.Backends),
-	maps.SrcRanges.Name: roundTripLPM,
-	maps.Affinity.Name:  roundTrip(maps.Affinity),
-	maps.Conntrack.Name: roundTrip(maps.Conntrack),
-	maps.Fragments.Name: roundTrip(maps.Fragments),
-	maps.Config.Name:    roundTripConfig,
-	maps.HostIPs.Name:   roundTrip(maps.HostIPs),
-	maps.Counters.Name:  roundTripCounters,
-	maps.Sockets.Name:   roundTrip(maps.Sockets),
-	maps.Prefilter.Name: roundTripPrefilter,
-	maps.Failsafe.Name:  roundTrip(maps.Failsafe),
-	maps.IfState.Name:   roundTrip(maps.IfState),
-	maps.SvcNames.Name:  roundTrip(maps.SvcNames),
-	maps.IPSets.Name:    roundTripIPSets,
-	maps.RuleCtrs.Name:  roundTripRuleCounters,
-	maps.SvcStats.Name:  roundTripSvcStats,
-	maps.PolicyPrograms: checkProgramArray,
+	gen.SluiceMapSlMaglevV1: roundTripMaglev,
+	maps.Frontends.Name:     roundTrip(maps.Frontends),
+	maps.Backends.Name:      roundTrip(maps.Backends),
+	maps.SrcRanges.Name:     roundTripLPM,
+	maps.Affinity.Name:      roundTrip(maps.Affinity),
+	maps.Conntrack.Name:     roundTrip(maps.Conntrack),
+	maps.Fragments.Name:     roundTrip(maps.Fragments),
+	maps.Config.Name:        roundTripConfig,
+	maps.HostIPs.Name:       roundTrip(maps.HostIPs),
+	maps.Counters.Name:      roundTripCounters,
+	maps.Sockets.Name:       roundTrip(maps.Sockets),
+	maps.Prefilter.Name:     roundTripPrefilter,
+	maps.Failsafe.Name:      roundTrip(maps.Failsafe),
+	maps.IfState.Name:       roundTrip(maps.IfState),
+	maps.SvcNames.Name:      roundTrip(maps.SvcNames),
+	maps.IPSets.Name:        roundTripIPSets,
+	maps.RuleCtrs.Name:      roundTripRuleCounters,
+	maps.SvcStats.Name:      roundTripSvcStats,
+	maps.PolicyPrograms:     checkProgramArray,
 
 	maps.Frontends6.Name:      roundTrip(maps.Frontends6),
 	maps.Backends6.Name:       roundTrip(maps.Backends6),
@@ -682,5 +683,41 @@ func TestCounterNamesComeFromTheHeader(t *testing.T) {
 	}
 	if names[gen.SluiceCounterCNT_DROP_CT_FULL] != "drop_ct_full" || names[gen.SluiceCounterCNT_DROP_MALFORMED] != "drop_malformed" {
 		t.Fatalf("names %v", names)
+	}
+}
+
+// roundTripMaglev puts a table (an inner map) under a service id and reads
+// it back through the outer map.
+func roundTripMaglev(t *testing.T, set *maps.Set) {
+	outer := set.Map(gen.SluiceMapSlMaglevV1)
+	table := make([]uint32, gen.MaglevDefaultTableSize)
+	for i := range table {
+		table[i] = uint32(i % 7)
+	}
+	inner, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: uint32(len(table)) * 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	if err := inner.Put(uint32(0), table); err != nil {
+		t.Fatal(err)
+	}
+	if err := outer.Put(uint32(42), inner); err != nil {
+		t.Fatal(err)
+	}
+	var got *ebpf.Map
+	if err := outer.Lookup(uint32(42), &got); err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	back := make([]uint32, len(table))
+	if err := got.Lookup(uint32(0), back); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(back, table) {
+		t.Fatal("the table read back differs")
+	}
+	if err := outer.Delete(uint32(42)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -80,12 +80,23 @@ func newMaglevWriter(o *MaglevOptions) (*maglevWriter, error) {
 	if o.Tables == nil || o.Tables.Type() != ebpf.HashOfMaps {
 		return nil, fmt.Errorf("nat syncer: maglev: Tables is not the datapath's %s", gen.SluiceMapSlMaglevV1)
 	}
-	return &maglevWriter{
+	w := &maglevWriter{
 		outer: o.Tables,
 		inner: &ebpf.MapSpec{Name: "sl_maglev_tbl", Type: ebpf.Array, KeySize: 4,
 			ValueSize: uint32(o.size()) * 4, MaxEntries: 1},
 		desired: map[uint32][]uint32{}, written: map[uint32][]uint32{},
-	}, nil
+	}
+	// Tables a previous agent pinned serve packets until this one replaces
+	// them (their content unknown: each is written again) or deletes them.
+	var id uint32
+	it := w.outer.Iterate()
+	for it.Next(&id, new(uint32)) {
+		w.written[id] = nil
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("nat syncer: maglev tables: %w", err)
+	}
+	return w, nil
 }
 
 func (w *maglevWriter) set(id uint32, table []uint32) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 	"github.com/sluice-net/sluice/nat/maglev"
 )
@@ -19,9 +20,13 @@ type maglevNode struct {
 }
 
 func newMaglevNode(t *testing.T, nodeIP netip.Addr, size int, on bool) *maglevNode {
-	dir := bpftest.PinDir(t)
+	return startMaglevNode(t, bpftest.PinDir(t), nodeIP, size, on)
+}
+
+// startMaglevNode starts a node on the pins in dir, as a (re)started agent.
+func startMaglevNode(t *testing.T, dir string, nodeIP netip.Addr, size int, on bool) *maglevNode {
 	f := &fixture{t: t, dir: dir, node: nat.Node{Name: nodeIP.String(), NodePortIPs: []netip.Addr{nodeIP}, AllNodePortIPs: true}}
-	f.open(nat.Options{}) // the pinned maps; the syncer comes after the programs
+	f.openMaglev(size, on)
 	objs, err := gen.Load(gen.LoadOptions{Maps: f.set.All(), MaglevTableSize: uint32(size)})
 	if err != nil {
 		t.Fatalf("%+v", err)
@@ -42,6 +47,36 @@ func newMaglevNode(t *testing.T, nodeIP netip.Addr, size int, on bool) *maglevNo
 		d.SetNodeIP6(nodeIP)
 	}
 	return &maglevNode{fixture: f, dp: d}
+}
+
+// openMaglev (re)opens the pinned maps as an agent with (on) or without
+// Maglev tables of size slots does; the syncer comes after the programs.
+func (f *fixture) openMaglev(size int, on bool) {
+	opts := maps.OpenOptions{PinDir: f.dir}
+	if on {
+		opts.MaglevTableSize = uint32(size)
+	}
+	set, err := maps.Open(opts)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { set.Close() })
+	f.set = set
+}
+
+// tables counts the Maglev tables pinned.
+func (f *fixture) tables() int {
+	f.t.Helper()
+	n := 0
+	var id, inner uint32
+	it := f.set.Map(gen.SluiceMapSlMaglevV1).Iterate()
+	for it.Next(&id, &inner) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		f.t.Fatal(err)
+	}
+	return n
 }
 
 // pick sends a SYN from client to the NodePort and returns the backend chosen.
@@ -187,28 +222,19 @@ func clearConntrack(t *testing.T, n *maglevNode) {
 func TestMaglevTablesFollowServices(t *testing.T) {
 	for _, clusterIP := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ClusterIP=%v", clusterIP), func(t *testing.T) {
-			node := newMaglevNode(t, netip.MustParseAddr("10.0.0.1"), 251, false)
+			node := newMaglevNode(t, netip.MustParseAddr("10.0.0.1"), 251, true)
 			var err error
 			node.s, err = nat.NewSyncer(nat.Options{Maps: node.set,
 				Maglev: &nat.MaglevOptions{Tables: node.dp.Objs.SlMaglevV1, TableSize: 251, ClusterIP: clusterIP}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			tables := func() int {
-				n := 0
-				var k uint32
-				var id uint32
-				for it := node.dp.Objs.SlMaglevV1.Iterate(); it.Next(&k, &id); {
-					n++
-				}
-				return n
-			}
 			web := svc("web", "10.96.0.10", 80, func(s *nat.ServicePort) {
 				s.NodePort = 30080
 				s.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.7")}
 			})
 			node.apply([]*nat.ServicePort{web}, map[nat.ServicePortName][]nat.Endpoint{web.Name: eps("10.2.0.1:8080", "10.2.0.2:8080")})
-			if n := tables(); n != 1 {
+			if n := node.tables(); n != 1 {
 				t.Fatalf("%d tables for one service", n)
 			}
 			for key, fe := range node.frontends() {
@@ -221,15 +247,69 @@ func TestMaglevTablesFollowServices(t *testing.T) {
 				}
 			}
 			node.apply([]*nat.ServicePort{web}, map[nat.ServicePortName][]nat.Endpoint{web.Name: nil})
-			if n := tables(); n != 0 {
+			if n := node.tables(); n != 0 {
 				t.Fatalf("%d tables for a service without endpoints", n)
 			}
 			node.apply([]*nat.ServicePort{web}, map[nat.ServicePortName][]nat.Endpoint{web.Name: eps("10.2.0.1:8080")})
 			node.apply(nil, nil)
-			if n := tables(); n != 0 {
+			if n := node.tables(); n != 0 {
 				t.Fatalf("%d tables after the service was deleted", n)
 			}
 		})
+	}
+}
+
+// The tables are pinned: a restarted agent's programs pick from them at once,
+// and its syncer rewrites them (and drops those of services gone meanwhile).
+// Started with another size, or without Maglev, it starts from no tables.
+func TestMaglevTablesSurviveARestart(t *testing.T) {
+	node := newMaglevNode(t, netip.MustParseAddr("10.0.0.1"), 251, true)
+	a, b := svc("a", "10.96.0.10", 80, func(s *nat.ServicePort) { s.NodePort = 30080 }), svc("b", "10.96.0.11", 80, func(s *nat.ServicePort) { s.NodePort = 30081 })
+	all := map[nat.ServicePortName][]nat.Endpoint{a.Name: maglevEndpoints(5, 0, 0, false), b.Name: eps("10.2.0.9:8080")}
+	node.apply([]*nat.ServicePort{a, b}, all)
+	np := netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), 30080)
+	client := func(i int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), uint16(30000+i))
+	}
+	var before []netip.AddrPort
+	for i := range 50 {
+		before = append(before, node.pick(client(i), np))
+	}
+
+	// The restart: new map handles and programs; no sync yet.
+	node.set.Close()
+	node = startMaglevNode(t, node.dir, netip.MustParseAddr("10.0.0.1"), 251, true)
+	if n := node.tables(); n != 2 {
+		t.Fatalf("%d tables pinned after the restart, want 2", n)
+	}
+	clearConntrack(t, node)
+	for i := range 50 {
+		if got := node.pick(client(i), np); got != before[i] {
+			t.Fatalf("before the first sync after the restart, flow %d went to %v, not %v", i, got, before[i])
+		}
+	}
+	// The first sync rewrites a's table and drops b's: b is gone.
+	node.apply([]*nat.ServicePort{a}, map[nat.ServicePortName][]nat.Endpoint{a.Name: all[a.Name]})
+	if n := node.tables(); n != 1 {
+		t.Fatalf("%d tables after the first sync, want 1", n)
+	}
+	clearConntrack(t, node)
+	for i := range 50 {
+		if got := node.pick(client(i), np); got != before[i] {
+			t.Fatalf("after the first sync, flow %d went to %v, not %v", i, got, before[i])
+		}
+	}
+
+	for _, restart := range []struct {
+		name string
+		size int
+		on   bool
+	}{{"another size", 4093, true}, {"Maglev off", 0, false}} {
+		node.set.Close()
+		node = startMaglevNode(t, node.dir, netip.MustParseAddr("10.0.0.1"), restart.size, restart.on)
+		if n := node.tables(); n != 0 {
+			t.Fatalf("restarted with %s: %d tables pinned", restart.name, n)
+		}
 	}
 }
 

@@ -152,6 +152,7 @@ type Agent struct {
 	// healthLn and metricsLn are bound before the node is touched, so a bad
 	// address fails the start with nothing attached or pinned.
 	healthLn, metricsLn net.Listener
+	maglev              *nat.MaglevOptions // nil: random picks
 	// reattached carries the attachments the interface manager repaired to
 	// the guard, which counts them and shows them in /healthz.
 	reattached chan string
@@ -273,7 +274,15 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	// migrated: its entries move into the new map, and what the programs
 	// still attached add meanwhile is copied once the new ones replace them
 	// (start), so no connection is lost.
-	set, err := maps.Open(maps.OpenOptions{PinDir: cfg.PinDir, Capacity: capacity, Migrate: true})
+	maglevOpts, err := maglevOptions(cfg)
+	if err != nil {
+		return fail(err)
+	}
+	var maglevSize uint32
+	if maglevOpts != nil {
+		maglevSize = uint32(maglevOpts.TableSize)
+	}
+	set, err := maps.Open(maps.OpenOptions{PinDir: cfg.PinDir, Capacity: capacity, Migrate: true, MaglevTableSize: maglevSize})
 	if err != nil {
 		var le *maps.LayoutError
 		if errors.As(err, &le) {
@@ -285,7 +294,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		log.Info("migrating a map's entries into a new map", "from", mig.From, "to", mig.To,
 			"from_capacity", mig.FromCapacity, "to_capacity", mig.ToCapacity, "entries", mig.Copied)
 	}
-	a := &Agent{cfg: cfg, log: log, set: set, healthLn: healthLn, metricsLn: metricsLn, reattached: make(chan string, 64)}
+	a := &Agent{cfg: cfg, log: log, set: set, healthLn: healthLn, metricsLn: metricsLn, reattached: make(chan string, 64),
+		maglev: maglevOpts}
 	ctx, a.stop = context.WithCancel(ctx)
 	a.loops, ctx = errgroup.WithContext(ctx)
 	if err := a.start(ctx); err != nil {
@@ -298,19 +308,14 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 func (a *Agent) start(ctx context.Context) error {
 	cfg, log := a.cfg, a.log
 	var err error
-	maglevOpts, err := maglevOptions(cfg)
-	if err != nil {
-		return err
-	}
 	loadOpts := gen.LoadOptions{Maps: a.set.All()}
-	if maglevOpts != nil {
-		loadOpts.MaglevTableSize = uint32(maglevOpts.TableSize)
+	if a.maglev != nil {
+		// The pinned tables' size (maps.Open) and the programs' must agree.
+		loadOpts.MaglevTableSize = uint32(a.maglev.TableSize)
+		a.maglev.Tables = a.set.Map(gen.SluiceMapSlMaglevV1)
 	}
 	if a.objs, err = gen.Load(loadOpts); err != nil {
 		return err
-	}
-	if maglevOpts != nil {
-		maglevOpts.Tables = a.objs.SlMaglevV1
 	}
 	if err := a.writeNodeConfig(); err != nil {
 		return err
@@ -388,7 +393,7 @@ func (a *Agent) start(ctx context.Context) error {
 	// every Node.
 	routes := &kubeproxy.NodeRoutes{}
 	syncer, err := nat.NewSyncer(nat.Options{Maps: a.set, Logger: log, Routes: routes.Lookup,
-		Trigger: func() { a.Proxier.RequestSync() }, Maglev: maglevOpts})
+		Trigger: func() { a.Proxier.RequestSync() }, Maglev: a.maglev})
 	if err != nil {
 		return err
 	}
