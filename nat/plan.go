@@ -46,7 +46,7 @@ type plan struct {
 	backends  map[uint32][]gen.SluiceBe6Value // service id -> backends by ordinal
 	srcRanges []gen.SluiceSrcrange6Key
 	maglev    map[uint32][]uint32 // service id -> Maglev table (MaglevOptions)
-	ips       []netip.Addr // service IPs whose echo requests are answered
+	ips       []netip.Addr        // service IPs whose echo requests are answered
 	// routeMisses are endpoint IPs whose node the route lookup did not know.
 	routeMisses []netip.Addr
 }
