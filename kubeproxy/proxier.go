@@ -2,6 +2,7 @@ package kubeproxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -265,6 +266,17 @@ func (p *Proxier) Sync() error {
 	}
 	for _, e := range stats.Errors {
 		p.reportBad(e)
+	}
+	// Served, but not as asked (a Maglev table the map had no room for):
+	// /healthz says so until a sync clears it.
+	if degraded := errors.Join(stats.Degraded...); degraded != nil {
+		if p.metrics != nil {
+			p.metrics.SyncErrors.Inc()
+		}
+		p.log.Error("sync degraded; every packet is served", "err", degraded)
+		p.Health.SetSourceError("nat", degraded)
+	} else if err == nil {
+		p.Health.SetSourceError("nat", nil)
 	}
 	if err != nil {
 		if p.metrics != nil {

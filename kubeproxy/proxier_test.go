@@ -574,3 +574,58 @@ func TestDualStackServiceThroughTheProxier(t *testing.T) {
 		}
 	}
 }
+
+// A Maglev table the map has no room for: the sync programs everything and
+// reports itself degraded (a sync error counted, /healthz 503 naming the
+// map, /livez 200); once the map has room again, /healthz is 200.
+func TestMaglevTablesFullShowInHealthz(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	set, err := maps.Open(maps.OpenOptions{PinDir: dir, MaglevTableSize: 251, Capacity: map[string]uint32{gen.SluiceMapSlMaglevV1: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	syncer, err := nat.NewSyncer(nat.Options{Maps: set, Maglev: &nat.MaglevOptions{Tables: set.Map(gen.SluiceMapSlMaglevV1), TableSize: 251}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := kubeproxy.NewMetrics(prometheus.NewRegistry())
+	p := kubeproxy.NewProxier(kubeproxy.Config{NodeName: "node-a", MinSyncPeriod: 20 * time.Millisecond, SyncPeriod: time.Hour,
+		HealthCheckBindIP: "127.0.0.1"}, syncer, nil, m, nil)
+	p.SetNodeIPs([]netip.Addr{netip.MustParseAddr("10.0.0.1")})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go p.Run(ctx)
+	e := &env{t: t, set: set, p: p, metrics: m}
+	h := httptest.NewServer(p.Health.Handler())
+	defer h.Close()
+	p.OnNode(nodeA(false))
+
+	tr := p.Tracker()
+	nodePort := func(port int32) func(*v1.Service) {
+		return func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeNodePort; s.Spec.Ports[0].NodePort = port }
+	}
+	tr.OnService(svc("a", "10.96.0.40", nodePort(30040)), false)
+	tr.OnService(svc("b", "10.96.0.41", nodePort(30041)), false)
+	tr.OnEndpointSlice(endpointSlice("a", "a-1", "10.2.0.5"), false)
+	tr.OnEndpointSlice(endpointSlice("b", "b-1", "10.2.0.6"), false)
+	p.OnServicesSynced()
+	p.OnEndpointSlicesSynced()
+	e.eventually("both services programmed", func() bool {
+		fes := e.frontends()
+		return fes["10.96.0.40:80/6"].Count == 1 && fes["10.96.0.41:80/6"].Count == 1
+	})
+	e.eventually("the degraded sync counted", func() bool { return testutil.ToFloat64(m.SyncErrors) > 0 })
+	if code, body := getJSON(t, h.URL+"/healthz"); code != 503 || !strings.Contains(fmt.Sprint(body["sourceErrors"]), gen.SluiceMapSlMaglevV1) {
+		t.Fatalf("healthz with a Maglev table refused: %d %v", code, body)
+	}
+	if code, _ := getJSON(t, h.URL+"/livez"); code != 200 {
+		t.Fatalf("livez with a Maglev table refused: %d", code)
+	}
+
+	tr.OnService(svc("b", "10.96.0.41", nodePort(30041)), true) // deleted: a's table fits alone
+	e.eventually("healthz 200 again", func() bool {
+		code, _ := getJSON(t, h.URL+"/healthz")
+		return code == 200
+	})
+}

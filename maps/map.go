@@ -159,6 +159,13 @@ func (m *Map[K, V]) updateError(err error) error {
 	return wrapUpdateError(m.name, m.typ, m.maxEntries, err)
 }
 
+// UpdateError is what a typed map returns for a failed update of m (named
+// name): a *FullError when the kernel refused it for want of room. For code
+// that writes a map the typed maps cannot express (a map of maps).
+func UpdateError(name string, m *ebpf.Map, err error) error {
+	return wrapUpdateError(name, m.Type(), m.MaxEntries(), err)
+}
+
 func wrapUpdateError(name string, typ ebpf.MapType, maxEntries uint32, err error) error {
 	switch {
 	case errors.Is(err, unix.E2BIG) && (typ == ebpf.Array || typ == ebpf.PerCPUArray || typ == ebpf.ProgramArray):

@@ -211,7 +211,8 @@ func (s *Syncer) setHostIPs(ips []netip.Addr) {
 
 // write applies the desired state in the order that never exposes a half
 // state: frontend deletions, backend (source range, Maglev table) updates,
-// frontend updates, backend (source range, Maglev table) deletions.
+// frontend updates, backend (source range) deletions. Maglev tables go
+// early, as their comments say.
 func (s *Syncer) write(stats *Stats) error {
 	maglevUpdates, maglevDeletions := noMaglev, noMaglev
 	if s.maglev != nil {
@@ -224,23 +225,30 @@ func (s *Syncer) write(stats *Stats) error {
 			return maps.ApplyStats{Deletes: n}, err
 		}
 	}
+	// A step that cannot hurt a packet when it fails (soft) is reported in
+	// stats.Degraded and the rest goes on: a Maglev table missing or old
+	// only makes its service pick at random.
 	steps := []struct {
 		what  string
 		apply func() (maps.ApplyStats, error)
+		soft  bool
 	}{
-		{"frontend deletions", s.fe.ApplyDeletionsOnly},
-		{"source range updates", s.src.ApplyUpdatesOnly},
-		{"backend updates", s.be.ApplyUpdatesOnly},
+		{"frontend deletions", s.fe.ApplyDeletionsOnly, false},
+		// Before any is written, so a table gone makes room for another:
+		// a service id with no table wanted has no frontend left, or none
+		// that picks by it.
+		{"maglev table deletions", maglevDeletions, true},
+		{"source range updates", s.src.ApplyUpdatesOnly, false},
+		{"backend updates", s.be.ApplyUpdatesOnly, false},
 		// After its backends, so a table's ordinals are written: a table
 		// is only a moment older than its backends, never newer.
-		{"maglev table updates", maglevUpdates},
-		{"service name updates", s.names.ApplyUpdatesOnly},
-		{"frontend updates", s.fe.ApplyUpdatesOnly},
-		{"backend deletions", s.be.ApplyDeletionsOnly},
-		{"maglev table deletions", maglevDeletions},
-		{"source range deletions", s.src.ApplyDeletionsOnly},
-		{"service name deletions", s.names.ApplyDeletionsOnly},
-		{"host IPs", s.hostIPs.ApplyAll},
+		{"maglev table updates", maglevUpdates, true},
+		{"service name updates", s.names.ApplyUpdatesOnly, false},
+		{"frontend updates", s.fe.ApplyUpdatesOnly, false},
+		{"backend deletions", s.be.ApplyDeletionsOnly, false},
+		{"source range deletions", s.src.ApplyDeletionsOnly, false},
+		{"service name deletions", s.names.ApplyDeletionsOnly, false},
+		{"host IPs", s.hostIPs.ApplyAll, false},
 	}
 	for _, step := range steps {
 		st, err := step.apply()
@@ -250,6 +258,10 @@ func (s *Syncer) write(stats *Stats) error {
 			var full *maps.FullError
 			if errors.As(err, &full) {
 				stats.FullMaps = append(stats.FullMaps, full.Map)
+			}
+			if step.soft {
+				stats.Degraded = append(stats.Degraded, fmt.Errorf("nat syncer: %s: %w", step.what, err))
+				continue
 			}
 			// Stop here: later steps would point frontends at backends that
 			// were not written. The pending entries are retried next Apply.

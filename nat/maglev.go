@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat/maglev"
 )
 
@@ -107,28 +108,38 @@ func (w *maglevWriter) set(id uint32, table []uint32) {
 	w.desired[id] = table
 }
 
-// applyUpdates writes every desired table the map does not hold yet.
+// applyUpdates writes every desired table the map does not hold yet. A
+// table that cannot be written (the map full, say) leaves its service id
+// picking at random, or from its older table; the others are written.
 func (w *maglevWriter) applyUpdates() (writes int, err error) {
+	var errs []error
 	for id, t := range w.desired {
 		if slices.Equal(w.written[id], t) {
 			continue
 		}
-		inner, err := ebpf.NewMap(w.inner)
-		if err != nil {
-			return writes, fmt.Errorf("maglev table of service id %d: %w", id, err)
-		}
-		err = inner.Put(uint32(0), t)
-		if err == nil {
-			err = w.outer.Put(id, inner)
-		}
-		inner.Close() // the outer map holds it now
-		if err != nil {
-			return writes, fmt.Errorf("maglev table of service id %d: %w", id, err)
+		if err := w.write(id, t); err != nil {
+			errs = append(errs, fmt.Errorf("maglev table of service id %d: %w", id, err))
+			continue
 		}
 		w.written[id] = t
 		writes++
 	}
-	return writes, nil
+	return writes, errors.Join(errs...)
+}
+
+func (w *maglevWriter) write(id uint32, t []uint32) error {
+	inner, err := ebpf.NewMap(w.inner)
+	if err != nil {
+		return err
+	}
+	defer inner.Close() // the outer map holds it once put
+	if err := inner.Put(uint32(0), t); err != nil {
+		return err
+	}
+	if err := w.outer.Put(id, inner); err != nil {
+		return maps.UpdateError(gen.SluiceMapSlMaglevV1, w.outer, err)
+	}
+	return nil
 }
 
 // applyDeletions removes the tables no service id wants any more.

@@ -1,8 +1,10 @@
 package nat_test
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -318,5 +320,49 @@ func TestMaglevTableSizeMustBeAPrime(t *testing.T) {
 	_, err := nat.NewSyncer(nat.Options{Maps: node.set, Maglev: &nat.MaglevOptions{Tables: node.dp.Objs.SlMaglevV1, TableSize: 1000}})
 	if err == nil || !strings.Contains(err.Error(), "not a prime") {
 		t.Fatalf("table size 1000: %v", err)
+	}
+}
+
+// A full table map refuses a service's table: the Apply reports it degraded,
+// naming the map, and programs everything else; that service picks at random.
+func TestMaglevTablesMapFull(t *testing.T) {
+	f := &fixture{t: t, dir: bpftest.PinDir(t), node: nat.Node{Name: "n", NodePortIPs: []netip.Addr{nodeIP}, AllNodePortIPs: true}}
+	set, err := maps.Open(maps.OpenOptions{PinDir: f.dir, MaglevTableSize: 251, Capacity: map[string]uint32{gen.SluiceMapSlMaglevV1: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	objs, err := gen.Load(gen.LoadOptions{Maps: set.All(), MaglevTableSize: 251})
+	if err != nil {
+		t.Fatalf("%+v", err)
+	}
+	t.Cleanup(func() { objs.Close() })
+	f.set = set
+	if f.s, err = nat.NewSyncer(nat.Options{Maps: set, Maglev: &nat.MaglevOptions{Tables: objs.SlMaglevV1, TableSize: 251}}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := svc("a", "10.96.0.10", 80, func(s *nat.ServicePort) { s.NodePort = 30080 }), svc("b", "10.96.0.11", 80, func(s *nat.ServicePort) { s.NodePort = 30081 })
+	st := nat.State{Node: f.node, Services: map[nat.ServicePortName]*nat.ServicePort{a.Name: a, b.Name: b},
+		Endpoints: map[nat.ServicePortName][]nat.Endpoint{a.Name: eps("10.2.0.1:8080"), b.Name: eps("10.2.0.2:8080")}}
+	stats, err := f.s.Apply(st)
+	var full *maps.FullError
+	if err != nil || !errors.As(errors.Join(stats.Degraded...), &full) || full.Map != gen.SluiceMapSlMaglevV1 ||
+		!slices.Contains(stats.FullMaps, gen.SluiceMapSlMaglevV1) {
+		t.Fatalf("Apply with the table map full: %v, degraded %v (full maps %v)", err, stats.Degraded, stats.FullMaps)
+	}
+	if n := f.tables(); n != 1 {
+		t.Fatalf("%d tables in a map of 1", n)
+	}
+	d := &bpftest.Datapath{TB: t, Objs: objs}
+	d.Put(objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP)})
+	for _, port := range []uint16{30080, 30081} {
+		out := d.RunOK(objs.SlFromHost, bpftest.TCPPacket(netip.MustParseAddrPort("192.0.2.1:5555"), netip.AddrPortFrom(nodeIP, port), bpftest.SYN))
+		if !out.Dst.Addr().IsPrivate() {
+			t.Fatalf("NodePort %d: SYN left for %v, not a backend", port, out.Dst)
+		}
+	}
+	// The next Apply tries again, and says so again, as long as it is full.
+	if stats, err := f.s.Apply(st); err != nil || !errors.As(errors.Join(stats.Degraded...), &full) {
+		t.Fatalf("second Apply: %v, degraded %v", err, stats.Degraded)
 	}
 }

@@ -76,6 +76,11 @@ type Stats struct {
 	Errors []error
 	// FullMaps names maps that refused an update because they are full.
 	FullMaps []string
+	// Degraded lists what works in a lesser way than asked, every packet
+	// still served: a Maglev table that could not be written leaves its
+	// service picking at random (or from its older table). Retried by each
+	// Apply.
+	Degraded []error
 	// StaleUDP lists UDP backends removed from services, for conntrack flushing.
 	StaleUDP []StaleBackend
 	// NodePortIPs are the host IPs NodePorts are programmed on.
