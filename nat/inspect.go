@@ -110,7 +110,8 @@ func flagNames(f gen.SluiceFeFlags) []string {
 		bit  gen.SluiceFeFlags
 		name string
 	}{{gen.SluiceFeFlagsFE_INT_LOCAL, "internal-local"}, {gen.SluiceFeFlagsFE_EXT_LOCAL, "external-local"},
-		{gen.SluiceFeFlagsFE_SRC_RANGES, "source-ranges"}, {gen.SluiceFeFlagsFE_EXTERNAL, "external"}} {
+		{gen.SluiceFeFlagsFE_SRC_RANGES, "source-ranges"}, {gen.SluiceFeFlagsFE_EXTERNAL, "external"},
+		{gen.SluiceFeFlagsFE_MAGLEV, "maglev"}} {
 		if f&x.bit != 0 {
 			out = append(out, x.name)
 		}

@@ -52,6 +52,9 @@ func TestMultiNodeMaglevPicksTheSameBackendOnEveryNode(t *testing.T) {
 	c.startAgent("node-a")
 	c.startAgent("node-b")
 	ext := netlab.Path(c.external)
+	if list := c.natList("node-a"); !strings.Contains(list, "external,maglev") {
+		t.Fatalf("sluice nat list shows no Maglev NodePort:\n%s", list)
+	}
 
 	seen := map[string]int{}
 	for port := 40000; port < 40040; port++ {
