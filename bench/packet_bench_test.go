@@ -129,7 +129,7 @@ func measureNew(b *testing.B, d *bpftest.Datapath, prog *ebpf.Program, want uint
 	i := 0
 	for b.Loop() {
 		if d != nil && i > 0 && i%newFlowsPerClear == 0 {
-			clearConntrack(b, d)
+			d.ClearConntrack()
 		}
 		ret, dur, err := prog.Benchmark(frame(i), 1, nil)
 		if err != nil {
@@ -262,7 +262,7 @@ func benchmarkPaths(b *testing.B, f family, services int) {
 		}
 		d.SetMaglevTable(900_004, table)
 		// nodeport-new-flow's flows hold this client's ports at the backend.
-		clearConntrack(b, d)
+		d.ClearConntrack()
 		measureNew(b, d, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return f.nodePort(f.node, 30081, i) })
 	})
 	// Untranslated (pod to pod) traffic is tracked too, for the clash
@@ -369,25 +369,3 @@ func BenchmarkPacketHot(b *testing.B) {
 	})
 }
 
-// clearConntrack deletes every conntrack entry of d.
-func clearConntrack(b *testing.B, d *bpftest.Datapath) {
-	clearMap[gen.SluiceCtKey, gen.SluiceCtValue](b, d.Objs.SlCtV2)
-	clearMap[gen.SluiceCt6Key, gen.SluiceCt6Value](b, d.Objs.SlCt6V1)
-}
-
-// clearMap deletes every entry of a hash map of K to V.
-func clearMap[K, V any](b *testing.B, m *ebpf.Map) {
-	var keys []K
-	var k K
-	var v V
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	if len(keys) == 0 {
-		return
-	}
-	if _, err := m.BatchDelete(keys, nil); err != nil {
-		b.Fatal(err)
-	}
-}

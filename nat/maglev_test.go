@@ -170,7 +170,7 @@ func TestMaglevEveryNodePicksTheSameBackend(t *testing.T) {
 				left := maglevEndpoints(n, lo, lo+3, fam.v6)
 				left = append(left[:7], left[8:]...)
 				node.apply([]*nat.ServicePort{web}, map[nat.ServicePortName][]nat.Endpoint{web.Name: left})
-				clearConntrack(t, node)
+				node.dp.ClearConntrack()
 			}
 			moved, others := 0, 0
 			for i := range flows {
@@ -195,27 +195,6 @@ func TestMaglevEveryNodePicksTheSameBackend(t *testing.T) {
 				t.Fatalf("%d flows of the backends that stayed moved", others)
 			}
 		})
-	}
-}
-
-// clearConntrack empties a node's conntrack maps of both families.
-func clearConntrack(t *testing.T, n *maglevNode) {
-	t.Helper()
-	var k gen.SluiceCtKey
-	var keys []gen.SluiceCtKey
-	for it := n.dp.Objs.SlCtV2.Iterate(); it.Next(&k, new(gen.SluiceCtValue)); {
-		keys = append(keys, k)
-	}
-	for _, k := range keys {
-		n.dp.Objs.SlCtV2.Delete(k)
-	}
-	var k6 gen.SluiceCt6Key
-	var keys6 []gen.SluiceCt6Key
-	for it := n.dp.Objs.SlCt6V1.Iterate(); it.Next(&k6, new(gen.SluiceCt6Value)); {
-		keys6 = append(keys6, k6)
-	}
-	for _, k := range keys6 {
-		n.dp.Objs.SlCt6V1.Delete(k)
 	}
 }
 
@@ -284,7 +263,7 @@ func TestMaglevTablesSurviveARestart(t *testing.T) {
 	if n := node.tables(); n != 2 {
 		t.Fatalf("%d tables pinned after the restart, want 2", n)
 	}
-	clearConntrack(t, node)
+	node.dp.ClearConntrack()
 	for i := range 50 {
 		if got := node.pick(client(i), np); got != before[i] {
 			t.Fatalf("before the first sync after the restart, flow %d went to %v, not %v", i, got, before[i])
@@ -295,7 +274,7 @@ func TestMaglevTablesSurviveARestart(t *testing.T) {
 	if n := node.tables(); n != 1 {
 		t.Fatalf("%d tables after the first sync, want 1", n)
 	}
-	clearConntrack(t, node)
+	node.dp.ClearConntrack()
 	for i := range 50 {
 		if got := node.pick(client(i), np); got != before[i] {
 			t.Fatalf("after the first sync, flow %d went to %v, not %v", i, got, before[i])

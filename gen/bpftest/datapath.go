@@ -325,3 +325,28 @@ func (d *Datapath) SetMaglevTable(id uint32, table []uint32) {
 		d.TB.Fatalf("maglev table of service id %d: %v", id, err)
 	}
 }
+
+// ClearConntrack deletes every conntrack entry of both families, as if every
+// flow had ended and been removed.
+func (d *Datapath) ClearConntrack() {
+	d.TB.Helper()
+	clearMap[gen.SluiceCtKey, gen.SluiceCtValue](d.TB, d.Objs.SlCtV2)
+	clearMap[gen.SluiceCt6Key, gen.SluiceCt6Value](d.TB, d.Objs.SlCt6V1)
+}
+
+// clearMap deletes every entry of a hash map of K to V.
+func clearMap[K, V any](tb testing.TB, m *ebpf.Map) {
+	var keys []K
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return
+	}
+	if _, err := m.BatchDelete(keys, nil); err != nil {
+		tb.Fatal(err)
+	}
+}
