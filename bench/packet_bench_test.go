@@ -368,4 +368,3 @@ func BenchmarkPacketHot(b *testing.B) {
 		measureHot(b, d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, netip.MustParseAddrPort("10.1.9.10:8080"), bpftest.ACK))
 	})
 }
-
