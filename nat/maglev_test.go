@@ -294,6 +294,23 @@ func TestMaglevTablesSurviveARestart(t *testing.T) {
 	}
 }
 
+// internalTrafficPolicy Local without external destinations keeps no
+// cluster set: no table, whatever its endpoints.
+func TestMaglevNoTableWithoutAClusterSet(t *testing.T) {
+	node := newMaglevNode(t, netip.MustParseAddr("10.0.0.1"), 251, true)
+	var err error
+	node.s, err = nat.NewSyncer(nat.Options{Maps: node.set,
+		Maglev: &nat.MaglevOptions{Tables: node.dp.Objs.SlMaglevV1, TableSize: 251, ClusterIP: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := svc("local", "10.96.0.12", 80, func(s *nat.ServicePort) { s.InternalPolicy = nat.PolicyLocal })
+	stats := node.apply([]*nat.ServicePort{local}, map[nat.ServicePortName][]nat.Endpoint{local.Name: eps("10.2.0.1:8080", "10.2.0.2:8080")})
+	if len(stats.Errors) != 0 || node.tables() != 0 {
+		t.Fatalf("errors %v, %d tables", stats.Errors, node.tables())
+	}
+}
+
 func TestMaglevTableSizeMustBeAPrime(t *testing.T) {
 	node := newMaglevNode(t, netip.MustParseAddr("10.0.0.1"), 251, false)
 	_, err := nat.NewSyncer(nat.Options{Maps: node.set, Maglev: &nat.MaglevOptions{Tables: node.dp.Objs.SlMaglevV1, TableSize: 1000}})

@@ -179,8 +179,8 @@ func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (
 		clusterIPEntry.Flags |= gen.SluiceFeFlagsFE_INT_LOCAL
 	}
 	var maglevFlag gen.SluiceFeFlags
-	if p.maglev != nil {
-		table, err := maglevTable(list, clusterStart, main.Count, eps, p.maglev.size())
+	if p.maglev != nil && svc.UsesClusterEndpoints() {
+		table, err := maglevTable(list, clusterStart, count, eps, p.maglev.size())
 		if err != nil {
 			return nil, fmt.Errorf("service %s: %w", name, err)
 		}
