@@ -30,6 +30,8 @@
  * the link's MTU in *mtu; the caller answers it (too_big). */
 #define FIB_TOO_BIG 0x80000
 
+#define IPV6_MIN_MTU 1280
+
 /* segment_len is the length the FIB's MTU check must see: a GSO packet
  * leaves as segments of gso_size bytes after its headers. l4_off counts from
  * the IP header. */
@@ -57,10 +59,15 @@ static __always_inline int fib_mtu6(struct __sk_buff *skb, __u32 *mtu)
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) ||
 	    (ip.nexthdr != IPPROTO_TCP && ip.nexthdr != IPPROTO_UDP))
 		return TC_ACT_OK;
+	__u32 len = segment_len(skb, IPV6_HLEN + bpf_ntohs(ip.payload_len), IPV6_HLEN, ip.nexthdr);
+	/* Every IPv6 link carries 1280 bytes (RFC 8200 5): most packets (ACKs,
+	 * small answers) need no lookup. */
+	if (len <= IPV6_MIN_MTU)
+		return TC_ACT_OK;
 	struct bpf_fib_lookup fib = {
 		.family = 10, /* AF_INET6 */
 		.l4_protocol = ip.nexthdr,
-		.tot_len = segment_len(skb, IPV6_HLEN + bpf_ntohs(ip.payload_len), IPV6_HLEN, ip.nexthdr),
+		.tot_len = len,
 		.ifindex = skb->ifindex,
 	};
 	__builtin_memcpy(fib.ipv6_src, ip.saddr, 16);
