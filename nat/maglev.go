@@ -19,8 +19,9 @@ import (
 // router moves to another node keeps its backend, and one backend leaving
 // moves few flows.
 type MaglevOptions struct {
-	// Tables is the datapath's sl_maglev_v1 (gen.SluiceObjects.SlMaglevV1),
-	// loaded with gen.LoadOptions.MaglevTableSize = TableSize.
+	// Tables is the datapath's sl_maglev_v1: the pinned map of a maps.Set
+	// opened with MaglevTableSize = TableSize, which the programs use
+	// (gen.Load with the same MaglevTableSize).
 	Tables *ebpf.Map
 	// TableSize is the slots of a table: a prime (maglev.ValidSize); 0 is
 	// maglev.DefaultSize. Each table takes 4 bytes a slot.
