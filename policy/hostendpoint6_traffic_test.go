@@ -3,6 +3,7 @@ package policy_test
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
@@ -49,7 +50,7 @@ func TestIPv6HostEndpointPolicyOnADataInterface(t *testing.T) {
 	}
 	server6 := "[" + topo.PodIP6["server"].String() + "]:8080"
 
-	kept, err := dial(ext, "[fd00:210::1]:8080")
+	kept, err := dialWithin(ext, "[fd00:210::1]:8080", 3*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

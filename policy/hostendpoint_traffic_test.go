@@ -3,6 +3,7 @@ package policy_test
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
@@ -50,7 +51,7 @@ func TestHostEndpointPolicyOnADataInterface(t *testing.T) {
 	}
 
 	// Established before any host policy: kept.
-	kept, err := dial(ext, "10.210.0.1:8080")
+	kept, err := dialWithin(ext, "10.210.0.1:8080", 3*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

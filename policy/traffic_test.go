@@ -27,8 +27,15 @@ func ifindex(t *testing.T, ns *bpftest.NetNS, name string) uint32 {
 }
 
 func dial(ns *bpftest.NetNS, addr string) (net.Conn, error) {
+	return dialWithin(ns, addr, 400*time.Millisecond)
+}
+
+// dialWithin dials with a timeout of its own. A connection that must be
+// made (the first in a new topology, under CI's load) gets long enough for
+// a retransmitted SYN; one a policy may drop keeps dial's short wait.
+func dialWithin(ns *bpftest.NetNS, addr string, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
-	err := ns.Do(func() (err error) { c, err = net.DialTimeout("tcp", addr, 400*time.Millisecond); return err })
+	err := ns.Do(func() (err error) { c, err = net.DialTimeout("tcp", addr, timeout); return err })
 	return c, err
 }
 
