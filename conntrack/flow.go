@@ -22,7 +22,20 @@ type Flow struct {
 	State     State          `json:"state"`
 	Idle      time.Duration  `json:"idle"`
 	Orphan    bool           `json:"orphan,omitempty"` // one entry of the pair is missing
+	// DSR is the node's part in a flow by direct server return: DSRSent
+	// (balanced here, answered by the backend's node) or DSRAnswered (the
+	// backend is here and answers the client from Frontend).
+	DSR DSRRole `json:"dsr,omitempty"`
 }
+
+// DSRRole is a node's part in a flow by direct server return.
+type DSRRole string
+
+// DSR roles.
+const (
+	DSRSent     DSRRole = "sent"
+	DSRAnswered DSRRole = "answered"
+)
 
 func addrPort(a [16]uint8, p uint16) netip.AddrPort {
 	return netip.AddrPortFrom(gen.AddrFromNet6(a).Unmap(), gen.PortFromNet(p))
@@ -55,6 +68,11 @@ func Decode(p *Pair, now time.Duration) Flow {
 		if p.Fwd.Flags&gen.SluiceCtFlagsCT_SNAT != 0 {
 			f.SNAT = addrPort(p.Fwd.SnatAddr, p.Fwd.SnatPort)
 		}
+		if p.Fwd.Flags&gen.SluiceCtFlagsCT_DSR != 0 && p.HasRev {
+			// The backend's node: the packets came already translated; the
+			// reverse entry knows the frontend the replies leave from.
+			f.Frontend = addrPort(p.Rev.NatAddr, p.Rev.NatPort)
+		}
 	default: // only the reverse entry: it knows the client and the frontend too
 		f.Backend = addrPort(p.RevKey.Saddr, p.RevKey.Sport)
 		f.Frontend = addrPort(p.Rev.NatAddr, p.Rev.NatPort)
@@ -63,6 +81,12 @@ func Decode(p *Pair, now time.Duration) Flow {
 		if p.Rev.Flags&gen.SluiceCtFlagsCT_SNAT != 0 {
 			f.SNAT = addrPort(p.RevKey.Daddr, p.RevKey.Dport)
 		}
+	}
+	switch {
+	case p.DSRFront():
+		f.DSR = DSRSent
+	case (p.Fwd.Flags|p.Rev.Flags)&gen.SluiceCtFlagsCT_DSR != 0:
+		f.DSR = DSRAnswered
 	}
 	return f
 }
@@ -78,6 +102,9 @@ func (f Flow) String() string {
 	}
 	if f.SNAT.IsValid() {
 		fmt.Fprintf(&b, ", snat %v", f.SNAT)
+	}
+	if f.DSR != "" {
+		fmt.Fprintf(&b, ", dsr %s", f.DSR)
 	}
 	fmt.Fprintf(&b, ") %s, last seen %s ago", f.State, f.Idle.Truncate(time.Second))
 	if f.Orphan {

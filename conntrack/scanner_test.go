@@ -392,3 +392,52 @@ func TestExpiredFlowLeavesAReusedReverseEntry(t *testing.T) {
 	}
 	e.dp.RunOK(e.dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
 }
+
+// A flow this node balanced by DSR (bpf/include/dsr.h) shows only its
+// client's packets here: the client's ACK establishes it, its FIN or RST
+// ends it. Judged as a flow that sees both directions, an established DSR
+// flow would expire after the SYN timeout, cutting a live connection.
+func TestDSRFlowsAreJudgedByTheClientsSide(t *testing.T) {
+	def := conntrack.DefaultTimeouts()
+	front := netip.AddrPortFrom(nodeIP, 30090)
+	remote := netip.MustParseAddrPort("10.3.0.4:8080")
+	ext := netip.MustParseAddr("198.51.100.9")
+	for i, c := range []struct {
+		name    string
+		flags   []uint8
+		state   conntrack.State
+		timeout time.Duration
+	}{
+		{"syn-sent", []uint8{bpftest.SYN}, conntrack.StateSynSent, def.TCPSynSent},
+		{"established", []uint8{bpftest.SYN, bpftest.ACK}, conntrack.StateEstablished, def.TCPEstablished},
+		{"client fin", []uint8{bpftest.SYN, bpftest.ACK, bpftest.FIN | bpftest.ACK}, conntrack.StateFinsSeen, def.TCPFinsSeen},
+		{"client reset", []uint8{bpftest.SYN, bpftest.ACK, bpftest.RST}, conntrack.StateReset, def.TCPResetSeen},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, def)
+			e.dp.Put(e.dp.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP), Flags: gen.SluiceConfigFlagsCFG_DSR_TCP})
+			e.dp.AddService(bpftest.Service{ID: 3, Front: front, Proto: bpftest.ProtoTCP,
+				Backends: []bpftest.Backend{{AP: remote}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+			client := netip.AddrPortFrom(ext, uint16(30000+i))
+			for _, f := range c.flags {
+				e.dp.RunOK(e.dp.Objs.SlFromHost, bpftest.TCPPacket(client, front, f))
+			}
+			flows, err := conntrack.ListFlows(e.ct, nil, conntrack.Monotonic())
+			if err != nil || len(flows) != 1 {
+				t.Fatalf("flows %v (%v), want one", flows, err)
+			}
+			if f := flows[0]; f.DSR != conntrack.DSRSent || f.State != c.state || f.SNAT.IsValid() {
+				t.Fatalf("flow %v, want state %s, dsr sent, no SNAT", f, c.state)
+			}
+			e.advance(c.timeout - time.Second)
+			if e.scan(); !e.has(client, front, bpftest.ProtoTCP) {
+				t.Fatalf("flow gone before its timeout %v", c.timeout)
+			}
+			e.advance(2 * time.Second)
+			if st := e.scan(); e.has(client, front, bpftest.ProtoTCP) || e.has(remote, client, bpftest.ProtoTCP) ||
+				st.Deleted[conntrack.ReasonExpired] != 1 {
+				t.Fatalf("flow kept past its timeout %v (deletions %v)", c.timeout, st.Deleted)
+			}
+		})
+	}
+}

@@ -92,12 +92,36 @@ func (p *Pair) proto() uint8 {
 	return p.RevKey.Proto
 }
 
+// DSRFront tells whether this node balanced the flow to a remote backend
+// by direct server return (bpf/include/dsr.h): the backend's node answers
+// the client directly, so only the forward entry ever sees a packet here.
+func (p *Pair) DSRFront() bool {
+	e := &p.Fwd
+	if !p.HasFwd {
+		e = &p.Rev
+	}
+	return e.Flags&(gen.SluiceCtFlagsCT_DSR|gen.SluiceCtFlagsCT_BACKEND_LOCAL) == gen.SluiceCtFlagsCT_DSR
+}
+
 // State derives the TCP state from the flags each direction has seen.
 func (p *Pair) State() State {
 	if p.proto() != protoTCP {
 		return StateActive
 	}
 	fwd, rev := p.Fwd.TcpSeen, p.Rev.TcpSeen
+	if p.DSRFront() {
+		// The client's side alone: its ACK after the SYN completes the
+		// handshake, its FIN or RST ends the flow.
+		switch {
+		case fwd&tcpRST != 0:
+			return StateReset
+		case fwd&tcpFIN != 0:
+			return StateFinsSeen
+		case fwd&tcpACK != 0:
+			return StateEstablished
+		}
+		return StateSynSent
+	}
 	switch {
 	case (fwd|rev)&tcpRST != 0:
 		return StateReset
@@ -115,6 +139,13 @@ func (p *Pair) State() State {
 // sent its SYN-ACK, another flow with a reply seen (netfilter's assured).
 // Under pressure, the scanner drops flows that are not assured first.
 func (p *Pair) Assured() bool {
+	if p.DSRFront() {
+		// No reply passes here: the client's own packets after its first.
+		if p.proto() == protoTCP {
+			return p.Fwd.TcpSeen&tcpACK != 0
+		}
+		return p.Fwd.TcpSeen&seenPacket != 0
+	}
 	if !p.HasRev {
 		return false
 	}

@@ -99,6 +99,8 @@ const (
 	SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY SluiceConfigFlags = 1
 	SluiceConfigFlagsCFG_MASQUERADE_ALL   SluiceConfigFlags = 2
 	SluiceConfigFlagsCFG_LOCAL_BY_IFACE   SluiceConfigFlags = 4
+	SluiceConfigFlagsCFG_DSR_TCP          SluiceConfigFlags = 8
+	SluiceConfigFlagsCFG_DSR_UDP          SluiceConfigFlags = 16
 )
 
 type SluiceCounter uint32
@@ -130,7 +132,11 @@ const (
 	SluiceCounterCNT_FLOW_NOW_SERVICE         SluiceCounter = 23
 	SluiceCounterCNT_HAIRPIN_RETURNED         SluiceCounter = 24
 	SluiceCounterCNT_FIB_FORWARDED            SluiceCounter = 25
-	SluiceCounterCNT_MAX                      SluiceCounter = 26
+	SluiceCounterCNT_DSR_SENT                 SluiceCounter = 26
+	SluiceCounterCNT_DSR_ACCEPTED             SluiceCounter = 27
+	SluiceCounterCNT_DSR_TOO_BIG              SluiceCounter = 28
+	SluiceCounterCNT_DROP_DSR_FAILED          SluiceCounter = 29
+	SluiceCounterCNT_MAX                      SluiceCounter = 30
 )
 
 type SluiceCt6Key struct {
@@ -176,6 +182,7 @@ const (
 	SluiceCtFlagsCT_BACKEND_LOCAL SluiceCtFlags = 4
 	SluiceCtFlagsCT_HAIRPIN       SluiceCtFlags = 8
 	SluiceCtFlagsCT_NODE_SOURCE   SluiceCtFlags = 16
+	SluiceCtFlagsCT_DSR           SluiceCtFlags = 32
 )
 
 type SluiceCtKey struct {
@@ -471,7 +478,7 @@ const (
 	SluiceMapSlBeV1           = "sl_be_v1"
 	SluiceMapSlConfig6V1      = "sl_config6_v1"
 	SluiceMapSlConfigV1       = "sl_config_v1"
-	SluiceMapSlCountersV3     = "sl_counters_v3"
+	SluiceMapSlCountersV4     = "sl_counters_v4"
 	SluiceMapSlCt6V1          = "sl_ct6_v1"
 	SluiceMapSlCtV2           = "sl_ct_v2"
 	SluiceMapSlFailsafeV1     = "sl_failsafe_v1"
@@ -587,7 +594,7 @@ type SluiceMapSpecs struct {
 	SlBeV1         *ebpf.MapSpec `ebpf:"sl_be_v1"`
 	SlConfig6V1    *ebpf.MapSpec `ebpf:"sl_config6_v1"`
 	SlConfigV1     *ebpf.MapSpec `ebpf:"sl_config_v1"`
-	SlCountersV3   *ebpf.MapSpec `ebpf:"sl_counters_v3"`
+	SlCountersV4   *ebpf.MapSpec `ebpf:"sl_counters_v4"`
 	SlCt6V1        *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.MapSpec `ebpf:"sl_ct_v2"`
 	SlFailsafeV1   *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
@@ -647,7 +654,7 @@ type SluiceMaps struct {
 	SlBeV1         *ebpf.Map `ebpf:"sl_be_v1"`
 	SlConfig6V1    *ebpf.Map `ebpf:"sl_config6_v1"`
 	SlConfigV1     *ebpf.Map `ebpf:"sl_config_v1"`
-	SlCountersV3   *ebpf.Map `ebpf:"sl_counters_v3"`
+	SlCountersV4   *ebpf.Map `ebpf:"sl_counters_v4"`
 	SlCt6V1        *ebpf.Map `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.Map `ebpf:"sl_ct_v2"`
 	SlFailsafeV1   *ebpf.Map `ebpf:"sl_failsafe_v1"`
@@ -682,7 +689,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlBeV1,
 		m.SlConfig6V1,
 		m.SlConfigV1,
-		m.SlCountersV3,
+		m.SlCountersV4,
 		m.SlCt6V1,
 		m.SlCtV2,
 		m.SlFailsafeV1,

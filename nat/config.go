@@ -36,6 +36,47 @@ type NodeConfig struct {
 	// one network namespace (the host's: ifacemgr.NetnsCookie); 0 serves
 	// every namespace the cgroup programs see.
 	SocketLBNetnsCookie uint64
+	// ExternalMode is how external traffic (NodePort, load balancer and
+	// external IPs, externalTrafficPolicy Cluster) reaches a backend on
+	// another node: SNATed to this node (the zero value, kube-proxy's way)
+	// or by direct server return (bpf/include/dsr.h).
+	ExternalMode ExternalServiceMode
+}
+
+// ExternalServiceMode is --external-service-mode.
+type ExternalServiceMode string
+
+const (
+	// ExternalSNAT (the zero value) SNATs external traffic to a remote
+	// backend to the node's address; the replies come back through this
+	// node.
+	ExternalSNAT ExternalServiceMode = ""
+	// ExternalDSR keeps the client's address on TCP and UDP: the backend
+	// sees the client, and its node answers the client directly.
+	ExternalDSR ExternalServiceMode = "dsr"
+	// ExternalHybrid is DSR for TCP and SNAT for UDP (Cilium's "hybrid"):
+	// UDP datagrams carry the DSR option each, which costs their room and,
+	// near the MTU, a smaller path MTU.
+	ExternalHybrid ExternalServiceMode = "hybrid"
+)
+
+// String is the mode's flag value.
+func (m ExternalServiceMode) String() string {
+	if m == ExternalSNAT {
+		return "snat"
+	}
+	return string(m)
+}
+
+// ParseExternalServiceMode reads snat, dsr or hybrid ("" is snat).
+func ParseExternalServiceMode(s string) (ExternalServiceMode, error) {
+	switch m := ExternalServiceMode(s); m {
+	case "", "snat":
+		return ExternalSNAT, nil
+	case ExternalDSR, ExternalHybrid:
+		return m, nil
+	}
+	return "", fmt.Errorf("external service mode %q: want snat, dsr or hybrid", s)
 }
 
 // ReadNodeConfig reads the datapath's node settings.
@@ -140,6 +181,12 @@ func decodeNodeConfig(raw gen.SluiceConfig) NodeConfig {
 		MasqueradeAll:    raw.Flags&gen.SluiceConfigFlagsCFG_MASQUERADE_ALL != 0,
 		LocalByInterface: raw.Flags&gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE != 0,
 	}
+	switch raw.Flags & (gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP) {
+	case gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP:
+		c.ExternalMode = ExternalDSR
+	case gen.SluiceConfigFlagsCFG_DSR_TCP:
+		c.ExternalMode = ExternalHybrid
+	}
 	if raw.NodeIp != 0 {
 		c.NodeIP = gen.AddrFromNet(raw.NodeIp)
 	}
@@ -154,7 +201,8 @@ func decodeNodeConfig(raw gen.SluiceConfig) NodeConfig {
 
 // encodeNodeConfig writes c over raw, keeping raw's other fields.
 func encodeNodeConfig(c NodeConfig, raw gen.SluiceConfig) gen.SluiceConfig {
-	const ours = gen.SluiceConfigFlagsCFG_MASQUERADE_ALL | gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE | gen.SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY
+	const ours = gen.SluiceConfigFlagsCFG_MASQUERADE_ALL | gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE | gen.SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY |
+		gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP
 	raw.Flags &^= ours
 	raw.NodeIp, raw.HostNetnsCookie, raw.ClusterNet, raw.ClusterMask = 0, 0, 0, 0
 	if c.NodeIP.IsValid() {
@@ -165,6 +213,12 @@ func encodeNodeConfig(c NodeConfig, raw gen.SluiceConfig) gen.SluiceConfig {
 	}
 	if c.LocalByInterface {
 		raw.Flags |= gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE
+	}
+	switch c.ExternalMode {
+	case ExternalDSR:
+		raw.Flags |= gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP
+	case ExternalHybrid:
+		raw.Flags |= gen.SluiceConfigFlagsCFG_DSR_TCP
 	}
 	if c.SocketLBNetnsCookie != 0 {
 		raw.Flags |= gen.SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY

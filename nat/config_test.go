@@ -70,6 +70,42 @@ func TestNodeConfigRoundTripsThroughTheMap(t *testing.T) {
 	if got, _ := nat.ReadNodeConfig(set); got != want {
 		t.Fatalf("%+v, want %+v", got, want)
 	}
+
+	// Each external service mode, and its flags.
+	for mode, flags := range map[nat.ExternalServiceMode]gen.SluiceConfigFlags{
+		nat.ExternalDSR:    gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP,
+		nat.ExternalHybrid: gen.SluiceConfigFlagsCFG_DSR_TCP,
+		nat.ExternalSNAT:   0,
+	} {
+		want.ExternalMode = mode
+		if err := nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { *c = want }); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := nat.ReadNodeConfig(set); got != want {
+			t.Fatalf("mode %s: %+v, want %+v", mode, got, want)
+		}
+		r, err := raw.Get(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Flags & (gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP); got != flags {
+			t.Fatalf("mode %s: flags %#x, want %#x", mode, got, flags)
+		}
+	}
+}
+
+func TestParseExternalServiceMode(t *testing.T) {
+	for in, want := range map[string]nat.ExternalServiceMode{"": nat.ExternalSNAT, "snat": nat.ExternalSNAT, "dsr": nat.ExternalDSR, "hybrid": nat.ExternalHybrid} {
+		if got, err := nat.ParseExternalServiceMode(in); err != nil || got != want {
+			t.Errorf("%q: %v (%v), want %v", in, got, err, want)
+		}
+	}
+	if _, err := nat.ParseExternalServiceMode("geneve"); err == nil || !strings.Contains(err.Error(), `"geneve"`) {
+		t.Errorf("geneve: %v, want an error naming it", err)
+	}
+	if s := nat.ExternalSNAT.String(); s != "snat" {
+		t.Errorf("the zero mode prints %q", s)
+	}
 }
 
 func TestNodeConfigIPv6Settings(t *testing.T) {

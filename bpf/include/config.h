@@ -17,6 +17,12 @@ enum config_flags : __u32 {
 	 * when it entered an interface marked IFS_LOCAL_TRAFFIC, rather than
 	 * when its source is inside cluster_net/cluster_mask. */
 	CFG_LOCAL_BY_IFACE = 1 << 2,
+	/* --external-service-mode=dsr|hybrid: external TCP traffic to a
+	 * backend on another node keeps the client's address and the backend's
+	 * node answers the client directly (dsr.h). */
+	CFG_DSR_TCP = 1 << 3,
+	/* --external-service-mode=dsr: the same for UDP. */
+	CFG_DSR_UDP = 1 << 4,
 };
 
 struct config {

@@ -63,6 +63,12 @@ enum ct_flags : __u8 {
 				 * the node's address as source (SNATed to the
 				 * node, or replies to a node address): routed
 				 * by fib_forward, not the node's stack */
+	CT_DSR = 1 << 5,	/* direct server return (dsr.h). Without
+				 * CT_BACKEND_LOCAL: the node that balanced the
+				 * flow, which sees only its forward direction;
+				 * with it: the backend's node, whose reverse
+				 * entry restores the frontend as the replies'
+				 * source and routes them out by the FIB */
 };
 
 struct ct_value {

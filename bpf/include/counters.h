@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v3;
+/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v4;
  * the version grows with the array, so an older agent's pin is never opened
  * with a size it does not have):
  * a per-CPU array indexed by enum counter, each value a host-order __u64. */
@@ -42,6 +42,15 @@ enum counter : __u32 {
 					 * through its Service sent straight back */
 	CNT_FIB_FORWARDED,		/* a workload's packet whose source became the
 					 * node's address routed by the FIB, not the stack */
+	CNT_DSR_SENT,			/* a flow's packet sent to a remote backend with
+					 * the frontend in its DSR option */
+	CNT_DSR_ACCEPTED,		/* a packet with a DSR option reached its
+					 * backend's node: the option removed, the flow
+					 * tracked for its direct replies */
+	CNT_DSR_TOO_BIG,		/* a packet too big for its DSR option: the
+					 * client told the smaller path MTU */
+	CNT_DROP_DSR_FAILED,		/* a DSR option could not be added or removed,
+					 * or its flow's entries not written */
 	CNT_MAX,
 };
 
@@ -50,12 +59,12 @@ struct {
 	__uint(max_entries, CNT_MAX);
 	__type(key, enum counter);
 	__type(value, __u64);
-} sl_counters_v3 SEC(".maps");
+} sl_counters_v4 SEC(".maps");
 
 static __always_inline void count(enum counter c)
 {
 	enum counter key = c;
-	__u64 *v = bpf_map_lookup_elem(&sl_counters_v3, &key);
+	__u64 *v = bpf_map_lookup_elem(&sl_counters_v4, &key);
 
 	if (v)
 		*v += 1;	/* per-CPU: no other CPU writes this slot */

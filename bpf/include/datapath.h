@@ -15,7 +15,8 @@
  *                and the clash rules)
  *   service      service.h (frontend lookup, source ranges, backend choice)
  *   NAT          rewrite.h (the SNAT decision, replaying a flow's
- *                translation, the checksum-safe writes)
+ *                translation, the checksum-safe writes), dsr.h (direct
+ *                server return to a remote backend, instead of SNAT)
  *   verdict      policy.h (which policy judges a flow, the hand-off to it),
  *                reject.h and icmp_error.h (answers the node writes itself),
  *                counters.h (drop)
@@ -38,6 +39,7 @@
 #include "conntrack.h"
 #include "ct_new.h"
 #include "counters.h"
+#include "dsr.h"
 #include "frag.h"
 #include "hook.h"
 #include "icmp_error.h"
@@ -170,9 +172,21 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	}
 
 	struct config *cfg = config_get();
-	__be32 snat_addr = snat_source(skb, p, fe, &be, from_host, cfg);
+	/* External traffic to a remote backend goes by DSR where the node
+	 * asks for it (dsr.h): the option goes in first, so that a packet it
+	 * would make too big is answered before any entry is written. A packet
+	 * that cannot carry it (options of its own) is SNATed as before. */
+	int dsr = from_host && (fe->flags & FE_EXTERNAL) && !(be.flags & BE_LOCAL) && dsr_wanted(cfg, p);
+	if (dsr) {
+		int room = dsr_push4(skb, p, be.addr);
+		if (room > 0)
+			return dsr_too_big(skb, p, room);
+		dsr = room == 0;
+	}
+	__be32 snat_addr = dsr ? 0 : snat_source(skb, p, fe, &be, from_host, cfg);
 	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0) |
-		     (snat_addr ? CT_SNAT : 0) | (!from_host && be.addr == p->saddr ? CT_HAIRPIN : 0);
+		     (snat_addr ? CT_SNAT : 0) | (!from_host && be.addr == p->saddr ? CT_HAIRPIN : 0) |
+		     (dsr ? CT_DSR : 0);
 	/* A workload's packets of this flow may leave it with the node's
 	 * address as source: SNATed to the node, or the replies of a flow to a
 	 * node address (a NodePort) from a local backend. */
@@ -329,6 +343,27 @@ static __always_inline int judge_other(struct __sk_buff *skb, const struct packe
 	return TC_ACT_OK;
 }
 
+/* moved_flow: a TCP segment from outside, not a SYN, of a flow this node
+ * does not know. With DSR for TCP, a segment to an external frontend is a
+ * connection that an upstream router moved here (an ECMP rehash, a node
+ * drained) or whose entries expired: it is balanced as a new flow. The
+ * backend sees the client's own address, so with Maglev (the same pick on
+ * every node) the connection goes on where it was; when its backend is gone,
+ * the one picked answers with a RST, which reaches the client from the
+ * frontend: never silence. Without DSR the backend would see another source
+ * and the segment passes to the node's stack, as before. */
+__subprog int moved_flow(struct __sk_buff *skb, struct packet *p)
+{
+	struct config *cfg = config_get();
+
+	if (!cfg || !(cfg->flags & CFG_DSR_TCP))
+		return TC_ACT_OK;
+	struct fe_value *fe = fe_lookup(p->daddr, p->dport, p->proto);
+	if (!fe || !(fe->flags & FE_EXTERNAL))
+		return TC_ACT_OK;
+	return new_flow(skb, p, HOOK_FROM_HOST, fe);
+}
+
 /* l2_len: ETH_HLEN, or 0 on an L3 device (parse.h). */
 static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const __u32 l2_len)
 {
@@ -352,6 +387,13 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		if (p.proto == IPPROTO_ICMP)
 			return handle_icmp(skb, &p, hook);
 		return judge_other(skb, &p, hook);
+	}
+	/* A packet from outside with IP options may carry a DSR option
+	 * (dsr.h): this node is then the backend's, and tracks the flow. */
+	if (hook == HOOK_FROM_HOST && p.l4_off - p.l3_off != sizeof(struct iphdr)) {
+		int verdict = dsr_pull4(skb, &p);
+		if (verdict)
+			return verdict;
 	}
 	if (p.fragment) {
 		if (!p.l4_absent)
@@ -382,6 +424,14 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		/* Each packet is counted once, at the hook that translates it. */
 		if (v->svc_id)
 			svcstats_count(v->svc_id, &p, v->type == CT_REVERSE, 0);
+		/* Each datagram of a UDP flow sent by DSR carries the option: any
+		 * of them may be the first the backend's node sees. */
+		if (hook == HOOK_FROM_HOST && (v->flags & (CT_DSR | CT_BACKEND_LOCAL)) == CT_DSR &&
+		    p.proto == IPPROTO_UDP && v->type == CT_FORWARD && !p.l4_absent) {
+			int room = dsr_push4(skb, &p, v->nat_addr);
+			if (room > 0)
+				return dsr_too_big(skb, &p, room);
+		}
 		if (ct_apply(skb, &p, v))
 			return drop(CNT_DROP_MALFORMED);
 		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
@@ -391,6 +441,11 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		 * node): routed here, as the stack would drop it. */
 		if (hook == HOOK_FROM_WL && (v->flags & CT_NODE_SOURCE) && is_host_ip(p.saddr))
 			return fib_verdict(skb, v->type == CT_FORWARD ? enforce(skb, &p, v, POLICY_DIR_EGRESS) : TC_ACT_OK);
+		/* A direct reply, now from the frontend (dsr.h): the node's stack
+		 * would take another node's address on a pod's interface for a
+		 * spoof. */
+		if (hook == HOOK_FROM_WL && (v->flags & CT_DSR) && v->type == CT_REVERSE)
+			return FORWARD_BY_FIB;
 		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)
 			return enforce(skb, &p, v, POLICY_DIR_EGRESS);
 		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)
@@ -413,9 +468,14 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		return to_workload_new(skb, &p);
 	/* Only a connection's first segment is balanced: a segment of a flow
 	 * conntrack does not know would reach a backend that never saw its SYN.
-	 * A workload's egress policy still judges it, packet by packet. */
-	if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+	 * A workload's egress policy still judges it, packet by packet. With
+	 * DSR, a connection to an external frontend that an upstream router
+	 * moved here is the exception (moved_flow). */
+	if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN) {
+		if (hook == HOOK_FROM_HOST)
+			return moved_flow(skb, &p);
 		return hook == HOOK_FROM_WL ? judge_stateless(skb, &p, POLICY_DIR_EGRESS) : TC_ACT_OK;
+	}
 	struct fe_value *fe = fe_lookup(p.daddr, p.dport, p.proto);
 	if (fe)
 		return new_flow(skb, &p, hook, fe);

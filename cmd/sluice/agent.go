@@ -95,6 +95,8 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.StringVar(&cfg.LBAlgorithm, "lb-algorithm", "random",
 		"how new flows pick a backend: random, or maglev (consistent hashing: every node picks the same backend for a flow from outside)")
 	fs.IntVar(&cfg.MaglevTableSize, "maglev-table-size", 16381, "slots of each Service's Maglev table: a prime, 251-131071 (4 bytes each)")
+	fs.StringVar(&cfg.ExternalServiceMode, "external-service-mode", "snat",
+		"how external traffic reaches a backend on another node: snat (through this node, as kube-proxy), dsr (direct server return: the backend sees the client and answers it directly), or hybrid (DSR for TCP, SNAT for UDP)")
 	fs.BoolVar(&cfg.MaglevClusterIP, "maglev-cluster-ip", false, "with --lb-algorithm=maglev, ClusterIPs pick by Maglev too (otherwise only NodePorts, load balancer and external IPs)")
 	fs.Func("failsafe-ports", "TCP ports to the node that neither the XDP prefilter nor a host endpoint's policy ever blocks (default 22,6443,10256)", func(s string) error {
 		return parseList(s, &cfg.FailsafePorts, func(f string) (uint16, error) {

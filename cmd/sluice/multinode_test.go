@@ -22,17 +22,20 @@ import (
 	"github.com/sluice-net/sluice/nat"
 )
 
-// cluster: two nodes and an external host on one L2 segment (a bridge in its
-// own namespace), each node with pods behind veths and its own agent process.
+// cluster: nodes (two, or as newClusterOf names them) and an external host
+// on one L2 segment (a bridge in its own namespace), each node with pods
+// behind veths and its own agent process. The n-th node:
 //
 //	node-a  data 10.210.0.1  pods 10.1.<i>.2 (gateway 10.1.<i>.1)
 //	node-b  data 10.210.0.2  pods 10.2.<i>.2
+//	...     data 10.210.0.n  pods 10.n.<i>.2
 //	external     10.210.0.100
 type cluster struct {
 	t        *testing.T
 	lab      netlab.Lab
 	lan      string
 	nodes    map[string]*clusterNode
+	order    []string // the nodes' names, in the order of their numbers
 	external string
 	dir      string
 	// agentArgs are added to every agent's command line.
@@ -44,14 +47,17 @@ type cluster struct {
 
 type clusterNode struct {
 	name, ns, ip, pinDir, manifests string
+	num                             int // 1 for the first node: its addresses' number
 	pods                            map[string]string // pod name -> namespace
 	agent                           *agentProc
 	log                             *os.File
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t *testing.T) *cluster { return newClusterOf(t, "node-a", "node-b") }
+
+func newClusterOf(t *testing.T, names ...string) *cluster {
 	bpftest.Require(t)
-	c := &cluster{t: t, lab: netlab.Lab{Prefix: bpftest.UniqueName("slmn")}, nodes: map[string]*clusterNode{}, dir: t.TempDir()}
+	c := &cluster{t: t, lab: netlab.Lab{Prefix: bpftest.UniqueName("slmn")}, nodes: map[string]*clusterNode{}, dir: t.TempDir(), order: names}
 	t.Cleanup(c.lab.Close)
 	must := func(s string, err error) string {
 		t.Helper()
@@ -61,11 +67,14 @@ func newCluster(t *testing.T) *cluster {
 		return s
 	}
 	c.lan = must(c.lab.Bridge("lan"))
-	for i, name := range []string{"node-a", "node-b"} {
-		n := &clusterNode{name: name, ns: must(c.lab.Router(name)), ip: fmt.Sprintf("10.210.0.%d", i+1), pods: map[string]string{}}
+	for i, name := range names {
+		n := &clusterNode{name: name, ns: must(c.lab.Router(name)), ip: fmt.Sprintf("10.210.0.%d", i+1), num: i + 1, pods: map[string]string{}}
 		must("", c.lab.Plug(n.ns, "sldata0", netip.MustParsePrefix(n.ip+"/24"), c.lan, fmt.Sprintf("port%d", i)))
-		other := fmt.Sprintf("10.%d.0.0/16", 2-i)
-		must(netlab.IP("-n", n.ns, "route", "add", other, "via", fmt.Sprintf("10.210.0.%d", 2-i)))
+		for j := range names {
+			if j != i {
+				must(netlab.IP("-n", n.ns, "route", "add", fmt.Sprintf("10.%d.0.0/16", j+1), "via", fmt.Sprintf("10.210.0.%d", j+1)))
+			}
+		}
 		n.pinDir = filepath.Join(bpftest.PinDir(t), "sluice")
 		c.nodes[name] = n
 	}
@@ -77,9 +86,8 @@ func newCluster(t *testing.T) *cluster {
 // addPod puts a pod behind a veth on a node: 10.<node>.<idx>.2.
 func (c *cluster) addPod(node, name string, idx int) string {
 	n := c.nodes[node]
-	nodeNum := map[string]int{"node-a": 1, "node-b": 2}[node]
-	addr := netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.2/24", nodeNum, idx))
-	gw := netip.MustParseAddr(fmt.Sprintf("10.%d.%d.1", nodeNum, idx))
+	addr := netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.2/24", n.num, idx))
+	gw := netip.MustParseAddr(fmt.Sprintf("10.%d.%d.1", n.num, idx))
 	ns, err := c.lab.Pod(n.ns, fmt.Sprintf("slw%d", idx), name, addr, gw)
 	if err != nil {
 		c.t.Fatal(err)
@@ -147,10 +155,10 @@ func (c *cluster) serveHTTP(ns, name string) {
 }
 
 // writeManifests gives each node the shared services and every Node object
-// (node-a's pods are in 10.1.0.0/16, node-b's in 10.2.0.0/16).
+// (node-a's pods are in 10.1.0.0/16, node-b's in 10.2.0.0/16, ...).
 func (c *cluster) writeManifests(services string) {
 	var nodes strings.Builder
-	for i, name := range []string{"node-a", "node-b"} {
+	for i, name := range c.order {
 		fmt.Fprintf(&nodes, "---\napiVersion: v1\nkind: Node\nmetadata: {name: %s}\nspec: {podCIDR: 10.%d.0.0/16}\n"+
 			"status: {addresses: [{type: InternalIP, address: %s}]}\n", name, i+1, c.nodes[name].ip)
 	}

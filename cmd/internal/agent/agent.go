@@ -106,6 +106,11 @@ type Config struct {
 	// default, 16381); MaglevClusterIP makes ClusterIPs use Maglev too.
 	MaglevTableSize int
 	MaglevClusterIP bool
+	// ExternalServiceMode is how external traffic reaches a backend on
+	// another node: "snat" (the default, kube-proxy's), "dsr" (direct
+	// server return for TCP and UDP) or "hybrid" (DSR for TCP, SNAT for
+	// UDP); nat.ExternalServiceMode.
+	ExternalServiceMode string
 }
 
 // ConntrackEntries is the conntrack map's capacity for kube-proxy's sizing
@@ -277,6 +282,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	maglevOpts, err := maglevOptions(cfg)
 	if err != nil {
 		return fail(err)
+	}
+	if _, err := nat.ParseExternalServiceMode(cfg.ExternalServiceMode); err != nil {
+		return fail(fmt.Errorf("--external-service-mode: %w", err))
 	}
 	var maglevSize uint32
 	if maglevOpts != nil {
@@ -676,7 +684,9 @@ func (a *Agent) writeNodeConfig() error {
 		return fmt.Errorf("socket LB: the node's network namespace: %w", err)
 	}
 	err = nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) {
-		next := nat.NodeConfig{NodeIP: c.NodeIP, NodeIP6: c.NodeIP6, SocketLBNetnsCookie: cookie, MasqueradeAll: a.cfg.MasqueradeAll}
+		mode, _ := nat.ParseExternalServiceMode(a.cfg.ExternalServiceMode) // checked by Start
+		next := nat.NodeConfig{NodeIP: c.NodeIP, NodeIP6: c.NodeIP6, SocketLBNetnsCookie: cookie,
+			MasqueradeAll: a.cfg.MasqueradeAll, ExternalMode: mode}
 		if v4, v6 := firstOfEach(a.cfg.NodeIPs); v4.IsValid() || v6.IsValid() {
 			next.NodeIP, next.NodeIP6 = v4, v6
 		}
