@@ -212,7 +212,11 @@ func flushFlows(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], ct6 *maps.Map[
 	}
 	picked := make(map[flowKey]bool, len(flows))
 	for _, fl := range flows {
-		picked[flowKey{fl.Proto, fl.Client, fl.Frontend}] = true
+		dst := fl.Frontend
+		if fl.DSR == conntrack.DSRAnswered {
+			dst = fl.Backend // its packets arrive here translated already
+		}
+		picked[flowKey{fl.Proto, fl.Client, dst}] = true
 	}
 	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Conntrack6: ct6})
 	if err != nil {

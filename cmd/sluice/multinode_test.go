@@ -47,7 +47,7 @@ type cluster struct {
 
 type clusterNode struct {
 	name, ns, ip, pinDir, manifests string
-	num                             int // 1 for the first node: its addresses' number
+	num                             int               // 1 for the first node: its addresses' number
 	pods                            map[string]string // pod name -> namespace
 	agent                           *agentProc
 	log                             *os.File
