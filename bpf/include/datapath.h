@@ -54,6 +54,8 @@
 
 /* The IPv6 pipeline (datapath6.h), which pipeline() hands IPv6 packets to. */
 __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len);
+/* dsr6.h, included with datapath6.h. */
+static __always_inline int dsr6_pull_first(struct __sk_buff *skb, const __u32 l2_len);
 
 __subprog int reject(struct __sk_buff *skb, const struct packet *p)
 {
@@ -372,9 +374,16 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	switch (parse_packet(skb, &p, l2_len)) {
 	case PARSE_NOT_IPV4:
 		/* IPv6 has a pipeline of its own (datapath6.h), in a frame of
-		 * its own. */
-		if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		 * its own. A packet from outside may carry a DSR header first
+		 * (dsr6.h). */
+		if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+			if (hook == HOOK_FROM_HOST) {
+				int verdict = dsr6_pull_first(skb, l2_len);
+				if (verdict)
+					return verdict;
+			}
 			return pipeline6(skb, hook, l2_len);
+		}
 		return TC_ACT_OK;
 	case PARSE_MALFORMED:
 		return drop(CNT_DROP_MALFORMED);

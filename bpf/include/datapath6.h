@@ -28,6 +28,7 @@
 #include "conntrack6.h"
 #include "counters.h"
 #include "csum.h"
+#include "dsr6.h"
 #include "hook.h"
 #include "ifstate.h"
 #include "ipv6.h"
@@ -532,12 +533,17 @@ __subprog int new_flow6(struct __sk_buff *skb, struct packet6 *p6, enum hook hoo
 	}
 
 	__u8 snat_addr[16] = {};
-	const __u8 *node = snat_source6(skb, p6, fe, &be, from_host, config_get(), config6_get());
+	struct config *cfg = config_get();
+	/* DSR as new_flow's, where the packet can carry the option (dsr6.h);
+	 * pipeline6 inserts it (NEW_FLOW_DSR). */
+	int dsr = from_host && (fe->flags & FE_EXTERNAL) && !(be.flags & BE_LOCAL) && dsr_wanted(cfg, p) && dsr6_fits(p);
+	const __u8 *node = dsr ? NULL : snat_source6(skb, p6, fe, &be, from_host, cfg, config6_get());
 	int snat = node != NULL;
 	if (node)
 		addr6_copy(snat_addr, node);
 	__u8 flags = (from_host ? CT_FROM_HOST : 0) | ((be.flags & BE_LOCAL) ? CT_BACKEND_LOCAL : 0) |
-		     (snat ? CT_SNAT : 0) | (!from_host && addr6_eq(be.addr, p6->saddr) ? CT_HAIRPIN : 0);
+		     (snat ? CT_SNAT : 0) | (!from_host && addr6_eq(be.addr, p6->saddr) ? CT_HAIRPIN : 0) |
+		     (dsr ? CT_DSR : 0);
 	/* As new_flow: a direction that leaves a workload with a node address
 	 * as source has its path MTU checked here (fib.h). */
 	if (!(flags & CT_HAIRPIN) && ((!from_host && snat) || is_host_ip6(p6->daddr)))
@@ -559,9 +565,9 @@ __subprog int new_flow6(struct __sk_buff *skb, struct packet6 *p6, enum hook hoo
 		return drop(CNT_DROP_MALFORMED);
 	svcstats_count(fe->svc_id, p, 0, 1);
 	if (slot == IFSTATE_NO_POLICY)
-		return (flags & CT_HAIRPIN) ? hairpin_return(skb) : TC_ACT_OK;
+		return (flags & CT_HAIRPIN) ? hairpin_return(skb) : dsr ? TC_ACT_OK | NEW_FLOW_DSR : TC_ACT_OK;
 	if (from_host)
-		return policy_handoff_pre_nat6(skb, p, POLICY_DIR_EGRESS, slot);
+		return policy_handoff_pre_nat6(skb, p, POLICY_DIR_EGRESS, slot) | (dsr ? NEW_FLOW_DSR : 0);
 	int verdict = policy_handoff6(skb, p6, POLICY_DIR_EGRESS, slot);
 	return (flags & CT_HAIRPIN) ? hairpin_verdict(skb, verdict) : verdict;
 }
@@ -633,6 +639,11 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		ct6_touch(v, p);
 		if (v->svc_id)
 			svcstats_count(v->svc_id, p, v->type == CT_REVERSE, 0);
+		/* A UDP flow's datagrams carry the DSR option where they can
+		 * (datapath.h, dsr6.h). */
+		if (hook == HOOK_FROM_HOST && (v->flags & (CT_DSR | CT_BACKEND_LOCAL)) == CT_DSR &&
+		    p->proto == IPPROTO_UDP && v->type == CT_FORWARD && dsr6_fits(p))
+			dsr6_push(skb, &p6, &key);
 		if (ct6_apply(skb, &p6, v))
 			return drop(CNT_DROP_MALFORMED);
 		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
@@ -641,6 +652,10 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		 * forwards it, but could not answer it were it too big (fib.h). */
 		if (hook == HOOK_FROM_WL && (v->flags & CT_NODE_SOURCE) && is_host_ip6(p6.saddr))
 			return fib_verdict(skb, v->type == CT_FORWARD ? enforce6(skb, &p6, v, POLICY_DIR_EGRESS) : TC_ACT_OK);
+		/* A direct reply, now from the frontend (dsr6.h): its length is
+		 * checked as a node-sourced one's. */
+		if (hook == HOOK_FROM_WL && (v->flags & CT_DSR) && v->type == CT_REVERSE)
+			return FORWARD_BY_FIB;
 		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)
 			return enforce6(skb, &p6, v, POLICY_DIR_EGRESS);
 		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)
@@ -665,13 +680,27 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		return host_new_flow_out6(skb, &p6, &key);
 	if (hook == HOOK_TO_WL)
 		return to_workload_new6(skb, &p6, &key);
-	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
-		return hook == HOOK_FROM_WL ? judge_stateless6(skb, &p6, POLICY_DIR_EGRESS) : TC_ACT_OK;
-	struct fe_value *fe = fe6_lookup(p6.daddr, p->dport, p->proto);
-	if (!fe)
-		return track_flow6(skb, &p6, &key, POLICY_DIR_EGRESS,
-				   hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS)
-							: host_ingress_slot(skb, p, is_host_ip6(p6.daddr)));
+	struct fe_value *fe;
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN) {
+		/* A connection moved here, with DSR (moved_flow, datapath.h). */
+		struct config *cfg = config_get();
+		if (hook != HOOK_FROM_HOST || !cfg || !(cfg->flags & CFG_DSR_TCP))
+			return hook == HOOK_FROM_WL ? judge_stateless6(skb, &p6, POLICY_DIR_EGRESS) : TC_ACT_OK;
+		fe = fe6_lookup(p6.daddr, p->dport, p->proto);
+		if (!fe || !(fe->flags & FE_EXTERNAL))
+			return TC_ACT_OK;
+	} else {
+		fe = fe6_lookup(p6.daddr, p->dport, p->proto);
+		if (!fe)
+			return track_flow6(skb, &p6, &key, POLICY_DIR_EGRESS,
+					   hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS)
+								: host_ingress_slot(skb, p, is_host_ip6(p6.daddr)));
+	}
 	int verdict = new_flow6(skb, &p6, hook, fe, &key);
+	if (verdict & NEW_FLOW_DSR) {
+		verdict &= ~NEW_FLOW_DSR;
+		if (dsr6_push(skb, &p6, &key))
+			return drop(CNT_DROP_DSR_FAILED);
+	}
 	return verdict == NEW_FLOW_REJECT ? reject6(skb, &p6) : verdict;
 }

@@ -18,7 +18,8 @@ import (
 )
 
 // dsrServices: web (NodePort 30201 and the external IP 10.210.1.100:80) and
-// stream (NodePort 30203) on node-b's pods, and a UDP echo (NodePort 30202).
+// stream (NodePort 30203) on node-b's pods, a UDP echo (NodePort 30202),
+// and web6 (IPv6 NodePort 30211).
 const dsrServices = `apiVersion: v1
 kind: Service
 metadata: {name: web}
@@ -64,6 +65,24 @@ metadata: {name: stream, labels: {kubernetes.io/service-name: stream}}
 addressType: IPv4
 ports: [{name: s, port: 9000}]
 endpoints: [{addresses: [10.2.1.2], nodeName: node-b}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web6}
+spec:
+  type: NodePort
+  clusterIP: 'fd00:96::2:1'
+  clusterIPs: ['fd00:96::2:1']
+  ipFamilies: [IPv6]
+  ipFamilyPolicy: SingleStack
+  ports: [{name: http, port: 80, nodePort: 30211}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web6, labels: {kubernetes.io/service-name: web6}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ['fd00:2:1::2'], nodeName: node-b}]
 `
 
 // serveUDPEcho answers each datagram on :5353 in a pod with "<name> <the
@@ -178,14 +197,16 @@ func (k *keepAsking) ask(timeout time.Duration) (string, error) {
 func TestMultiNodeDSR(t *testing.T) {
 	c := newClusterOf(t, "node-a", "node-b", "node-c")
 	c.agentArgs = []string{"--external-service-mode=hybrid", "--lb-algorithm=maglev", "--maglev-table-size=4093"}
-	c.frontends = 7             // web: ClusterIP, NodePort, external IP; echo and stream: ClusterIP, NodePort
-	c.addPod("node-b", "b1", 1) // 10.2.1.2
+	c.frontends = 9             // web: ClusterIP, NodePort, external IP; echo, stream and web6: ClusterIP, NodePort
+	c.addPod("node-b", "b1", 1) // 10.2.1.2, fd00:2:1::2
 	c.addPod("node-b", "b2", 2) // 10.2.2.2
+	c.enableIPv6(podRef{node: "node-b", name: "b1", idx: 1})
 	for _, name := range []string{"b1", "b2"} {
 		c.serveHTTP(c.nodes["node-b"].pods[name], name)
 	}
+	c.serveHTTP6(c.nodes["node-b"].pods["b1"], "b1")
 	c.serveUDPEcho(c.nodes["node-b"].pods["b1"], "b1")
-	c.writeManifests(dsrServices)
+	c.writeManifests6(dsrServices)
 	for _, n := range c.order {
 		c.startAgent(n)
 	}
@@ -211,6 +232,22 @@ func TestMultiNodeDSR(t *testing.T) {
 			t.Fatalf("node-a's flow is not marked DSR:\n%s", list)
 		}
 		if list := c.ctList("node-b", "--address", "10.210.0.100"); !strings.Contains(list, "-> 10.210.0.1:30201") || !strings.Contains(list, "dsr answered") {
+			t.Fatalf("node-b does not answer from the NodePort:\n%s", list)
+		}
+	})
+
+	t.Run("IPv6: the backend sees the client and answers it directly", func(t *testing.T) {
+		body, err := get(ext, "[fd00:210::1]:30211", "", 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(body); len(f) != 2 || f[1] != "fd00:210::100" {
+			t.Fatalf("answer %q: want the external client's own address", body)
+		}
+		if list := c.ctList("node-a", "--address", "fd00:210::100"); !strings.Contains(list, "dsr sent") {
+			t.Fatalf("node-a's flow is not marked DSR:\n%s", list)
+		}
+		if list := c.ctList("node-b", "--address", "fd00:210::100"); !strings.Contains(list, "-> [fd00:210::1]:30211") || !strings.Contains(list, "dsr answered") {
 			t.Fatalf("node-b does not answer from the NodePort:\n%s", list)
 		}
 	})
@@ -293,8 +330,8 @@ func TestMultiNodeDSR(t *testing.T) {
 		keep := map[string]string{"b1": "10.2.2.2", "b2": "10.2.1.2"}[gone]
 		edited := strings.Replace(dsrServices, "endpoints: [{addresses: [10.2.1.2], nodeName: node-b}, {addresses: [10.2.2.2], nodeName: node-b}]",
 			fmt.Sprintf("endpoints: [{addresses: [%s], nodeName: node-b}]", keep), 1)
-		c.writeManifests(edited)
-		t.Cleanup(func() { c.writeManifests(dsrServices) })
+		c.writeManifests6(edited)
+		t.Cleanup(func() { c.writeManifests6(dsrServices) })
 		c.waitBackends(t, "10.210.1.100:80", keep)
 		routeVIP("10.210.0.3")
 		answer, err := k.ask(3 * time.Second)

@@ -23,11 +23,15 @@ func (c *cluster) enableIPv6(pods ...podRef) {
 			c.t.Fatal(err)
 		}
 	}
-	for i, name := range []string{"node-a", "node-b"} {
+	for i, name := range c.order {
 		n := c.nodes[name]
 		must(netlab.IP("netns", "exec", n.ns, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"))
 		must(netlab.IP("-n", n.ns, "addr", "add", fmt.Sprintf("fd00:210::%d/64", i+1), "dev", "sldata0", "nodad"))
-		must(netlab.IP("-n", n.ns, "-6", "route", "add", fmt.Sprintf("fd00:%d::/32", 2-i), "via", fmt.Sprintf("fd00:210::%d", 2-i)))
+		for j := range c.order {
+			if j != i {
+				must(netlab.IP("-n", n.ns, "-6", "route", "add", fmt.Sprintf("fd00:%d::/32", j+1), "via", fmt.Sprintf("fd00:210::%d", j+1)))
+			}
+		}
 		for _, p := range pods {
 			if p.node != name {
 				continue
@@ -78,7 +82,7 @@ func (c *cluster) serveHTTP6(ns, name string) {
 // writeManifests6 is writeManifests with dual-stack Nodes.
 func (c *cluster) writeManifests6(services string) {
 	var nodes strings.Builder
-	for i, name := range []string{"node-a", "node-b"} {
+	for i, name := range c.order {
 		fmt.Fprintf(&nodes, "---\napiVersion: v1\nkind: Node\nmetadata: {name: %s}\nspec: {podCIDRs: [10.%d.0.0/16, 'fd00:%d::/32']}\n"+
 			"status: {addresses: [{type: InternalIP, address: %s}, {type: InternalIP, address: 'fd00:210::%d'}]}\n", name, i+1, i+1, c.nodes[name].ip, i+1)
 	}
