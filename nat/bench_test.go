@@ -197,3 +197,60 @@ func memAvailable(b *testing.B) int64 {
 	b.Fatal("no MemAvailable in /proc/meminfo")
 	return 0
 }
+
+// BenchmarkReplanMaglev: every Service planned again with Maglev on, 1,000
+// Services × 100 backends already programmed. A node address change keeps
+// every Service's cluster backends, so each table is reused; a change of
+// every Service's backends (one backend's port each) builds each again.
+func BenchmarkReplanMaglev(b *testing.B) {
+	for _, change := range []string{"node-address", "every-service-backends"} {
+		b.Run(change, func(b *testing.B) {
+			svcs, e := scale(1_000, 100)
+			st := nat.State{Node: nat.Node{Name: "node-a", NodePortIPs: []netip.Addr{nodeIP}, AllNodePortIPs: true},
+				Services: map[nat.ServicePortName]*nat.ServicePort{}, Endpoints: e}
+			for _, s := range svcs {
+				s.NodePort = 30000
+				st.Services[s.Name] = s
+			}
+			set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(b)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer set.Close()
+			spec, err := gen.Spec()
+			if err != nil {
+				b.Fatal(err)
+			}
+			outer, err := ebpf.NewMap(spec.Maps[gen.SluiceMapSlMaglevV1])
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer outer.Close()
+			s, err := nat.NewSyncer(nat.Options{Maps: set, Maglev: &nat.MaglevOptions{Tables: outer}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Apply(st); err != nil {
+				b.Fatal(err)
+			}
+			built := 0
+			for i := 0; b.Loop(); i++ {
+				if change == "node-address" {
+					st.Node.NodePortIPs = []netip.Addr{nodeIP, netip.AddrFrom4([4]byte{10, 0, 1, byte(i)})}
+				} else {
+					for _, s := range svcs {
+						eps := slices.Clone(e[s.Name])
+						eps[0].Addr = netip.AddrPortFrom(eps[0].Addr.Addr(), uint16(9000+i%1000))
+						e[s.Name] = eps
+					}
+				}
+				stats, err := s.Apply(st)
+				if err != nil {
+					b.Fatal(err)
+				}
+				built += stats.MaglevTablesBuilt
+			}
+			b.ReportMetric(float64(built)/float64(b.N), "tables-built/op")
+		})
+	}
+}

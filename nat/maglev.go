@@ -4,8 +4,10 @@ package nat
 // into the datapath's sl_maglev_v1 (bpf/include/maglev.h).
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -73,6 +75,18 @@ type maglevWriter struct {
 	inner   *ebpf.MapSpec
 	desired map[uint32][]uint32
 	written map[uint32][]uint32
+	// built holds each service id's last table with what it was built
+	// from: a plan whose cluster backends did not change (a node address
+	// change plans every Service again) reuses it rather than build 16,381
+	// slots again, and the write finds it already written.
+	built  map[uint32]builtTable
+	builds int // tables built since the last Apply's stats
+	size   int
+}
+
+type builtTable struct {
+	from  string // tableInputs
+	table []uint32
 }
 
 func newMaglevWriter(o *MaglevOptions) (*maglevWriter, error) {
@@ -87,6 +101,7 @@ func newMaglevWriter(o *MaglevOptions) (*maglevWriter, error) {
 		inner: &ebpf.MapSpec{Name: "sl_maglev_tbl", Type: ebpf.Array, KeySize: 4,
 			ValueSize: uint32(o.size()) * 4, MaxEntries: 1},
 		desired: map[uint32][]uint32{}, written: map[uint32][]uint32{},
+		built: map[uint32]builtTable{}, size: o.size(),
 	}
 	// Tables a previous agent pinned serve packets until this one replaces
 	// them (their content unknown: each is written again) or deletes them.
@@ -99,6 +114,46 @@ func newMaglevWriter(o *MaglevOptions) (*maglevWriter, error) {
 		return nil, fmt.Errorf("nat syncer: maglev tables: %w", err)
 	}
 	return w, nil
+}
+
+// table is maglevTable for service id, reusing the table it built last when
+// the same backends, weights and table size are asked for.
+func (w *maglevWriter) table(id uint32, list []gen.SluiceBe6Value, start, count uint32, eps []Endpoint) ([]uint32, error) {
+	from := tableInputs(list, start, count, eps, w.size)
+	if b, ok := w.built[id]; ok && b.from == from {
+		return b.table, nil
+	}
+	table, err := maglevTable(list, start, count, eps, w.size)
+	if err == nil {
+		w.built[id] = builtTable{from: from, table: table}
+		w.builds++
+	}
+	return table, err
+}
+
+// tableInputs is what a table is built from, as a comparable string.
+func tableInputs(list []gen.SluiceBe6Value, start, count uint32, eps []Endpoint, size int) string {
+	b := binary.LittleEndian.AppendUint32(nil, uint32(size))
+	b = binary.LittleEndian.AppendUint32(b, start)
+	weights := map[netip.AddrPort]uint32{}
+	for i := range eps {
+		weights[eps[i].Addr] = eps[i].Weight
+	}
+	for _, v := range list[start : start+count] {
+		b = append(b, v.Addr[:]...)
+		b = binary.LittleEndian.AppendUint16(b, v.Port)
+		b = binary.LittleEndian.AppendUint32(b, weights[backendAddr(v)])
+	}
+	return string(b)
+}
+
+// sameTable: a reused table is the slice written before, which needs no
+// slot-by-slot comparison.
+func sameTable(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	return len(a) == 0 || &a[0] == &b[0] || slices.Equal(a, b)
 }
 
 func (w *maglevWriter) set(id uint32, table []uint32) {
@@ -115,7 +170,7 @@ func (w *maglevWriter) set(id uint32, table []uint32) {
 func (w *maglevWriter) applyUpdates() (writes int, err error) {
 	var errs []error
 	for id, t := range w.desired {
-		if slices.Equal(w.written[id], t) {
+		if sameTable(w.written[id], t) {
 			continue
 		}
 		if err := w.write(id, t); err != nil {
@@ -145,6 +200,11 @@ func (w *maglevWriter) write(id uint32, t []uint32) error {
 
 // applyDeletions removes the tables no service id wants any more.
 func (w *maglevWriter) applyDeletions() (deletes int, err error) {
+	for id := range w.built {
+		if _, ok := w.desired[id]; !ok {
+			delete(w.built, id)
+		}
+	}
 	for id := range w.written {
 		if _, ok := w.desired[id]; ok {
 			continue

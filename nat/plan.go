@@ -136,8 +136,10 @@ type planner struct {
 	idFor  func(k idKey, fe gen.SluiceFe6Key) uint32
 	// prev returns the backends a service id has now, so ordinals stay put.
 	prev func(id uint32) []gen.SluiceBe6Value
-	// maglev: frontends pick by Maglev tables (nil: at random).
-	maglev *MaglevOptions
+	// maglev: frontends pick by Maglev tables (nil: at random), built by
+	// maglevTable (the writer's, which reuses unchanged tables).
+	maglev      *MaglevOptions
+	maglevTable func(id uint32, list []gen.SluiceBe6Value, start, count uint32, eps []Endpoint) ([]uint32, error)
 }
 
 func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (*plan, error) {
@@ -180,7 +182,7 @@ func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (
 	}
 	var maglevFlag gen.SluiceFeFlags
 	if p.maglev != nil && svc.UsesClusterEndpoints() {
-		table, err := maglevTable(list, clusterStart, count, eps, p.maglev.size())
+		table, err := p.maglevTable(id, list, clusterStart, count, eps)
 		if err != nil {
 			return nil, fmt.Errorf("service %s: %w", name, err)
 		}

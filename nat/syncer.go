@@ -85,6 +85,10 @@ type Stats struct {
 	StaleUDP []StaleBackend
 	// NodePortIPs are the host IPs NodePorts are programmed on.
 	NodePortIPs []netip.Addr
+	// MaglevTablesBuilt counts the Maglev tables built by this Apply: the
+	// Services whose cluster backends changed (an unchanged table is
+	// reused).
+	MaglevTablesBuilt int
 }
 
 // Syncer programs the NAT maps from a State. Not safe for concurrent Apply;
@@ -216,6 +220,9 @@ func (s *Syncer) Apply(st State) (Stats, error) {
 	s.node = st.Node
 	s.node.NodePortIPs = slices.Clone(st.Node.NodePortIPs)
 	pl := &planner{node: &s.node, routes: s.opts.Routes, idFor: s.idFor, prev: s.currentBackends, maglev: s.opts.Maglev}
+	if s.maglev != nil {
+		pl.maglevTable = s.maglev.table
+	}
 
 	if first {
 		s.adoptIDs(st.Services)
@@ -252,6 +259,10 @@ func (s *Syncer) Apply(st State) (Stats, error) {
 	}
 	s.setHostIPs(st.Node.NodePortIPs)
 	stats.NodePortIPs = slices.Clone(st.Node.NodePortIPs)
+	if s.maglev != nil {
+		stats.MaglevTablesBuilt = s.maglev.builds
+		s.maglev.builds = 0
+	}
 
 	err := s.write(&stats)
 	stats.Services = len(s.services)
