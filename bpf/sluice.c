@@ -3,6 +3,7 @@
 
 #include "common.h"
 #include "datapath.h"
+#include "events.h"
 #include "ifstate.h"
 #include "parse.h"
 #include "prefilter.h"
@@ -10,32 +11,41 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+/* finish ends a TC entry program: a drop writes its event (events.h), then
+ * the verdict is carried out (policy_dispatch). */
+static __always_inline int finish(struct __sk_buff *skb, int verdict, enum hook hook, const __u32 l2_len)
+{
+	if (verdict == TC_ACT_SHOT)
+		ev_drop(skb, hook, l2_len);
+	return policy_dispatch(skb, verdict);
+}
+
 /* Ingress of a workload's host-side veth: traffic leaving the pod. */
 SEC("tc")
 int sl_from_wl(struct __sk_buff *skb)
 {
-	return policy_dispatch(skb, pipeline(skb, HOOK_FROM_WL, ETH_HLEN));
+	return finish(skb, pipeline(skb, HOOK_FROM_WL, ETH_HLEN), HOOK_FROM_WL, ETH_HLEN);
 }
 
 /* Egress of a workload's host-side veth: traffic entering the pod. */
 SEC("tc")
 int sl_to_wl(struct __sk_buff *skb)
 {
-	return policy_dispatch(skb, pipeline(skb, HOOK_TO_WL, ETH_HLEN));
+	return finish(skb, pipeline(skb, HOOK_TO_WL, ETH_HLEN), HOOK_TO_WL, ETH_HLEN);
 }
 
 /* Ingress of a data interface: traffic from outside the node. */
 SEC("tc")
 int sl_from_host(struct __sk_buff *skb)
 {
-	return policy_dispatch(skb, pipeline(skb, HOOK_FROM_HOST, ETH_HLEN));
+	return finish(skb, pipeline(skb, HOOK_FROM_HOST, ETH_HLEN), HOOK_FROM_HOST, ETH_HLEN);
 }
 
 /* Egress of a data interface: traffic leaving the node. */
 SEC("tc")
 int sl_to_host(struct __sk_buff *skb)
 {
-	return policy_dispatch(skb, pipeline(skb, HOOK_TO_HOST, ETH_HLEN));
+	return finish(skb, pipeline(skb, HOOK_TO_HOST, ETH_HLEN), HOOK_TO_HOST, ETH_HLEN);
 }
 
 /* Ingress of an L3 device (ipip, WireGuard, TUN): packets start with the IP
@@ -43,14 +53,14 @@ int sl_to_host(struct __sk_buff *skb)
 SEC("tc")
 int sl_from_host_l3(struct __sk_buff *skb)
 {
-	return policy_dispatch(skb, pipeline(skb, HOOK_FROM_HOST, 0));
+	return finish(skb, pipeline(skb, HOOK_FROM_HOST, 0), HOOK_FROM_HOST, 0);
 }
 
 /* Egress of an L3 device. */
 SEC("tc")
 int sl_to_host_l3(struct __sk_buff *skb)
 {
-	return policy_dispatch(skb, pipeline(skb, HOOK_TO_HOST, 0));
+	return finish(skb, pipeline(skb, HOOK_TO_HOST, 0), HOOK_TO_HOST, 0);
 }
 
 /* cgroup/connect4: balance a connect() to a service. */

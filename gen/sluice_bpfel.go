@@ -81,7 +81,7 @@ type SluiceConfig struct {
 	SnatPortMax     uint16
 	HostNetnsCookie uint64
 	Flags           SluiceConfigFlags
-	Pad             uint32
+	EventsPerSec    uint32
 	ClusterNet      uint32
 	ClusterMask     uint32
 }
@@ -101,6 +101,7 @@ const (
 	SluiceConfigFlagsCFG_LOCAL_BY_IFACE   SluiceConfigFlags = 4
 	SluiceConfigFlagsCFG_DSR_TCP          SluiceConfigFlags = 8
 	SluiceConfigFlagsCFG_DSR_UDP          SluiceConfigFlags = 16
+	SluiceConfigFlagsCFG_FLOW_EVENTS      SluiceConfigFlags = 32
 )
 
 type SluiceCounter uint32
@@ -136,7 +137,9 @@ const (
 	SluiceCounterCNT_DSR_ACCEPTED             SluiceCounter = 27
 	SluiceCounterCNT_DSR_TOO_BIG              SluiceCounter = 28
 	SluiceCounterCNT_DROP_DSR_FAILED          SluiceCounter = 29
-	SluiceCounterCNT_MAX                      SluiceCounter = 30
+	SluiceCounterCNT_EVENTS_SUPPRESSED        SluiceCounter = 30
+	SluiceCounterCNT_EVENTS_LOST              SluiceCounter = 31
+	SluiceCounterCNT_MAX                      SluiceCounter = 32
 )
 
 type SluiceCt6Key struct {
@@ -225,6 +228,41 @@ type SluiceCtValue struct {
 	PolEgress  SluicePolVerdict
 	PolIngress SluicePolVerdict
 }
+
+type SluiceEvCpu struct {
+	_        structs.HostLayout
+	Window   uint64
+	Used     uint32
+	LastDrop uint32
+}
+
+type SluiceEvent struct {
+	_       structs.HostLayout
+	Ts      uint64
+	Saddr   [16]uint8
+	Daddr   [16]uint8
+	NatAddr [16]uint8
+	Sport   uint16
+	Dport   uint16
+	NatPort uint16
+	Proto   uint8
+	Type    SluiceEventType
+	Reason  uint32
+	SvcId   uint32
+	RuleId  uint32
+	Ifindex uint32
+	Hook    uint8
+	Family  uint8
+	Pad     [6]uint8
+}
+
+type SluiceEventType uint8
+
+const (
+	SluiceEventTypeEV_DROP       SluiceEventType = 1
+	SluiceEventTypeEV_FLOW_START SluiceEventType = 2
+	SluiceEventTypeEV_FLOW_END   SluiceEventType = 3
+)
 
 type SluiceFailsafeKey struct {
 	_     structs.HostLayout
@@ -481,6 +519,8 @@ const (
 	SluiceMapSlCountersV4     = "sl_counters_v4"
 	SluiceMapSlCt6V1          = "sl_ct6_v1"
 	SluiceMapSlCtV2           = "sl_ct_v2"
+	SluiceMapSlEvcpuV1        = "sl_evcpu_v1"
+	SluiceMapSlEventsV1       = "sl_events_v1"
 	SluiceMapSlFailsafeV1     = "sl_failsafe_v1"
 	SluiceMapSlFe6V1          = "sl_fe6_v1"
 	SluiceMapSlFeV1           = "sl_fe_v1"
@@ -597,6 +637,8 @@ type SluiceMapSpecs struct {
 	SlCountersV4   *ebpf.MapSpec `ebpf:"sl_counters_v4"`
 	SlCt6V1        *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.MapSpec `ebpf:"sl_ct_v2"`
+	SlEvcpuV1      *ebpf.MapSpec `ebpf:"sl_evcpu_v1"`
+	SlEventsV1     *ebpf.MapSpec `ebpf:"sl_events_v1"`
 	SlFailsafeV1   *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
 	SlFe6V1        *ebpf.MapSpec `ebpf:"sl_fe6_v1"`
 	SlFeV1         *ebpf.MapSpec `ebpf:"sl_fe_v1"`
@@ -657,6 +699,8 @@ type SluiceMaps struct {
 	SlCountersV4   *ebpf.Map `ebpf:"sl_counters_v4"`
 	SlCt6V1        *ebpf.Map `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.Map `ebpf:"sl_ct_v2"`
+	SlEvcpuV1      *ebpf.Map `ebpf:"sl_evcpu_v1"`
+	SlEventsV1     *ebpf.Map `ebpf:"sl_events_v1"`
 	SlFailsafeV1   *ebpf.Map `ebpf:"sl_failsafe_v1"`
 	SlFe6V1        *ebpf.Map `ebpf:"sl_fe6_v1"`
 	SlFeV1         *ebpf.Map `ebpf:"sl_fe_v1"`
@@ -692,6 +736,8 @@ func (m *SluiceMaps) Close() error {
 		m.SlCountersV4,
 		m.SlCt6V1,
 		m.SlCtV2,
+		m.SlEvcpuV1,
+		m.SlEventsV1,
 		m.SlFailsafeV1,
 		m.SlFe6V1,
 		m.SlFeV1,

@@ -124,6 +124,8 @@ var docs = map[string]string{
 	gen.SluiceMapSlScratch6V1:   "per-CPU scratch space where the datapath builds IPv6 conntrack entries and hands an IPv6 tuple to the policy programs; holds nothing between packets",
 	gen.SluiceMapSlIpset6V1:     "policy IP sets, IPv6 members: LPM {set id, address}",
 	gen.SluiceMapSlMaglevV1:     "Maglev tables: service id -> inner array map holding the table (slot -> backend ordinal); replaced whole",
+	gen.SluiceMapSlEventsV1:     "flow events ring buffer: drops, and service flows starting and ending (read by sluice monitor)",
+	gen.SluiceMapSlEvcpuV1:      "per-CPU flow-event budget of the current second and the reason of the CPU's last drop",
 }
 
 // Info describes one map of the catalogue.
@@ -516,7 +518,7 @@ func StalePins(dir string) ([]string, error) {
 // an older layout of one of them can be removed without losing a connection.
 // sl_ifstats_v1 (the per-interface counters of the retired sl_count program)
 // has no current layout: its pin is removed as stale.
-var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v"}
+var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v", "sl_events_v", "sl_evcpu_v"}
 
 // RemoveStaleDisposable removes the stale pins (StalePins) of maps whose
 // contents are disposable — counters and in-flight fragments — and returns

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -72,6 +73,8 @@ func roundTrip[K comparable, V comparable](d maps.Def[K, V]) func(t *testing.T, 
 // without a typed Def and a round trip here fails TestCatalogueRoundTrips.
 var roundTrips = map[string]func(*testing.T, *maps.Set){
 	gen.SluiceMapSlMaglevV1: roundTripMaglev,
+	gen.SluiceMapSlEventsV1: roundTripEvents,
+	gen.SluiceMapSlEvcpuV1:  roundTripEventBudget,
 	maps.Frontends.Name:     roundTrip(maps.Frontends),
 	maps.Backends.Name:      roundTrip(maps.Backends),
 	maps.SrcRanges.Name:     roundTripLPM,
@@ -275,6 +278,38 @@ func roundTripConfig(t *testing.T, s *maps.Set) {
 	}
 	if err := m.Put(1, v, ebpf.UpdateAny); err == nil || !strings.Contains(err.Error(), "out of range") {
 		t.Fatalf("put at index 1 of a 1-entry array: %v", err)
+	}
+}
+
+// The ring buffer is read, never written from userspace: a reader opens on
+// it and, with nothing written, meets its deadline.
+func roundTripEvents(t *testing.T, s *maps.Set) {
+	r, err := maps.OpenEvents(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.SetDeadline(time.Now().Add(10 * time.Millisecond))
+	if _, err := r.Read(); !errors.Is(err, maps.ErrNoEvent) {
+		t.Fatalf("read on an empty ring buffer: %v, want ErrNoEvent", err)
+	}
+}
+
+func roundTripEventBudget(t *testing.T, s *maps.Set) {
+	m, err := maps.EventBudget.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := make([]gen.SluiceEvCpu, ebpf.MustPossibleCPU())
+	for i := range vs {
+		vs[i] = gen.SluiceEvCpu{Window: uint64(i), Used: 3, LastDrop: 7}
+	}
+	if err := m.Put(0, vs, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.Get(0)
+	if err != nil || len(got) != len(vs) || got[len(got)-1] != vs[len(vs)-1] {
+		t.Fatalf("got %+v %v", got, err)
 	}
 }
 
@@ -719,5 +754,27 @@ func roundTripMaglev(t *testing.T, set *maps.Set) {
 	}
 	if err := outer.Delete(uint32(42)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestEventStringAndRuleNames(t *testing.T) {
+	e := maps.Event{Type: maps.EventDrop, Reason: "drop_policy", Proto: "tcp",
+		Src: netip.MustParseAddrPort("198.51.100.9:50000"), Dst: netip.MustParseAddrPort("10.1.2.2:8080"),
+		RuleID: 0xffff0001, Hook: "to_wl"}
+	if got, want := e.String(), "drop drop_policy tcp 198.51.100.9:50000 -> 10.1.2.2:8080 rule tier-1-default at to_wl"; got != want {
+		t.Errorf("%q, want %q", got, want)
+	}
+	for id, want := range map[uint32]string{7: "7", 0xffffffff: "end-of-policy", 0xffff0000: "tier-0-default"} {
+		if got := maps.RuleName(id); got != want {
+			t.Errorf("rule %#x: %q, want %q", id, got, want)
+		}
+	}
+	raw := make([]byte, 88)
+	raw[63] = 9 // the type byte (struct event): unknown
+	if _, err := maps.DecodeEvent(raw, nil); err == nil || !strings.Contains(err.Error(), "unknown type 9") {
+		t.Errorf("unknown event type: %v", err)
+	}
+	if _, err := maps.DecodeEvent(raw[:10], nil); err == nil || !strings.Contains(err.Error(), "10 bytes") {
+		t.Errorf("short event: %v", err)
 	}
 }

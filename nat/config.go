@@ -41,6 +41,11 @@ type NodeConfig struct {
 	// another node: SNATed to this node (the zero value, kube-proxy's way)
 	// or by direct server return (bpf/include/dsr.h).
 	ExternalMode ExternalServiceMode
+	// EventsPerSecond is how many flow events (bpf/include/events.h) each
+	// CPU may write a second; 0 writes none. FlowEvents adds service
+	// flows' starts and ends to the drops.
+	EventsPerSecond uint32
+	FlowEvents      bool
 }
 
 // ExternalServiceMode is --external-service-mode.
@@ -180,6 +185,8 @@ func decodeNodeConfig(raw gen.SluiceConfig) NodeConfig {
 	c := NodeConfig{
 		MasqueradeAll:    raw.Flags&gen.SluiceConfigFlagsCFG_MASQUERADE_ALL != 0,
 		LocalByInterface: raw.Flags&gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE != 0,
+		EventsPerSecond:  raw.EventsPerSec,
+		FlowEvents:       raw.Flags&gen.SluiceConfigFlagsCFG_FLOW_EVENTS != 0,
 	}
 	switch raw.Flags & (gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP) {
 	case gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP:
@@ -202,7 +209,7 @@ func decodeNodeConfig(raw gen.SluiceConfig) NodeConfig {
 // encodeNodeConfig writes c over raw, keeping raw's other fields.
 func encodeNodeConfig(c NodeConfig, raw gen.SluiceConfig) gen.SluiceConfig {
 	const ours = gen.SluiceConfigFlagsCFG_MASQUERADE_ALL | gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE | gen.SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY |
-		gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP
+		gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP | gen.SluiceConfigFlagsCFG_FLOW_EVENTS
 	raw.Flags &^= ours
 	raw.NodeIp, raw.HostNetnsCookie, raw.ClusterNet, raw.ClusterMask = 0, 0, 0, 0
 	if c.NodeIP.IsValid() {
@@ -213,6 +220,10 @@ func encodeNodeConfig(c NodeConfig, raw gen.SluiceConfig) gen.SluiceConfig {
 	}
 	if c.LocalByInterface {
 		raw.Flags |= gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE
+	}
+	raw.EventsPerSec = c.EventsPerSecond
+	if c.FlowEvents {
+		raw.Flags |= gen.SluiceConfigFlagsCFG_FLOW_EVENTS
 	}
 	switch c.ExternalMode {
 	case ExternalDSR:

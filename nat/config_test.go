@@ -71,6 +71,18 @@ func TestNodeConfigRoundTripsThroughTheMap(t *testing.T) {
 		t.Fatalf("%+v, want %+v", got, want)
 	}
 
+	// Flow events: the budget and the flag.
+	want = nat.NodeConfig{NodeIP: want.NodeIP, EventsPerSecond: 250, FlowEvents: true}
+	if err := nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { *c = want }); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := nat.ReadNodeConfig(set); got != want {
+		t.Fatalf("%+v, want %+v", got, want)
+	}
+	if r, err := raw.Get(0); err != nil || r.EventsPerSec != 250 || r.Flags&gen.SluiceConfigFlagsCFG_FLOW_EVENTS == 0 {
+		t.Fatalf("raw entry %+v (%v)", r, err)
+	}
+
 	// Each external service mode, and its flags.
 	for mode, flags := range map[nat.ExternalServiceMode]gen.SluiceConfigFlags{
 		nat.ExternalDSR:    gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP,

@@ -23,6 +23,9 @@ enum config_flags : __u32 {
 	CFG_DSR_TCP = 1 << 3,
 	/* --external-service-mode=dsr: the same for UDP. */
 	CFG_DSR_UDP = 1 << 4,
+	/* --flow-events: service flows' starts and ends are written to the
+	 * event ring buffer, besides drops (events.h). */
+	CFG_FLOW_EVENTS = 1 << 5,
 };
 
 struct config {
@@ -34,7 +37,8 @@ struct config {
 	__u16 snat_port_max;	/* host order: 0 means SNAT_PORT_MAX_DEFAULT */
 	__u64 host_netns_cookie; /* host order: the host network namespace's cookie */
 	enum config_flags flags; /* host order */
-	__u32 pad;		/* 0 */
+	__u32 events_per_sec;	/* host order: the flow events each CPU may write a
+				 * second; 0: none (events.h) */
 	__be32 cluster_net;	/* network order: the cluster's (or with
 				 * --detect-local-mode=NodeCIDR, this node's) pod
 				 * CIDR; with cluster_mask 0 it is unset */

@@ -51,6 +51,10 @@ enum counter : __u32 {
 					 * client told the smaller path MTU */
 	CNT_DROP_DSR_FAILED,		/* a DSR option could not be added or removed,
 					 * or its flow's entries not written */
+	CNT_EVENTS_SUPPRESSED,		/* a flow event not written: its CPU's budget
+					 * for the second was spent (events.h) */
+	CNT_EVENTS_LOST,		/* a flow event not written: the ring buffer was
+					 * full (nobody reading it, or too slowly) */
 	CNT_MAX,
 };
 
@@ -70,10 +74,37 @@ static __always_inline void count(enum counter c)
 		*v += 1;	/* per-CPU: no other CPU writes this slot */
 }
 
-/* drop counts why a packet is dropped, and drops it. */
+/* Each CPU's flow-event budget (events.h) and the reason of its last drop,
+ * which the entry program's drop event reports. */
+struct ev_cpu {
+	__u64 window;		/* host order: start of the current second */
+	__u32 used;		/* host order: events written in it */
+	__u32 last_drop;	/* host order: the enum counter drop() last counted */
+};
+ASSERT_SIZE(struct ev_cpu, 16);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ev_cpu);
+} sl_evcpu_v1 SEC(".maps");
+
+static __always_inline struct ev_cpu *ev_cpu_get(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&sl_evcpu_v1, &zero);
+}
+
+/* drop counts why a packet is dropped, notes it for the drop's event, and
+ * drops it. */
 static __always_inline int drop(enum counter c)
 {
+	struct ev_cpu *st = ev_cpu_get();
+
 	count(c);
+	if (st)
+		st->last_drop = c;
 	return TC_ACT_SHOT;
 }
 

@@ -40,6 +40,7 @@
 #include "ct_new.h"
 #include "counters.h"
 #include "dsr.h"
+#include "events.h"
 #include "frag.h"
 #include "hook.h"
 #include "icmp_error.h"
@@ -209,6 +210,8 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 			    slot == IFSTATE_NO_POLICY ? POL_ALLOWED : POL_UNJUDGED, &sport);
 	if (err)
 		return drop_create_failed(err, snat_addr);
+	if (ev_flow_events())
+		ev_flow4(skb, p, hook, fe->svc_id, &be);
 	if (rewrite_dst(skb, p, be.addr, be.port))
 		return drop(CNT_DROP_MALFORMED);
 	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
@@ -429,6 +432,10 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	    superseded(&p, v))
 		v = NULL;
 	if (v) {
+		/* A packet that may close a service flow: its end's event. */
+		if ((p.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) && v->svc_id &&
+		    !(v->tcp_seen & (TCP_FLAG_FIN | TCP_FLAG_RST)) && ev_flow_events())
+			ev_flow_end4(skb, &p, hook, v);
 		ct_touch(v, &p);
 		/* Each packet is counted once, at the hook that translates it. */
 		if (v->svc_id)

@@ -29,6 +29,7 @@
 #include "counters.h"
 #include "csum.h"
 #include "dsr6.h"
+#include "events.h"
 #include "hook.h"
 #include "ifstate.h"
 #include "ipv6.h"
@@ -346,6 +347,88 @@ static __always_inline int judge_stateless6(struct __sk_buff *skb, const struct 
 
 /* policy_record6 writes a policy's verdict on both entries of the IPv6 flow
  * whose tuple (as the destination sees it) policy_handoff6 left. */
+/* ev_policy_drop writes the event of a flow a policy denied: its tuple as
+ * the policy judged it (cb, and the IPv6 scratch), the rule that decided. */
+__subprog void ev_policy_drop(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct ct6_scratch *sc = bpf_map_lookup_elem(&sl_scratch6_v1, &zero);
+	struct event *e = ev_reserve(EV_DROP, (skb->cb[3] >> POLICY_DIR_SHIFT) & 1 ? HOOK_TO_WL : HOOK_FROM_WL, skb);
+
+	if (!e)
+		return;
+	e->reason = CNT_DROP_POLICY;
+	e->rule_id = skb->cb[4];
+	e->proto = skb->cb[3] & 0xff;
+	e->sport = skb->cb[2] & 0xffff;
+	e->dport = skb->cb[2] >> 16;
+	if (skb->cb[3] & POLICY_IPV6) {
+		e->family = 6;
+		if (sc) {
+			addr6_copy(e->saddr, sc->pol.saddr);
+			addr6_copy(e->daddr, sc->pol.daddr);
+		}
+	} else {
+		e->family = 4;
+		ev_addr4(e->saddr, skb->cb[0]);
+		ev_addr4(e->daddr, skb->cb[1]);
+	}
+	ev_submit(e);
+}
+
+/* ev_flow_end6 writes an IPv6 service flow's end (ev_flow_end4). */
+static __always_inline void ev_flow_end6_write(const struct __sk_buff *skb, const struct packet6 *p6, enum hook hook,
+					       __u32 svc_id)
+{
+	struct event *e = ev_reserve(EV_FLOW_END, hook, skb);
+
+	if (!e)
+		return;
+	e->family = 6;
+	addr6_copy(e->saddr, p6->saddr);
+	addr6_copy(e->daddr, p6->daddr);
+	e->sport = p6->p.sport;
+	e->dport = p6->p.dport;
+	e->proto = p6->p.proto;
+	e->svc_id = svc_id;
+	e->reason = p6->p.tcp_flags;
+	ev_submit(e);
+}
+
+/* ev_flow_start6 writes the start of the flow new_flow6 has just created
+ * (key: its tuple as it came), from its forward entry. Called by pipeline6,
+ * outside new_flow6's frame. */
+__subprog void ev_flow_start6(const struct __sk_buff *skb, const struct ct6_key *key, enum hook hook)
+{
+	const struct ct6_value *fwd = bpf_map_lookup_elem(&sl_ct6_v1, key);
+	struct event *e;
+
+	if (!fwd || !fwd->svc_id || !(e = ev_reserve(EV_FLOW_START, hook, skb)))
+		return;
+	e->family = 6;
+	addr6_copy(e->saddr, key->saddr);
+	addr6_copy(e->daddr, key->daddr);
+	e->sport = key->sport;
+	e->dport = key->dport;
+	e->proto = key->proto;
+	e->svc_id = fwd->svc_id;
+	addr6_copy(e->nat_addr, fwd->nat_addr);
+	e->nat_port = fwd->nat_port;
+	ev_submit(e);
+}
+
+/* ev_flow_end6 is ev_flow_end4 (events.h) for an IPv6 flow. */
+__subprog void ev_flow_end6(const struct __sk_buff *skb, const struct packet6 *p6, enum hook hook,
+			    const struct ct6_value *v)
+{
+	if (!(p6->p.tcp_flags & TCP_FLAG_RST)) {
+		struct ct6_value *o = bpf_map_lookup_elem(&sl_ct6_v1, &v->peer);
+		if (!o || !(o->tcp_seen & TCP_FLAG_FIN))
+			return;
+	}
+	ev_flow_end6_write(skb, p6, hook, v->svc_id);
+}
+
 __subprog int policy_record6(struct __sk_buff *skb, __u32 dir, enum pol_verdict verdict)
 {
 	__u32 zero = 0;
@@ -636,6 +719,9 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 	    superseded6(&p6, v))
 		v = NULL;
 	if (v) {
+		if ((p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) && v->svc_id &&
+		    !(v->tcp_seen & (TCP_FLAG_FIN | TCP_FLAG_RST)) && ev_flow_events())
+			ev_flow_end6(skb, &p6, hook, v);
 		ct6_touch(v, p);
 		if (v->svc_id)
 			svcstats_count(v->svc_id, p, v->type == CT_REVERSE, 0);
@@ -697,6 +783,8 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 								: host_ingress_slot(skb, p, is_host_ip6(p6.daddr)));
 	}
 	int verdict = new_flow6(skb, &p6, hook, fe, &key);
+	if (verdict != TC_ACT_SHOT && verdict != NEW_FLOW_REJECT && ev_flow_events())
+		ev_flow_start6(skb, &key, hook);
 	if (verdict & NEW_FLOW_DSR) {
 		verdict &= ~NEW_FLOW_DSR;
 		if (dsr6_push(skb, &p6, &key))

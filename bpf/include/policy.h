@@ -304,6 +304,9 @@ static __always_inline void rule_count(__u64 rule_id)
 
 /* policy_record6 is policy_record for an IPv6 flow (datapath6.h). */
 __subprog int policy_record6(struct __sk_buff *skb, __u32 dir, enum pol_verdict verdict);
+/* ev_policy_drop writes a policy's drop event (datapath6.h: an IPv6 flow's
+ * addresses are in the IPv6 scratch). */
+__subprog void ev_policy_drop(struct __sk_buff *skb);
 
 /* policy_verdict is the body of sl_policy_verdict (slot 0). */
 static __always_inline int policy_verdict(struct __sk_buff *skb)
@@ -324,5 +327,6 @@ static __always_inline int policy_verdict(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	count(CNT_DROP_POLICY);
+	ev_policy_drop(skb);
 	return TC_ACT_SHOT;
 }

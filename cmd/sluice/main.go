@@ -4,6 +4,7 @@
 //	sluice demo               a self-contained demo in network namespaces
 //	sluice nat list           frontends and their backends, per service
 //	sluice ct list|flush      conntrack flows
+//	sluice monitor            drops and flows, live, as the datapath sees them
 //	sluice iface list         managed interfaces and their programs
 //	sluice policy list        policy programs per interface, per-rule counters
 //	sluice maps               every map's fill level and capacity
@@ -32,6 +33,8 @@ Usage:
   sluice nat list [--json]    programmed frontends with their backends, per service
   sluice ct list [--json] [--service NS/NAME] [--address IP] [--proto tcp|udp]
   sluice ct flush [--service NS/NAME] [--address IP] [--proto tcp|udp]
+  sluice monitor [--json] [--service NS/NAME] [--address IP] [--type drop|flow|REASON] [--count N]
+                              drops, and flow starts and ends, live (agent: --flow-events)
   sluice iface list [--json]  managed interfaces, attached programs, readiness
   sluice policy list [--json] policy slots per interface and per-rule hit counters
   sluice maps [--json]        each map's fill level and capacity
@@ -66,6 +69,8 @@ func run(ctx context.Context, args []string) error {
 		return runNAT(rest)
 	case "ct":
 		return runCT(rest)
+	case "monitor":
+		return runMonitor(ctx, rest)
 	case "iface":
 		return runIface(rest)
 	case "maps":

@@ -111,6 +111,10 @@ type Config struct {
 	// server return for TCP and UDP) or "hybrid" (DSR for TCP, SNAT for
 	// UDP); nat.ExternalServiceMode.
 	ExternalServiceMode string
+	// EventsPerSecond is the flow events each CPU may write a second (0:
+	// none); FlowEvents adds service flows' starts and ends to the drops.
+	EventsPerSecond int
+	FlowEvents      bool
 }
 
 // ConntrackEntries is the conntrack map's capacity for kube-proxy's sizing
@@ -686,7 +690,8 @@ func (a *Agent) writeNodeConfig() error {
 	err = nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) {
 		mode, _ := nat.ParseExternalServiceMode(a.cfg.ExternalServiceMode) // checked by Start
 		next := nat.NodeConfig{NodeIP: c.NodeIP, NodeIP6: c.NodeIP6, SocketLBNetnsCookie: cookie,
-			MasqueradeAll: a.cfg.MasqueradeAll, ExternalMode: mode}
+			MasqueradeAll: a.cfg.MasqueradeAll, ExternalMode: mode,
+			EventsPerSecond: uint32(max(a.cfg.EventsPerSecond, 0)), FlowEvents: a.cfg.FlowEvents}
 		if v4, v6 := firstOfEach(a.cfg.NodeIPs); v4.IsValid() || v6.IsValid() {
 			next.NodeIP, next.NodeIP6 = v4, v6
 		}
