@@ -152,7 +152,8 @@ func TestKubeProxyConfiguration(t *testing.T) {
 		PodInterfaceNamePrefix: "cali", HealthzBindAddress: "0.0.0.0:10256", MetricsBindAddress: "127.0.0.1:10249",
 		MasqueradeAll: true, MinSyncPeriod: 2 * time.Millisecond, SyncPeriod: 30 * time.Second, NodePortPrimary: true,
 		KubeAPIQPS: 50, PinDir: cfg.PinDir, Cgroup: cfg.Cgroup, ConntrackScanPeriod: cfg.ConntrackScanPeriod,
-		CheckInterval: cfg.CheckInterval, LBAlgorithm: "random", MaglevTableSize: 16381}
+		CheckInterval: cfg.CheckInterval, LBAlgorithm: "random", MaglevTableSize: 16381, ExternalServiceMode: "snat",
+		EventsPerSecond: 1000}
 	if fmt.Sprintf("%+v", cfg) != fmt.Sprintf("%+v", want) {
 		t.Fatalf("translated\n%+v\nwant (the command line's --min-sync-period wins)\n%+v", cfg, want)
 	}
