@@ -135,6 +135,41 @@ func (c *CounterCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// MapFillCollector exports each map's entries and capacity at scrape time:
+// sluice_map_entries{map="sl_ct_v2"} and sluice_map_capacity. Read comes
+// from the kernel's own counts (maps.Filler): a scrape walks no map.
+type MapFillCollector struct {
+	Read     func() (map[string]int64, error)
+	Capacity func() map[string]uint32
+	entries  *prometheus.Desc
+	capacity *prometheus.Desc
+}
+
+// NewMapFillCollector returns the collector.
+func NewMapFillCollector(read func() (map[string]int64, error), capacity func() map[string]uint32) *MapFillCollector {
+	return &MapFillCollector{Read: read, Capacity: capacity,
+		entries: prometheus.NewDesc("sluice_map_entries",
+			"Entries each datapath map holds (the kernel's count; an array always holds its capacity)", []string{"map"}, nil),
+		capacity: prometheus.NewDesc("sluice_map_capacity", "Entries each datapath map can hold", []string{"map"}, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *MapFillCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.entries; ch <- c.capacity }
+
+// Collect implements prometheus.Collector.
+func (c *MapFillCollector) Collect(ch chan<- prometheus.Metric) {
+	entries, err := c.Read()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.entries, err)
+		return
+	}
+	capacity := c.Capacity()
+	for name, n := range entries {
+		ch <- prometheus.MustNewConstMetric(c.entries, prometheus.GaugeValue, float64(n), name)
+		ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(capacity[name]), name)
+	}
+}
+
 // ServiceCollector exports the datapath's per-service traffic counters
 // (sl_svcstats_v1) at scrape time: packets and bytes by direction and new
 // flows, per service port. A scrape reads one per-CPU array slot per backend

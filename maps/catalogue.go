@@ -313,6 +313,15 @@ func (s *Set) Map(name string) *ebpf.Map { return s.maps[name] }
 // All returns the maps by name, as gen.LoadOptions.Maps wants them.
 func (s *Set) All() map[string]*ebpf.Map { return s.maps }
 
+// Capacities is each map's capacity (entries; a ring buffer's, bytes).
+func (s *Set) Capacities() map[string]uint32 {
+	out := make(map[string]uint32, len(s.maps))
+	for name, m := range s.maps {
+		out[name] = m.MaxEntries()
+	}
+	return out
+}
+
 // Close closes the handles; the pins, and so the maps, stay.
 func (s *Set) Close() error {
 	var errs []error

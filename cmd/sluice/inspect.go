@@ -252,7 +252,14 @@ func printInterfaces(ifaces []ifacemgr.Interface) {
 
 func runMaps(args []string) error {
 	return report("sluice maps", args, func(_ *inspectFlags, set *maps.Set) ([]maps.Usage, error) {
-		return maps.Usages(set)
+		// The kernel's counts where it keeps them (no walk of a large map);
+		// a walk where the iterator cannot load.
+		f, err := maps.NewFiller()
+		if err != nil {
+			return maps.Usages(set, nil)
+		}
+		defer f.Close()
+		return maps.Usages(set, f)
 	}, printUsages)
 }
 

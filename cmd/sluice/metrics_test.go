@@ -98,6 +98,13 @@ func TestMetricsFromTheDatapath(t *testing.T) {
 		}
 	}
 	checkDashboard(t, body)
+	// Map fill, from the kernel's counts: conntrack holds the flows above,
+	// an array its capacity.
+	ct := regexp.MustCompile(`(?m)^sluice_map_entries\{map="sl_ct_v2"\} ([0-9]+)$`).FindStringSubmatch(body)
+	if ct == nil || ct[1] == "0" || !strings.Contains(body, `sluice_map_capacity{map="sl_ct_v2"} 524288`) ||
+		!strings.Contains(body, `sluice_map_entries{map="sl_config_v1"} 1`) {
+		t.Fatalf("map fill:\n%s", grepLines(body, "sluice_map_"))
+	}
 	// Bytes are IP lengths: 7 datagrams of 6 bytes, each in 28 bytes of headers.
 	if !strings.Contains(body, `sluice_service_bytes_total{direction="to_service",ip_family="IPv4",namespace="demo",port="udp",service="echo"} 238`) {
 		t.Fatalf("echo's bytes:\n%s", grepLines(body, "sluice_service_bytes_total"))

@@ -155,6 +155,7 @@ type Agent struct {
 	cfg     Config
 	log     *slog.Logger
 	set     *maps.Set
+	filler  *maps.Filler // map fill metrics; nil where the kernel cannot count
 	objs    *gen.SluiceObjects
 	ifaces  *ifacemgr.Manager
 	Proxier *kubeproxy.Proxier
@@ -435,6 +436,13 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	reg.MustRegister(kubeproxy.NewCounterCollector(func() (map[string]uint64, error) { return maps.ReadCounters(counters, names) }))
+	if filler, err := maps.NewFiller(); err != nil {
+		a.log.Warn("no map fill metrics: the kernel's map counts cannot be read", "err", err)
+	} else {
+		a.filler = filler
+		reg.MustRegister(kubeproxy.NewMapFillCollector(func() (map[string]int64, error) { return filler.Fill(a.set) },
+			a.set.Capacities))
+	}
 	svcStats, err := maps.SvcStats.In(a.set)
 	if err != nil {
 		return err
@@ -830,6 +838,9 @@ func (a *Agent) Close() {
 	}
 	if a.objs != nil {
 		a.objs.Close()
+	}
+	if a.filler != nil {
+		a.filler.Close()
 	}
 	a.set.Close()
 }
