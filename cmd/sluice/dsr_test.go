@@ -220,37 +220,26 @@ func TestMultiNodeDSR(t *testing.T) {
 		}
 	}()
 
-	t.Run("the backend sees the client and answers it directly", func(t *testing.T) {
-		body, err := get(ext, "10.210.0.1:30201", "", 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if f := strings.Fields(body); len(f) != 2 || f[1] != "10.210.0.100" {
-			t.Fatalf("answer %q: want the external client's own address", body)
-		}
-		if list := c.ctList("node-a", "--address", "10.210.0.100"); !strings.Contains(list, "dsr sent") {
-			t.Fatalf("node-a's flow is not marked DSR:\n%s", list)
-		}
-		if list := c.ctList("node-b", "--address", "10.210.0.100"); !strings.Contains(list, "-> 10.210.0.1:30201") || !strings.Contains(list, "dsr answered") {
-			t.Fatalf("node-b does not answer from the NodePort:\n%s", list)
-		}
-	})
-
-	t.Run("IPv6: the backend sees the client and answers it directly", func(t *testing.T) {
-		body, err := get(ext, "[fd00:210::1]:30211", "", 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if f := strings.Fields(body); len(f) != 2 || f[1] != "fd00:210::100" {
-			t.Fatalf("answer %q: want the external client's own address", body)
-		}
-		if list := c.ctList("node-a", "--address", "fd00:210::100"); !strings.Contains(list, "dsr sent") {
-			t.Fatalf("node-a's flow is not marked DSR:\n%s", list)
-		}
-		if list := c.ctList("node-b", "--address", "fd00:210::100"); !strings.Contains(list, "-> [fd00:210::1]:30211") || !strings.Contains(list, "dsr answered") {
-			t.Fatalf("node-b does not answer from the NodePort:\n%s", list)
-		}
-	})
+	for _, fam := range []struct{ name, nodePort, client string }{
+		{"IPv4", "10.210.0.1:30201", "10.210.0.100"},
+		{"IPv6", "[fd00:210::1]:30211", "fd00:210::100"},
+	} {
+		t.Run(fam.name+": the backend sees the client and answers it directly", func(t *testing.T) {
+			body, err := get(ext, fam.nodePort, "", 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f := strings.Fields(body); len(f) != 2 || f[1] != fam.client {
+				t.Fatalf("answer %q: want the external client's own address", body)
+			}
+			if list := c.ctList("node-a", "--address", fam.client); !strings.Contains(list, "dsr sent") {
+				t.Fatalf("node-a's flow is not marked DSR:\n%s", list)
+			}
+			if list := c.ctList("node-b", "--address", fam.client); !strings.Contains(list, "-> "+fam.nodePort) || !strings.Contains(list, "dsr answered") {
+				t.Fatalf("node-b does not answer from the NodePort:\n%s", list)
+			}
+		})
+	}
 
 	t.Run("a 100 MB download leaves node-b without passing node-a", func(t *testing.T) {
 		const size = 100 << 20
