@@ -66,6 +66,7 @@ require (
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/sluice-net/sluice/policy v0.0.0
+	github.com/sluice-net/sluice/trace v0.0.0
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
@@ -99,3 +100,5 @@ replace (
 )
 
 replace github.com/sluice-net/sluice/policy => ../policy
+
+replace github.com/sluice-net/sluice/trace => ../trace

@@ -19,6 +19,11 @@ type LoadOptions struct {
 	// syncer must build its tables with the same size (nat/maglev checks
 	// that it is a prime).
 	MaglevTableSize uint32
+	// DryRun loads the programs `sluice trace` runs: their policy hand-offs
+	// mark the packet so that the verdict program (the agent's, reached
+	// through the live policy programs) writes nothing (POLICY_DRY_RUN in
+	// bpf/include/policy.h).
+	DryRun bool
 }
 
 // MaglevDefaultTableSize is the object's own Maglev table size.
@@ -47,6 +52,11 @@ func Load(opts LoadOptions) (*SluiceObjects, error) {
 	}
 	if err := sizeMaglev(spec, opts.MaglevTableSize); err != nil {
 		return nil, err
+	}
+	if opts.DryRun {
+		if err := spec.Variables[SluiceVarDryRun].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("dry run: %w", err)
+		}
 	}
 	var objs SluiceObjects
 	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: opts.Maps})

@@ -560,6 +560,7 @@ const (
 	SluiceProgSlToHostL3      = "sl_to_host_l3"
 	SluiceProgSlToWl          = "sl_to_wl"
 	SluiceProgSlXdpPrefilter  = "sl_xdp_prefilter"
+	SluiceVarDryRun           = "dry_run"
 	SluiceVarMaglevSize       = "maglev_size"
 )
 
@@ -667,6 +668,7 @@ type SluiceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SluiceVariableSpecs struct {
+	DryRun     *ebpf.VariableSpec `ebpf:"dry_run"`
 	MaglevSize *ebpf.VariableSpec `ebpf:"maglev_size"`
 }
 
@@ -767,6 +769,7 @@ func (m *SluiceMaps) Close() error {
 //
 // It can be passed to LoadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SluiceVariables struct {
+	DryRun     *ebpf.Variable `ebpf:"dry_run"`
 	MaglevSize *ebpf.Variable `ebpf:"maglev_size"`
 }
 

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -96,4 +98,51 @@ func isArray(t ebpf.MapType) bool {
 		return true
 	}
 	return false
+}
+
+// Clone makes an unpinned map like m; withEntries copies m's entries into
+// it. A dry run (package trace) writes to clones of the maps the datapath
+// writes, so the live ones stay as they are.
+func Clone(m *ebpf.Map, withEntries bool) (*ebpf.Map, error) {
+	spec := &ebpf.MapSpec{Name: "sl_trace_copy", Type: m.Type(), KeySize: m.KeySize(), ValueSize: m.ValueSize(),
+		MaxEntries: m.MaxEntries(), Flags: m.Flags()}
+	c, err := ebpf.NewMap(spec)
+	if err != nil {
+		return nil, err
+	}
+	if !withEntries {
+		return c, nil
+	}
+	key := make([]byte, m.KeySize())
+	var value []byte
+	it := m.Iterate()
+	for it.Next(&key, &value) {
+		if err := c.Put(key, value); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	if err := it.Err(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// MaglevTableSize is the slots of the set's Maglev tables, which the map's
+// kernel name carries (sl_maglev<slots>, openMaglevTables).
+func MaglevTableSize(s *Set) (uint32, error) {
+	m := s.Map(gen.SluiceMapSlMaglevV1)
+	if m == nil {
+		return 0, nil
+	}
+	info, err := m.Info()
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseUint(strings.TrimPrefix(info.Name, "sl_maglev"), 10, 32)
+	if err != nil {
+		return 0, nil // not named by its size: the object's default
+	}
+	return uint32(n), nil
 }

@@ -283,7 +283,7 @@ static __always_inline int policy_handoff6(struct __sk_buff *skb, const struct p
 	skb->cb[1] = 0;
 	skb->cb[2] = (__u32)p->sport | ((__u32)p->dport << 16);
 	skb->cb[3] = (__u32)p->proto | ((__u32)p->icmp_type << 8) | ((__u32)p->icmp_code << 16) |
-		     (dir << POLICY_DIR_SHIFT) | POLICY_IPV6;
+		     (dir << POLICY_DIR_SHIFT) | POLICY_IPV6 | policy_dry_run();
 	skb->cb[4] = slot;
 	return JUDGE_BY_POLICY;
 }
@@ -310,7 +310,7 @@ static __always_inline int policy_tuple_pre_nat6(struct __sk_buff *skb, const st
 static __always_inline int policy_handoff_pre_nat6(struct __sk_buff *skb, const struct packet *p, __u32 dir, __u32 slot)
 {
 	skb->cb[3] = (__u32)p->proto | ((__u32)p->icmp_type << 8) | ((__u32)p->icmp_code << 16) |
-		     (dir << POLICY_DIR_SHIFT) | POLICY_PRE_NAT | POLICY_IPV6;
+		     (dir << POLICY_DIR_SHIFT) | POLICY_PRE_NAT | POLICY_IPV6 | policy_dry_run();
 	skb->cb[4] = slot;
 	return JUDGE_BY_POLICY;
 }

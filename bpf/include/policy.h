@@ -51,6 +51,21 @@
 /* An IPv6 flow: cb[0] and cb[1] are 0, its addresses are in the per-CPU
  * scratch map (struct policy6_tuple, conntrack6.h; policy_handoff6). */
 #define POLICY_IPV6		(1u << 27)
+/* A dry run (sluice trace): the verdict program returns the verdict and
+ * writes nothing — no conntrack verdict, no rule counter, no event. Only
+ * the programs a trace loads (dry_run below) set it: the live ones write
+ * cb[3] whole at each hand-off, so a live packet never carries it. */
+#define POLICY_DRY_RUN		(1u << 26)
+
+/* dry_run: 1 in the copy of the programs `sluice trace` loads (gen
+ * LoadOptions.DryRun), 0 in the agent's; a load-time constant, so the
+ * agent's programs carry no trace of it. */
+volatile const __u32 dry_run = 0;
+
+static __always_inline __u32 policy_dry_run(void)
+{
+	return dry_run ? POLICY_DRY_RUN : 0;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
@@ -133,7 +148,8 @@ static __always_inline int policy_handoff(struct __sk_buff *skb, const struct pa
 	skb->cb[0] = p->saddr;
 	skb->cb[1] = p->daddr;
 	skb->cb[2] = (__u32)p->sport | ((__u32)p->dport << 16);
-	skb->cb[3] = (__u32)p->proto | ((__u32)p->icmp_type << 8) | ((__u32)p->icmp_code << 16) | (dir << POLICY_DIR_SHIFT);
+	skb->cb[3] = (__u32)p->proto | ((__u32)p->icmp_type << 8) | ((__u32)p->icmp_code << 16) | (dir << POLICY_DIR_SHIFT) |
+		     policy_dry_run();
 	skb->cb[4] = slot;
 	return JUDGE_BY_POLICY;
 }
@@ -152,7 +168,7 @@ static __always_inline void policy_tuple_pre_nat(struct __sk_buff *skb, const st
 static __always_inline int policy_handoff_pre_nat(struct __sk_buff *skb, const struct packet *p, __u32 dir, __u32 slot)
 {
 	skb->cb[3] = (__u32)p->proto | ((__u32)p->icmp_type << 8) | ((__u32)p->icmp_code << 16) |
-		     (dir << POLICY_DIR_SHIFT) | POLICY_PRE_NAT;
+		     (dir << POLICY_DIR_SHIFT) | POLICY_PRE_NAT | policy_dry_run();
 	skb->cb[4] = slot;
 	return JUDGE_BY_POLICY;
 }
@@ -314,6 +330,9 @@ static __always_inline int policy_verdict(struct __sk_buff *skb)
 	__u32 dir = (skb->cb[3] >> POLICY_DIR_SHIFT) & 1;
 	int allow = skb->cb[3] & POLICY_ALLOW;
 
+	/* A trace reads the verdict and the rule from cb (its run's context). */
+	if (skb->cb[3] & POLICY_DRY_RUN)
+		return allow ? TC_ACT_OK : TC_ACT_SHOT;
 	rule_count(skb->cb[4]);
 	if (skb->cb[3] & POLICY_IPV6)
 		policy_record6(skb, dir, allow ? POL_ALLOWED : POL_DENIED);

@@ -5,6 +5,7 @@
 //	sluice nat list           frontends and their backends, per service
 //	sluice ct list|flush      conntrack flows
 //	sluice monitor            drops and flows, live, as the datapath sees them
+//	sluice trace              a described packet through the datapath, as a dry run
 //	sluice iface list         managed interfaces and their programs
 //	sluice policy list        policy programs per interface, per-rule counters
 //	sluice maps               every map's fill level and capacity
@@ -35,6 +36,8 @@ Usage:
   sluice ct flush [--service NS/NAME] [--address IP] [--proto tcp|udp]
   sluice monitor [--json] [--service NS/NAME] [--address IP] [--type drop|flow|REASON] [--count N]
                               drops, and flow starts and ends, live (agent: --flow-events)
+  sluice trace tcp|udp SRC:PORT -> DST:PORT --iface NAME [--direction ingress|egress] [--flags syn,ack] [--json]
+                              what the datapath would do with that packet (changes nothing)
   sluice iface list [--json]  managed interfaces, attached programs, readiness
   sluice policy list [--json] policy slots per interface and per-rule hit counters
   sluice maps [--json]        each map's fill level and capacity
@@ -71,6 +74,8 @@ func run(ctx context.Context, args []string) error {
 		return runCT(rest)
 	case "monitor":
 		return runMonitor(ctx, rest)
+	case "trace":
+		return runTrace(rest)
 	case "iface":
 		return runIface(rest)
 	case "maps":
