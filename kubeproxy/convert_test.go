@@ -197,3 +197,35 @@ func TestEndpointConversionRules(t *testing.T) {
 		t.Fatal("a slice over the API limit was accepted")
 	}
 }
+
+// Slim keeps what the proxier reads and drops the rest: managed fields,
+// annotations (an EndpointSlice's trigger time excepted), a Node's images.
+func TestSlimDropsWhatTheProxierNeverReads(t *testing.T) {
+	mf := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
+	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}, ManagedFields: mf,
+		Annotations: map[string]string{"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 4096)}},
+		Spec: v1.ServiceSpec{ClusterIP: "10.96.0.10"}}
+	slice := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-1", ManagedFields: mf,
+		Annotations: map[string]string{AnnotationTriggerTime: "2026-12-01T00:00:00Z", "other": "x"}}}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ManagedFields: mf, Labels: map[string]string{"topology.kubernetes.io/zone": "a"},
+		Annotations: map[string]string{"x": "y"}},
+		Status: v1.NodeStatus{Images: []v1.ContainerImage{{Names: []string{"big"}}}, Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}}}}
+	for _, o := range []any{svc, slice, node} {
+		if _, err := Slim(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if svc.ManagedFields != nil || svc.Annotations != nil || svc.Labels["app"] != "web" || svc.Spec.ClusterIP != "10.96.0.10" {
+		t.Errorf("service %+v", svc.ObjectMeta)
+	}
+	if slice.ManagedFields != nil || len(slice.Annotations) != 1 || slice.Annotations[AnnotationTriggerTime] == "" {
+		t.Errorf("slice %+v", slice.ObjectMeta)
+	}
+	if node.ManagedFields != nil || node.Status.Images != nil || node.Labels["topology.kubernetes.io/zone"] != "a" || len(node.Status.Addresses) != 1 {
+		t.Errorf("node %+v %+v", node.ObjectMeta, node.Status)
+	}
+	// A tombstone or another type passes untouched.
+	if o, err := Slim("x"); err != nil || o != "x" {
+		t.Errorf("%v %v", o, err)
+	}
+}

@@ -23,10 +23,11 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 	noProxyName := informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector = "!" + LabelServiceProxyName
 	})
-	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, noProxyName)
-	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+	slim := informers.WithTransform(Slim)
+	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, noProxyName, slim)
+	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, slim,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless }))
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, slim,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.cfg.NodeName).String()
 		}))
@@ -54,7 +55,7 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 	if routes := p.cfg.Routes; routes != nil {
 		// Every Node, for the route lookup (the factory above sees this
 		// node only).
-		all := informers.NewSharedInformerFactory(client, resync)
+		all := informers.NewSharedInformerFactoryWithOptions(client, resync, slim)
 		if _, err := all.Core().V1().Nodes().Informer().AddEventHandler(handler(routes.OnNode)); err != nil {
 			return err
 		}
@@ -74,6 +75,28 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 		}
 	}()
 	return nil
+}
+
+// Slim drops from an informer's object what the proxier never reads, before
+// the informer's cache keeps it: managed fields (on a small object often
+// most of its bytes), every annotation but an EndpointSlice's trigger time,
+// and a Node's image list. An informer holds every Service and EndpointSlice
+// of the cluster, so this is most of the agent's memory at scale.
+func Slim(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *v1.Service:
+		o.ManagedFields, o.Annotations = nil, nil
+	case *discovery.EndpointSlice:
+		o.ManagedFields = nil
+		if t, ok := o.Annotations[AnnotationTriggerTime]; ok {
+			o.Annotations = map[string]string{AnnotationTriggerTime: t}
+		} else {
+			o.Annotations = nil
+		}
+	case *v1.Node:
+		o.ManagedFields, o.Annotations, o.Status.Images = nil, nil, nil
+	}
+	return obj, nil
 }
 
 // handler adapts typed add/update/delete callbacks, unwrapping tombstones.

@@ -1,0 +1,118 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// BenchmarkAgentMemory: each proxy's resident memory (VmRSS) once it has
+// programmed N Services × 10 endpoints listed from a real API server, in the
+// same run: Sluice and kube-proxy in nftables mode. The objects exist before
+// the proxy starts (its initial list), and a probe Service created after
+// them answers when everything before it is programmed. CI: 100 Services;
+// SLUICE_BENCH_FULL=1: 1,000, 10,000 and 50,000.
+func BenchmarkAgentMemory(b *testing.B) {
+	bpftest.Require(b)
+	if _, _, err := apiservertest.Binaries(); err != nil {
+		b.Skip(err)
+	}
+	sluice, kubeProxy := proxyBinaries(b)
+	sizes := []int{100}
+	if os.Getenv("SLUICE_BENCH_FULL") == "1" {
+		sizes = []int{1_000, 10_000, 50_000}
+	}
+	if s := os.Getenv("SLUICE_BENCH_MEMORY_SIZES"); s != "" {
+		sizes = nil
+		for f := range strings.SplitSeq(s, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				b.Fatalf("SLUICE_BENCH_MEMORY_SIZES: %v", err)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, n := range sizes {
+		for _, proxy := range []string{"sluice", "nftables"} {
+			b.Run(fmt.Sprintf("services=%d/%s", n, proxy), func(b *testing.B) {
+				var rss float64
+				measured := false
+				for b.Loop() {
+					if !measured { // once: b.N's growth reuses it
+						rss, measured = memoryAt(b, proxy, n, sluice, kubeProxy), true
+					}
+				}
+				b.ReportMetric(rss, "rss-MB")
+			})
+		}
+	}
+}
+
+func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) float64 {
+	e := newBaselineEnv(b)
+	e.createServicesWithEndpoints(b, n, 10)
+	p := e.startProxy(b, proxy, sluice, kubeProxy)
+	probe := e.createServices(b, "probe", 1, e.backendIPs[0])
+	e.waitFor(b, probe[0]+":80", "b1", 10*time.Minute)
+	time.Sleep(3 * time.Second) // the sync that programmed the probe settles
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.Atoi(f[1])
+			return float64(kb) / 1024
+		}
+	}
+	b.Fatal("no VmRSS in /proc status")
+	return 0
+}
+
+// createServicesWithEndpoints creates n Services with perService endpoints
+// each (addresses nothing answers on: only the probe is dialled), from 16
+// clients at once.
+func (e *baselineEnv) createServicesWithEndpoints(b *testing.B, n, perService int) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 16 {
+				name := fmt.Sprintf("m%d", i)
+				if _, err := e.api.Client.CoreV1().Services("default").Create(ctx, &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
+					Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}, metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+				var addrs []string
+				for j := range perService {
+					addrs = append(addrs, fmt.Sprintf("10.%d.%d.%d", 100+j, (i>>8)&0xff, i&0xff))
+				}
+				s := slice(name, addrs...)
+				s.Annotations = map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": time.Now().UTC().Format(time.RFC3339)}
+				if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+}
