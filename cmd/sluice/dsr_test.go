@@ -274,25 +274,32 @@ func TestMultiNodeDSR(t *testing.T) {
 		}
 	})
 
-	routeVIP := func(via string) {
+	routeVIP := func(t *testing.T, via string) {
 		t.Helper()
 		if _, err := netlab.IP("-n", c.external, "route", "replace", "10.210.1.100/32", "via", via); err != nil {
 			t.Fatal(err)
 		}
 	}
-
-	t.Run("a connection moved to another node keeps its backend", func(t *testing.T) {
-		routeVIP("10.210.0.1")
+	// connectThroughA opens a connection to the external IP through node-a
+	// and returns it with its first answer.
+	connectThroughA := func(t *testing.T) (*keepAsking, string) {
+		t.Helper()
+		routeVIP(t, "10.210.0.1")
 		k, err := dialIn(ext, "10.210.1.100:80")
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer k.conn.Close()
-		before, err := k.ask(2 * time.Second)
+		t.Cleanup(func() { k.conn.Close() })
+		first, err := k.ask(2 * time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		routeVIP("10.210.0.3") // as an ECMP rehash would: node-c has no state for it
+		return k, first
+	}
+
+	t.Run("a connection moved to another node keeps its backend", func(t *testing.T) {
+		k, before := connectThroughA(t)
+		routeVIP(t, "10.210.0.3") // as an ECMP rehash would: node-c has no state for it
 		for i := range 5 {
 			after, err := k.ask(2 * time.Second)
 			if err != nil || after != before {
@@ -305,16 +312,7 @@ func TestMultiNodeDSR(t *testing.T) {
 	})
 
 	t.Run("a moved connection whose backend left gets a RST", func(t *testing.T) {
-		routeVIP("10.210.0.1")
-		k, err := dialIn(ext, "10.210.1.100:80")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer k.conn.Close()
-		before, err := k.ask(2 * time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
+		k, before := connectThroughA(t)
 		gone := strings.Fields(before)[0]
 		keep := map[string]string{"b1": "10.2.2.2", "b2": "10.2.1.2"}[gone]
 		edited := strings.Replace(dsrServices, "endpoints: [{addresses: [10.2.1.2], nodeName: node-b}, {addresses: [10.2.2.2], nodeName: node-b}]",
@@ -322,7 +320,7 @@ func TestMultiNodeDSR(t *testing.T) {
 		c.writeManifests6(edited)
 		t.Cleanup(func() { c.writeManifests6(dsrServices) })
 		c.waitBackends(t, "10.210.1.100:80", keep)
-		routeVIP("10.210.0.3")
+		routeVIP(t, "10.210.0.3")
 		answer, err := k.ask(3 * time.Second)
 		if !errors.Is(err, syscall.ECONNRESET) {
 			t.Fatalf("after its backend %s left and the move: %q %v, want a reset", gone, answer, err)
