@@ -13,10 +13,11 @@
  *    (a TCP SYN always fits; a large first UDP datagram does not);
  *  - a later UDP datagram that would not fit goes without the option: the
  *    backend's node has the flow's entries from an earlier one;
- *  - a moved connection's first segment that would not fit goes without the
- *    option: its backend still has the connection's entries (a backend that
- *    left cannot answer it from the frontend: the client's retransmission of
- *    a smaller segment, or its timeout, ends it).
+ *  - a moved connection is a new flow at the node it moved to: when its first
+ *    segment there would not fit (a full-size data segment), it is SNATed
+ *    too, and the backend answers the SNATed tuple with a RST that ends the
+ *    connection. A Packet Too Big at the link's MTU less the header, as IPv4
+ *    answers (dsr.h), would keep it: not built yet.
  * The stages sit outside the IPv6 pipeline's deepest frames: dsr6_pull runs
  * from the host ingress program before pipeline6, dsr6_push from pipeline6
  * once new_flow6 has returned (NEW_FLOW_DSR). */
