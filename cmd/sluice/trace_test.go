@@ -156,7 +156,20 @@ func TestTraceAgreesWithRealTraffic(t *testing.T) {
 
 	run := func(t *testing.T, pkt trace.Packet) *trace.Result {
 		t.Helper()
+		// The previous subtest's real connection may still be closing (its
+		// last packets count in conntrack and the per-service counters):
+		// wait until the maps are still for 300 ms, so that what changes
+		// during the trace is the trace's doing.
 		before := snapshotMaps(t, set)
+		for deadline := time.Now().Add(10 * time.Second); ; before = snapshotMaps(t, set) {
+			time.Sleep(300 * time.Millisecond)
+			if fmt.Sprint(snapshotMaps(t, set)) == fmt.Sprint(before) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the node's maps never stood still for 300 ms")
+			}
+		}
 		var r *trace.Result
 		err := netlab.Enter(netlab.Path(nodeA.ns), func() (err error) { r, err = trace.Run(set, pkt); return err })
 		if err != nil {
