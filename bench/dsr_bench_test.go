@@ -60,7 +60,7 @@ func BenchmarkDSR(b *testing.B) {
 			// newFlowsPerClear flows (DSR takes none). Emptied (outside the
 			// timed runs) every 10,000.
 			syns := externalSYNs(front, nil)
-			measureNew(b, d, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte {
+			measureNew(b, d.ClearConntrack, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte {
 				if i > 0 && i%10_000 == 0 {
 					d.ClearConntrack()
 				}
@@ -92,7 +92,7 @@ func BenchmarkDSR(b *testing.B) {
 			firstPackets = externalSYNs(remote, dsrOption(front))
 		}
 		b.Run("backend-first-packet-"+mode.name, func(b *testing.B) {
-			measureNew(b, be, be.Objs.SlFromHost, bpftest.ActOK, firstPackets)
+			measureNew(b, be.ClearConntrack, be.Objs.SlFromHost, bpftest.ActOK, firstPackets)
 		})
 		be.ClearConntrack()
 		first := bpftest.TCPPacket(src, remote, bpftest.SYN)

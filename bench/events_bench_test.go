@@ -62,7 +62,7 @@ func BenchmarkEvents(b *testing.B) {
 		})
 		b.Run("new-flow-"+mode.name, func(b *testing.B) {
 			stop := drainEvents(b, d)
-			measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(vip))
+			measureNew(b, d.ClearConntrack, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(vip))
 			b.ReportMetric(float64(stop())/float64(b.N), "events/packet")
 		})
 		b.Run("drop-flood-"+mode.name, func(b *testing.B) {

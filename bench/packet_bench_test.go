@@ -121,15 +121,15 @@ func measure(b *testing.B, prog *ebpf.Program, want uint32, frame func(i int) []
 // and a second of new flows is more than it holds.
 const newFlowsPerClear = 100_000
 
-// measureNew is measure for paths that create flows: d's conntrack is
-// emptied every newFlowsPerClear packets, outside the timed runs.
-func measureNew(b *testing.B, d *bpftest.Datapath, prog *ebpf.Program, want uint32, frame func(i int) []byte) float64 {
+// measureNew is measure for paths that create flows: clear empties their
+// conntrack every newFlowsPerClear packets, outside the timed runs.
+func measureNew(b *testing.B, clear func(), prog *ebpf.Program, want uint32, frame func(i int) []byte) float64 {
 	b.Helper()
 	var total time.Duration
 	i := 0
 	for b.Loop() {
-		if d != nil && i > 0 && i%newFlowsPerClear == 0 {
-			d.ClearConntrack()
+		if clear != nil && i > 0 && i%newFlowsPerClear == 0 {
+			clear()
 		}
 		ret, dur, err := prog.Benchmark(frame(i), 1, nil)
 		if err != nil {
@@ -239,21 +239,21 @@ func benchmarkPaths(b *testing.B, f family, services int) {
 		measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(be, f.client, bpftest.ACK)))
 	})
 	run("new-flow", func(b *testing.B) {
-		measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, f.newFlow(vip))
+		measureNew(b, d.ClearConntrack, d.Objs.SlFromWl, bpftest.ActOK, f.newFlow(vip))
 	})
 	run("new-flow-affinity", func(b *testing.B) {
 		// Same client address, new ports: the affinity entry decides.
 		sticky := f.addr("10.127.0.1:80")
 		d.AddService(bpftest.Service{ID: 900_001, Front: sticky, Proto: bpftest.ProtoTCP, Affinity: 600,
 			Backends: []bpftest.Backend{{AP: f.backend(1)}, {AP: f.backend(2)}}})
-		measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, func(i int) []byte {
+		measureNew(b, d.ClearConntrack, d.Objs.SlFromWl, bpftest.ActOK, func(i int) []byte {
 			return bpftest.TCPPacket(netip.AddrPortFrom(f.client.Addr(), uint16(1024+i%60000)), sticky, bpftest.SYN)
 		})
 	})
 	run("nodeport-new-flow", func(b *testing.B) {
 		d.AddService(bpftest.Service{ID: 900_002, Front: netip.AddrPortFrom(f.wildcard, 30080), Proto: bpftest.ProtoTCP,
 			Backends: []bpftest.Backend{{AP: be, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
-		measureNew(b, d, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return f.nodePort(f.node, 30080, i) })
+		measureNew(b, d.ClearConntrack, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return f.nodePort(f.node, 30080, i) })
 	})
 	run("nodeport-new-flow-maglev", func(b *testing.B) {
 		// The same NodePort picking by its Maglev table (one backend: only
@@ -267,7 +267,7 @@ func benchmarkPaths(b *testing.B, f family, services int) {
 		d.SetMaglevTable(900_004, table)
 		// nodeport-new-flow's flows hold this client's ports at the backend.
 		d.ClearConntrack()
-		measureNew(b, d, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return f.nodePort(f.node, 30081, i) })
+		measureNew(b, d.ClearConntrack, d.Objs.SlFromHost, bpftest.ActOK, func(i int) []byte { return f.nodePort(f.node, 30081, i) })
 	})
 	// Untranslated (pod to pod) traffic is tracked too, for the clash
 	// check: its established packets against the untracked path they took
@@ -282,7 +282,7 @@ func benchmarkPaths(b *testing.B, f family, services int) {
 		measure(b, d.Objs.SlFromWl, bpftest.ActOK, fixed(bpftest.TCPPacket(f.client, f.addr("10.1.9.10:8080"), bpftest.ACK)))
 	})
 	run("direct-new-flow", func(b *testing.B) {
-		measureNew(b, d, d.Objs.SlFromWl, bpftest.ActOK, f.newFlow(peer))
+		measureNew(b, d.ClearConntrack, d.Objs.SlFromWl, bpftest.ActOK, f.newFlow(peer))
 	})
 	run("fragment", func(b *testing.B) {
 		// A later fragment of a datagram whose first fragment set up its
@@ -370,5 +370,44 @@ func BenchmarkPacketHot(b *testing.B) {
 	})
 	b.Run("direct-untracked", func(b *testing.B) {
 		measureHot(b, d.Objs.SlFromWl, bpftest.TCPPacket(clientAP, netip.MustParseAddrPort("10.1.9.10:8080"), bpftest.ACK))
+	})
+}
+
+// BenchmarkNewFlowFloor is the new-flow floor series: the floor, then the
+// floor with one conntrack-sized map write, a pair of them, and the pair with
+// the clock read each entry carries, beside Sluice's own new-flow paths in the
+// same run. What the datapath adds to a new flow is its cost over the last
+// step; what the kernel's map writes cost is each step's over the one before.
+func BenchmarkNewFlowFloor(b *testing.B) {
+	b.Run("floor", benchFloor)
+	var objs gen.FloorObjects
+	if err := gen.LoadFloorObjects(&objs, nil); err != nil {
+		b.Fatal(err)
+	}
+	defer objs.Close()
+	clear := func() { bpftest.ClearMap[gen.SluiceCtKey, gen.SluiceCtValue](b, objs.FloorCt) }
+	vip := serviceAddr(5)
+	for _, step := range []struct {
+		name string
+		prog *ebpf.Program
+	}{
+		{"write-one", objs.FloorWriteOne},
+		{"write-pair", objs.FloorWritePair},
+		{"write-pair-clock", objs.FloorWritePairClock},
+	} {
+		b.Run(step.name, func(b *testing.B) {
+			clear()
+			measureNew(b, clear, step.prog, bpftest.ActOK, newFlowFrames(vip))
+		})
+	}
+	d := bpftest.NewDatapath(b, nodeIP)
+	programServices(b, d, families[0], 10)
+	b.Run("sluice-direct-new-flow", func(b *testing.B) {
+		d.ClearConntrack()
+		measureNew(b, d.ClearConntrack, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(netip.MustParseAddrPort("10.1.9.9:8080")))
+	})
+	b.Run("sluice-new-flow", func(b *testing.B) {
+		d.ClearConntrack()
+		measureNew(b, d.ClearConntrack, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(vip))
 	})
 }

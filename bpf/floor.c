@@ -77,3 +77,49 @@ int floor_parse_lookup6(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	return TC_ACT_UNSPEC;
 }
+
+/* The new-flow floor series: what writing a flow's conntrack entries costs
+ * alone. floor_ct has the conntrack map's type and entry sizes; the series
+ * adds one write, then two (a flow's pair), then the clock read every entry
+ * carries, so a benchmark can tell the datapath's new-flow cost from what the
+ * kernel's map writes cost. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SL_CT_MAX);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+} floor_ct SEC(".maps");
+
+static __always_inline int floor_write(struct __sk_buff *skb, int pair, int clock)
+{
+	struct packet p;
+	struct ct_key key;
+	struct ct_value v = {};
+
+	if (parse_packet(skb, &p, ETH_HLEN) != PARSE_OK)
+		return TC_ACT_OK;
+	ct_key_of(&p, &key);
+	if (bpf_map_lookup_elem(&floor_ct, &key))
+		return TC_ACT_OK;
+	if (clock)
+		v.created = v.last_seen = bpf_ktime_get_ns();
+	if (bpf_map_update_elem(&floor_ct, &key, &v, BPF_NOEXIST))
+		return TC_ACT_SHOT;
+	if (pair) {
+		struct ct_key rk = {
+			.saddr = p.daddr, .daddr = p.saddr, .sport = p.dport, .dport = p.sport, .proto = p.proto,
+		};
+		if (bpf_map_update_elem(&floor_ct, &rk, &v, BPF_NOEXIST))
+			return TC_ACT_SHOT;
+	}
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int floor_write_one(struct __sk_buff *skb) { return floor_write(skb, 0, 0); }
+
+SEC("tc")
+int floor_write_pair(struct __sk_buff *skb) { return floor_write(skb, 1, 0); }
+
+SEC("tc")
+int floor_write_pair_clock(struct __sk_buff *skb) { return floor_write(skb, 1, 1); }

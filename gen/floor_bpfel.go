@@ -16,12 +16,16 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	FloorMapFloorFlows         = "floor_flows"
-	FloorMapFloorFlows6        = "floor_flows6"
-	FloorMapSlCtV2             = "sl_ct_v2"
-	FloorProgFloorParseLookup  = "floor_parse_lookup"
-	FloorProgFloorParseLookup6 = "floor_parse_lookup6"
-	FloorProgFloorXdpPass      = "floor_xdp_pass"
+	FloorMapFloorCt              = "floor_ct"
+	FloorMapFloorFlows           = "floor_flows"
+	FloorMapFloorFlows6          = "floor_flows6"
+	FloorMapSlCtV2               = "sl_ct_v2"
+	FloorProgFloorParseLookup    = "floor_parse_lookup"
+	FloorProgFloorParseLookup6   = "floor_parse_lookup6"
+	FloorProgFloorWriteOne       = "floor_write_one"
+	FloorProgFloorWritePair      = "floor_write_pair"
+	FloorProgFloorWritePairClock = "floor_write_pair_clock"
+	FloorProgFloorXdpPass        = "floor_xdp_pass"
 )
 
 // LoadFloor returns the embedded CollectionSpec for Floor.
@@ -66,15 +70,19 @@ type FloorSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FloorProgramSpecs struct {
-	FloorParseLookup  *ebpf.ProgramSpec `ebpf:"floor_parse_lookup"`
-	FloorParseLookup6 *ebpf.ProgramSpec `ebpf:"floor_parse_lookup6"`
-	FloorXdpPass      *ebpf.ProgramSpec `ebpf:"floor_xdp_pass"`
+	FloorParseLookup    *ebpf.ProgramSpec `ebpf:"floor_parse_lookup"`
+	FloorParseLookup6   *ebpf.ProgramSpec `ebpf:"floor_parse_lookup6"`
+	FloorWriteOne       *ebpf.ProgramSpec `ebpf:"floor_write_one"`
+	FloorWritePair      *ebpf.ProgramSpec `ebpf:"floor_write_pair"`
+	FloorWritePairClock *ebpf.ProgramSpec `ebpf:"floor_write_pair_clock"`
+	FloorXdpPass        *ebpf.ProgramSpec `ebpf:"floor_xdp_pass"`
 }
 
 // FloorMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FloorMapSpecs struct {
+	FloorCt     *ebpf.MapSpec `ebpf:"floor_ct"`
 	FloorFlows  *ebpf.MapSpec `ebpf:"floor_flows"`
 	FloorFlows6 *ebpf.MapSpec `ebpf:"floor_flows6"`
 	SlCtV2      *ebpf.MapSpec `ebpf:"sl_ct_v2"`
@@ -106,6 +114,7 @@ func (o *FloorObjects) Close() error {
 //
 // It can be passed to LoadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FloorMaps struct {
+	FloorCt     *ebpf.Map `ebpf:"floor_ct"`
 	FloorFlows  *ebpf.Map `ebpf:"floor_flows"`
 	FloorFlows6 *ebpf.Map `ebpf:"floor_flows6"`
 	SlCtV2      *ebpf.Map `ebpf:"sl_ct_v2"`
@@ -113,6 +122,7 @@ type FloorMaps struct {
 
 func (m *FloorMaps) Close() error {
 	return _FloorClose(
+		m.FloorCt,
 		m.FloorFlows,
 		m.FloorFlows6,
 		m.SlCtV2,
@@ -129,15 +139,21 @@ type FloorVariables struct {
 //
 // It can be passed to LoadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FloorPrograms struct {
-	FloorParseLookup  *ebpf.Program `ebpf:"floor_parse_lookup"`
-	FloorParseLookup6 *ebpf.Program `ebpf:"floor_parse_lookup6"`
-	FloorXdpPass      *ebpf.Program `ebpf:"floor_xdp_pass"`
+	FloorParseLookup    *ebpf.Program `ebpf:"floor_parse_lookup"`
+	FloorParseLookup6   *ebpf.Program `ebpf:"floor_parse_lookup6"`
+	FloorWriteOne       *ebpf.Program `ebpf:"floor_write_one"`
+	FloorWritePair      *ebpf.Program `ebpf:"floor_write_pair"`
+	FloorWritePairClock *ebpf.Program `ebpf:"floor_write_pair_clock"`
+	FloorXdpPass        *ebpf.Program `ebpf:"floor_xdp_pass"`
 }
 
 func (p *FloorPrograms) Close() error {
 	return _FloorClose(
 		p.FloorParseLookup,
 		p.FloorParseLookup6,
+		p.FloorWriteOne,
+		p.FloorWritePair,
+		p.FloorWritePairClock,
 		p.FloorXdpPass,
 	)
 }

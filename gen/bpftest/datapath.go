@@ -330,12 +330,12 @@ func (d *Datapath) SetMaglevTable(id uint32, table []uint32) {
 // flow had ended and been removed.
 func (d *Datapath) ClearConntrack() {
 	d.TB.Helper()
-	clearMap[gen.SluiceCtKey, gen.SluiceCtValue](d.TB, d.Objs.SlCtV2)
-	clearMap[gen.SluiceCt6Key, gen.SluiceCt6Value](d.TB, d.Objs.SlCt6V1)
+	ClearMap[gen.SluiceCtKey, gen.SluiceCtValue](d.TB, d.Objs.SlCtV2)
+	ClearMap[gen.SluiceCt6Key, gen.SluiceCt6Value](d.TB, d.Objs.SlCt6V1)
 }
 
-// clearMap deletes every entry of a hash map of K to V.
-func clearMap[K, V any](tb testing.TB, m *ebpf.Map) {
+// ClearMap deletes every entry of a hash map of K to V.
+func ClearMap[K, V any](tb testing.TB, m *ebpf.Map) {
 	var keys []K
 	var k K
 	var v V
