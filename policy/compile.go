@@ -37,6 +37,9 @@ const MaxPrograms = 31
 type Compiler struct {
 	Maps            Maps
 	RulesPerProgram int
+	// RuleByRule compiles every policy rule by rule, never to the
+	// classifier (see IndexedRules).
+	RuleByRule bool
 }
 
 // The policy hand-off in skb->cb (bpf/include/policy.h).
@@ -130,22 +133,75 @@ func (c *Compiler) chunks(p *EndpointPolicy) []chunk {
 	return out
 }
 
-// Compile returns the programs of p, to be placed in consecutive slots of
-// Maps.Programs starting at firstSlot; the first is the entry.
-func (c *Compiler) Compile(name string, p *EndpointPolicy, firstSlot uint32) ([]*ebpf.ProgramSpec, error) {
+// plan is how a policy compiles: its rule-by-rule programs, and its
+// classifier tables when the classifier judges it.
+type plan struct {
+	chunks []chunk
+	index  *index
+}
+
+// programs is how many consecutive slots the policy takes.
+func (pl *plan) programs() int {
+	switch {
+	case pl.index == nil:
+		return len(pl.chunks)
+	case pl.index.fallback:
+		return 1 + len(pl.chunks)
+	}
+	return 1
+}
+
+func (c *Compiler) plan(name string, p *EndpointPolicy) (*plan, error) {
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("policy %s: %w", name, err)
 	}
 	if len(p.Tiers) == 0 {
 		return nil, fmt.Errorf("policy %s: no tiers (an endpoint without policy needs no program)", name)
 	}
-	chunks := c.chunks(p)
-	if len(chunks) > MaxPrograms {
-		return nil, fmt.Errorf("policy %s: needs %d programs, more than the %d tail calls allow (at most %d rules per endpoint and direction)",
-			name, len(chunks), MaxPrograms, MaxPrograms*max(c.RulesPerProgram, DefaultRulesPerProgram))
+	pl := &plan{chunks: c.chunks(p)}
+	if !c.RuleByRule && countRules(p) > IndexedRules && indexable(p, c.Maps.Scratch6) == nil {
+		pl.index = buildIndex(p)
 	}
-	var specs []*ebpf.ProgramSpec
-	for i, ch := range chunks {
+	if n := pl.programs(); n > MaxPrograms {
+		return nil, fmt.Errorf("policy %s: needs %d programs, more than the %d tail calls allow (at most %d rules per endpoint and direction, or the classifier's: at most %d rules match any one port and address)",
+			name, n, MaxPrograms, MaxPrograms*max(c.RulesPerProgram, DefaultRulesPerProgram), clsMaxCandidates)
+	}
+	return pl, nil
+}
+
+// Compile returns the programs of p, to be placed in consecutive slots of
+// Maps.Programs starting at firstSlot; the first is the entry. A policy the
+// classifier judges comes with maps of its own, which the programs hold
+// once loaded.
+func (c *Compiler) Compile(name string, p *EndpointPolicy, firstSlot uint32) ([]*ebpf.ProgramSpec, error) {
+	pl, err := c.plan(name, p)
+	if err != nil {
+		return nil, err
+	}
+	specs, _, err := c.build(name, p, pl, firstSlot, false)
+	return specs, err
+}
+
+// build makes pl's programs for firstSlot. With namesOnly a classifier is
+// only named, and no map is made. release closes this side's handles on the
+// classifier's maps.
+func (c *Compiler) build(name string, p *EndpointPolicy, pl *plan, firstSlot uint32, namesOnly bool) (specs []*ebpf.ProgramSpec, release func(), err error) {
+	release = func() {}
+	linearSlot := firstSlot
+	if pl.index != nil {
+		linearSlot = firstSlot + 1
+		var cls *ebpf.ProgramSpec
+		if namesOnly {
+			cls = &ebpf.ProgramSpec{Name: pl.index.name(linearSlot)}
+		} else if cls, release, err = c.classifier(pl.index, linearSlot); err != nil {
+			return nil, nil, fmt.Errorf("policy %s: %w", name, err)
+		}
+		specs = append(specs, cls)
+		if !pl.index.fallback {
+			return specs, release, nil
+		}
+	}
+	for i, ch := range pl.chunks {
 		e := &emitter{c: c, maps: c.Maps, carriers: map[string]bool{}}
 		e.prologue()
 		// Each program holds its rules twice: for IPv4 packets, then for
@@ -153,23 +209,24 @@ func (c *Compiler) Compile(name string, p *EndpointPolicy, firstSlot uint32) ([]
 		// the other family never holds).
 		ipv6 := e.label()
 		e.emit(asm.LoadMem(asm.R1, rCtx, cbMeta, asm.Word), asm.JSet.Imm32(asm.R1, familyIPv6, ipv6))
-		e.section(p, ch, i, firstSlot, false)
+		e.section(p, ch, i, linearSlot, false)
 		e.mark(ipv6)
 		if c.Maps.Scratch6 == nil {
 			e.verdict(false, EndOfPolicyRule) // fail closed: no IPv6 tuple to judge
 		} else {
 			e.prologue6()
-			e.section(p, ch, i, firstSlot, true)
+			e.section(p, ch, i, linearSlot, true)
 		}
 		if err := e.err; err != nil {
-			return nil, fmt.Errorf("policy %s: %w", name, err)
+			release()
+			return nil, nil, fmt.Errorf("policy %s: %w", name, err)
 		}
 		specs = append(specs, &ebpf.ProgramSpec{
 			Name: fmt.Sprintf("slpol_%d", i), Type: ebpf.SchedCLS, License: "Dual BSD/GPL",
 			Instructions: e.finish(),
 		})
 	}
-	return specs, nil
+	return specs, release, nil
 }
 
 // section emits a chunk's rules for one family, then what happens when
@@ -618,4 +675,26 @@ func (e *emitter) count(ruleID uint32) {
 		asm.FnMapUpdateElem.Call(),
 	)
 	e.mark(done)
+}
+
+// PlanStats tells how a policy compiles.
+type PlanStats struct {
+	Programs int  // slots it takes
+	Indexed  bool // judged by the classifier
+	// IndexBytes is the keys and values of the classifier's maps (the
+	// kernel's per-entry overhead comes on top); 0 without the classifier.
+	IndexBytes int
+}
+
+// Stats plans p as Compile would and tells how it compiles.
+func (c *Compiler) Stats(name string, p *EndpointPolicy) (PlanStats, error) {
+	pl, err := c.plan(name, p)
+	if err != nil {
+		return PlanStats{}, err
+	}
+	st := PlanStats{Programs: pl.programs(), Indexed: pl.index != nil}
+	if pl.index != nil {
+		st.IndexBytes = pl.index.mapBytes()
+	}
+	return st, nil
 }

@@ -2,9 +2,12 @@ package policy_test
 
 import (
 	"flag"
+
 	"math/rand/v2"
 	"net/netip"
 	"testing"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/sluice-net/sluice/policy"
 )
@@ -128,22 +131,47 @@ func TestCompiledEqualsReference(t *testing.T) {
 	}
 	e.setIPSets(sets)
 	cases := 0
+	indexed := 0
 	for i := range 60 {
 		p := randPolicy(r, []int{12, 60, 300}[i%3])
 		perProgram := []int{0, 7, 40}[i%3] // small chunks force tail-call chains
-		prog := e.load(p, perProgram)
+		// Each policy both ways: rule by rule, and (above
+		// policy.IndexedRules rules) by the classifier.
+		byRule := e.loadWith(policy.Compiler{Maps: e.maps, RulesPerProgram: perProgram, RuleByRule: true}, p, 1)
+		progs := map[string]*ebpf.Program{"rule by rule": byRule}
+		if countRules(p) > policy.IndexedRules {
+			// Past the rule-by-rule programs' slots (and with its own
+			// for the rule-by-rule programs it falls back to).
+			progs["classifier"] = e.loadWith(policy.Compiler{Maps: e.maps, RulesPerProgram: perProgram}, p, 200)
+			indexed++
+		}
 		for range 60 {
 			pkt := randPacket(r)
 			want := policy.Evaluate(p, sets, pkt)
-			allow, rule := e.run(prog, pkt, false)
-			if allow != want.Allow || rule != want.RuleID {
-				t.Fatalf("seed %d policy %d: packet %+v: compiled allow %v rule %#x, reference allow %v rule %#x\npolicy: %+v",
-					s, i, pkt, allow, rule, want.Allow, want.RuleID, p)
+			for how, prog := range progs {
+				allow, rule := e.run(prog, pkt, false)
+				if allow != want.Allow || rule != want.RuleID {
+					t.Fatalf("seed %d policy %d (%s): packet %+v: compiled allow %v rule %#x, reference allow %v rule %#x\npolicy: %+v",
+						s, i, how, pkt, allow, rule, want.Allow, want.RuleID, p)
+				}
 			}
 			cases++
 		}
 	}
-	t.Logf("seed %d: %d packets agreed", s, cases)
+	if indexed == 0 {
+		t.Fatal("no policy was large enough for the classifier")
+	}
+	t.Logf("seed %d: %d packets agreed (%d of 60 policies also by the classifier)", s, cases, indexed)
+}
+
+func countRules(p *policy.EndpointPolicy) int {
+	n := 0
+	for _, t := range p.Tiers {
+		for _, pol := range t.Policies {
+			n += len(pol.Rules)
+		}
+	}
+	return n
 }
 
 // Thousands of rules per endpoint: split across programs chained by tail
@@ -157,7 +185,7 @@ func TestLargePolicySplitsAcrossPrograms(t *testing.T) {
 			DstPorts: []policy.PortRange{{uint16(i + 1), uint16(i + 1)}}})
 	}
 	p := oneTier(rules...)
-	c := policy.Compiler{Maps: e.maps}
+	c := policy.Compiler{Maps: e.maps, RuleByRule: true}
 	specs, err := c.Compile("big", p, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +193,7 @@ func TestLargePolicySplitsAcrossPrograms(t *testing.T) {
 	if len(specs) != n/policy.DefaultRulesPerProgram {
 		t.Fatalf("%d programs for %d rules", len(specs), n)
 	}
-	prog := e.load(p, 0)
+	prog := e.loadWith(c, p, 1)
 	if allow, rule := e.run(prog, tcp("1.1.1.1", "2.2.2.2", n), false); !allow || rule != n {
 		t.Fatalf("last rule: allow %v rule %d", allow, rule)
 	}
@@ -179,4 +207,89 @@ func TestLargePolicySplitsAcrossPrograms(t *testing.T) {
 	if _, err := c.Compile("huge", oneTier(rules...), 1); err == nil {
 		t.Fatal("a policy beyond the tail-call limit compiled")
 	}
+	// The classifier takes 20,000 rules in one program, as no packet can
+	// match more than its limit of them (one port each).
+	rules = rules[:0]
+	for i := range 20_000 {
+		rules = append(rules, policy.Rule{ID: uint32(i + 1), Action: policy.Allow, Protocol: 6,
+			DstPorts: []policy.PortRange{{uint16(i + 1), uint16(i + 1)}}})
+	}
+	c.RuleByRule = false
+	specs, err = c.Compile("huge", oneTier(rules...), 1)
+	if err != nil || len(specs) != 1 {
+		t.Fatalf("classifier: %d programs, %v", len(specs), err)
+	}
+	prog = e.loadWith(c, oneTier(rules...), 1)
+	if allow, rule := e.run(prog, tcp("1.1.1.1", "2.2.2.2", 20_000), false); !allow || rule != 20_000 {
+		t.Fatalf("classifier, last rule: allow %v rule %d", allow, rule)
+	}
+	if allow, rule := e.run(prog, tcp("1.1.1.1", "2.2.2.2", 20_001), false); allow || rule != policy.ImplicitRuleBase {
+		t.Fatalf("classifier, no match: allow %v rule %#x", allow, rule)
+	}
+}
+
+// The classifier at the scale: policies of 100,000 rules in three
+// tiers, every rule selective by its destination port (one port or a short
+// range, as NetworkPolicy rules name them) and otherwise as random as in
+// TestCompiledEqualsReference, judged in one program; random packets, many
+// of them to ports the rules name, agree with the reference evaluator.
+func TestClassifierEqualsReferenceAt100kRules(t *testing.T) {
+	e := newEnv(t)
+	s := *seed
+	if s == 0 {
+		s = 20261201
+	}
+	r := rand.New(rand.NewPCG(s, s))
+	sets := policy.IPSets{}
+	for id := uint32(1); id <= 3; id++ {
+		for range 1 + r.IntN(4) {
+			sets[id] = append(sets[id], randPrefix(r))
+		}
+	}
+	e.setIPSets(sets)
+	const n = 100_000
+	p := &policy.EndpointPolicy{}
+	for ti := range 3 {
+		p.Tiers = append(p.Tiers, policy.Tier{Name: string(rune('a' + ti)), DefaultAction: []policy.Action{policy.Pass, policy.Deny}[r.IntN(2)],
+			Policies: []policy.Policy{{Name: "p"}}})
+	}
+	for i := range n {
+		rule := randRule(r, uint32(i+1))
+		lo := uint16(r.IntN(65536 - 4))
+		rule.DstPorts = []policy.PortRange{{lo, lo + uint16(r.IntN(3))}}
+		rule.NotDstPorts = false
+		if rule.Protocol != 0 && !rule.NotProtocol && rule.Protocol != 6 && rule.Protocol != 17 {
+			rule.Protocol = 6
+		}
+		pol := &p.Tiers[i*3/n].Policies[0]
+		pol.Rules = append(pol.Rules, rule)
+	}
+	c := policy.Compiler{Maps: e.maps}
+	specs, err := c.Compile("huge", p, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(specs) != 1 {
+		t.Fatalf("%d programs for %d rules: want the classifier alone", len(specs), n)
+	}
+	prog := e.loadWith(c, p, 1)
+	decided := 0
+	for range 3000 {
+		pkt := randPacket(r)
+		if pkt.Protocol == 6 || pkt.Protocol == 17 {
+			pkt.DstPort = uint16(r.IntN(65536))
+		}
+		want := policy.Evaluate(p, sets, pkt)
+		allow, rule := e.run(prog, pkt, false)
+		if allow != want.Allow || rule != want.RuleID {
+			t.Fatalf("seed %d: packet %+v: classifier allow %v rule %#x, reference allow %v rule %#x", s, pkt, allow, rule, want.Allow, want.RuleID)
+		}
+		if rule < policy.ImplicitRuleBase {
+			decided++
+		}
+	}
+	if decided < 100 {
+		t.Fatalf("only %d of 3000 packets were decided by a rule: the test does not reach the rules", decided)
+	}
+	t.Logf("seed %d: 3000 packets agreed, %d decided by one of %d rules", s, decided, n)
 }

@@ -22,11 +22,17 @@ func newEnv(tb testing.TB) *env {
 		IPSets6: dp.Objs.SlIpset6V1, Scratch6: dp.Objs.SlScratch6V1}}
 }
 
-// load compiles p into slots 1.. and returns the entry program.
+// load compiles p into slots 1.. and returns the entry program (a policy of
+// more than policy.IndexedRules rules: the classifier).
 func (e *env) load(p *policy.EndpointPolicy, perProgram int) *ebpf.Program {
 	e.tb.Helper()
-	c := policy.Compiler{Maps: e.maps, RulesPerProgram: perProgram}
-	specs, err := c.Compile("test", p, 1)
+	return e.loadWith(policy.Compiler{Maps: e.maps, RulesPerProgram: perProgram}, p, 1)
+}
+
+// loadWith is load with a compiler of the test's, into slots first...
+func (e *env) loadWith(c policy.Compiler, p *policy.EndpointPolicy, first uint32) *ebpf.Program {
+	e.tb.Helper()
+	specs, err := c.Compile("test", p, first)
 	if err != nil {
 		e.tb.Fatal(err)
 	}
@@ -36,7 +42,7 @@ func (e *env) load(p *policy.EndpointPolicy, perProgram int) *ebpf.Program {
 		if err != nil {
 			e.tb.Fatalf("load program %d: %v", i, err)
 		}
-		if err := e.maps.Programs.Put(uint32(1+i), prog); err != nil {
+		if err := e.maps.Programs.Put(first+uint32(i), prog); err != nil {
 			e.tb.Fatal(err)
 		}
 		if i == 0 {

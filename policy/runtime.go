@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -61,18 +62,22 @@ func (r *Runtime) alloc(n uint32) (uint32, error) {
 func (r *Runtime) Install(name string, p *EndpointPolicy) (uint32, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := uint32(len(r.compiler.chunks(p)))
-	first, err := r.alloc(n)
+	pl, err := r.compiler.plan(name, p)
 	if err != nil {
 		return 0, err
 	}
-	specs, err := r.compiler.Compile(name, p, first)
+	first, err := r.alloc(uint32(pl.programs()))
+	if err != nil {
+		return 0, err
+	}
+	specs, release, err := r.compiler.build(name, p, pl, first, false)
 	if err != nil {
 		delete(r.used, first)
 		return 0, err
 	}
+	defer release() // the loaded classifier holds its maps
 	for _, spec := range specs {
-		if spec.Name, err = codeName(spec); err != nil {
+		if spec.Name, err = programName(spec); err != nil {
 			delete(r.used, first)
 			return 0, err
 		}
@@ -165,12 +170,16 @@ func (r *Runtime) Matches(name string, p *EndpointPolicy, first uint32) bool {
 	if !ok {
 		return false
 	}
-	specs, err := r.compiler.Compile(name, p, first)
+	pl, err := r.compiler.plan(name, p)
+	if err != nil {
+		return false
+	}
+	specs, _, err := r.compiler.build(name, p, pl, first, true)
 	if err != nil || uint32(len(specs)) != n {
 		return false
 	}
 	for i, spec := range specs {
-		want, err := codeName(spec)
+		want, err := programName(spec)
 		if err != nil {
 			return false
 		}
@@ -189,6 +198,15 @@ func (r *Runtime) Matches(name string, p *EndpointPolicy, first uint32) bool {
 		}
 	}
 	return true
+}
+
+// programName is the name Install gives a program: a classifier's is named
+// after its tables already (index.name), the others after their code.
+func programName(spec *ebpf.ProgramSpec) (string, error) {
+	if strings.HasPrefix(spec.Name, "slc") {
+		return spec.Name, nil
+	}
+	return codeName(spec)
 }
 
 // codeName names a policy program after its instructions: "slp" and the
