@@ -3,15 +3,17 @@
  * policy by looking it up in indexes instead of walking its rules.
  *
  * The policy module (policy/classify.go) flattens an endpoint direction's
- * tiers into one numbered list of rules and builds three indexes over it:
- * the destination port (per protocol), the source address and the
- * destination address (LPM tries per family). Each index maps a value to the
- * sorted list of the rules that can match a packet with that value: the
- * rules whose condition on that field holds for it, and the rules with no
- * condition on it. A rule that matches the packet is in all three lists, so
- * the shortest of them holds every rule that can decide; walking it in order
- * and checking each rule whole gives the verdict the rule-by-rule programs
- * give (policy/compile.go), tiers, Pass and Log included.
+ * tiers into one numbered list of rules and indexes each rule by one of its
+ * conditions, the one the fewest other rules share: its destination port
+ * (cls_ports, per protocol), its destination or its source CIDRs (LPM tries
+ * per family, each CIDR's list holding the rules of every CIDR around it).
+ * Rules with none of these conditions are listed apart (cls_meta.wild). A
+ * rule that matches a packet is in the list of its group for the packet's
+ * port or address, so walking the four lists merged in rule order, and
+ * checking each rule whole, gives the verdict the rule-by-rule programs give
+ * (policy/compile.go): tiers, Pass and Log included. A list longer than
+ * CLS_MAX_CANDIDATES is stored as overflowing, and a packet that meets one
+ * goes to the policy's rule-by-rule programs.
  *
  * Each policy gets its own copy of the cls_* maps (created by the policy
  * module and referenced by its copy of this program); the sl_* maps are the
@@ -89,8 +91,19 @@ struct cls_meta {
 	 * that ends with Pass leads to the next), or CLS_TIERS if none. */
 	__u8 next_deny[CLS_TIERS];
 	/* The slot of the rule-by-rule programs of the same policy, for a
-	 * packet every index of which overflows; 0 when no packet can. */
+	 * packet one of whose lists overflows; 0 when no packet's can. */
 	__u32 fallback_slot;
+	/* The rules with no port or address condition to index them by. */
+	struct cls_list wild;
+	/* Which address tries hold rules: CLS_HAS_* bits. */
+	__u32 tries;
+};
+
+enum cls_has {
+	CLS_HAS_SRC4 = 1 << 0,
+	CLS_HAS_DST4 = 1 << 1,
+	CLS_HAS_SRC6 = 1 << 2,
+	CLS_HAS_DST6 = 1 << 3,
 };
 
 struct cls_addr4_key {
@@ -148,10 +161,14 @@ CLS_ADDR_TRIE(cls_dst4, cls_addr4_key);
 CLS_ADDR_TRIE(cls_src6, cls_addr6_key);
 CLS_ADDR_TRIE(cls_dst6, cls_addr6_key);
 
-/* What the walk of a list needs and finds. */
+/* The candidate lists of a packet, one per group of rules: each rule is
+ * indexed by one of its conditions, its group's (policy/classify.go). */
+enum cls_group { CLS_BY_PORT, CLS_BY_DST, CLS_BY_SRC, CLS_WILD, CLS_GROUPS };
+
+/* What the walk of the lists needs and finds. */
 struct cls_walk {
 	__u32 src[4], dst[4];
-	__u32 off, len;
+	__u32 off[CLS_GROUPS], len[CLS_GROUPS], pos[CLS_GROUPS];
 	__u32 tier;		/* the tier being evaluated */
 	__u32 decided;		/* 0, or POLICY_ALLOW / POLICY_DENY */
 	__u32 rule;		/* the deciding rule */
@@ -280,17 +297,59 @@ static __always_inline int end_tiers(struct cls_walk *w, const struct cls_meta *
 	return 0;
 }
 
+/* next_candidate returns the lowest rule number at the head of the lists
+ * and moves past it, or -1 when every list is walked. A rule is in one
+ * group's list only. */
+static __always_inline __s64 next_candidate(struct cls_walk *w)
+{
+	__u32 best = CLS_GROUPS, best_rule = 0xffffffff;
+	int g;
+
+#pragma unroll
+	for (g = 0; g < CLS_GROUPS; g++) {
+		if (w->pos[g] >= w->len[g])
+			continue;
+		__u32 k = w->off[g] + w->pos[g];
+		__u32 *rule = bpf_map_lookup_elem(&cls_items, &k);
+		if (!rule)
+			return -1;
+		if (*rule < best_rule) {
+			best_rule = *rule;
+			best = g;
+		}
+	}
+	switch (best) {
+	case CLS_BY_PORT:
+		w->pos[CLS_BY_PORT]++;
+		break;
+	case CLS_BY_DST:
+		w->pos[CLS_BY_DST]++;
+		break;
+	case CLS_BY_SRC:
+		w->pos[CLS_BY_SRC]++;
+		break;
+	case CLS_WILD:
+		w->pos[CLS_WILD]++;
+		break;
+	default:
+		return -1;
+	}
+	return best_rule;
+}
+
 static long walk_one(__u32 i, void *ctx)
 {
 	struct cls_walk *w = ctx;
-	__u32 k = w->off + i, meta_key = 0;
+	__u32 meta_key = 0;
+	(void)i;
 	const struct cls_meta *meta = bpf_map_lookup_elem(&cls_meta_map, &meta_key);
 	if (!meta)
 		return 1;
-	__u32 *idx = bpf_map_lookup_elem(&cls_items, &k);
-	if (!idx)
+	__s64 next = next_candidate(w);
+	if (next < 0)
 		return 1;
-	const struct cls_rule *r = bpf_map_lookup_elem(&cls_rules_map, idx);
+	__u32 idx = next;
+	const struct cls_rule *r = bpf_map_lookup_elem(&cls_rules_map, &idx);
 	if (!r)
 		return 1;
 	if (r->tier < w->tier)
@@ -325,11 +384,16 @@ static __always_inline int verdict(struct __sk_buff *skb, __u32 decision, __u32 
 	return decision == POLICY_ALLOW ? TC_ACT_OK : TC_ACT_SHOT;
 }
 
-/* shorter keeps the shorter of two lists in *best. */
-static __always_inline void shorter(struct cls_list **best, struct cls_list *l)
+/* take sets a group's list for the walk: 1 when it overflows. */
+static __always_inline int take(struct cls_walk *w, enum cls_group g, const struct cls_list *l)
 {
-	if (l && (!*best || l->len < (*best)->len))
-		*best = l;
+	if (!l)
+		return 0;	/* no rule of the group can match */
+	if (l->len == CLS_OVERFLOW)
+		return 1;
+	w->off[g] = l->off;
+	w->len[g] = l->len;
+	return 0;
 }
 
 SEC("tc")
@@ -354,35 +418,37 @@ int sl_policy_classify(struct __sk_buff *skb)
 		w.dst[0] = skb->cb[1];
 	}
 
-	/* The port index is an array read; the address tries are only asked
-	 * when its list is not already short. */
+	/* The address tries are only asked when they hold rules. */
 	__u32 slot = w.proto == IPPROTO_TCP ? w.dport : w.proto == IPPROTO_UDP ? 65536 + w.dport : CLS_OTHER_PROTOCOLS;
-	struct cls_list *best = bpf_map_lookup_elem(&cls_ports, &slot);
-	if (!best || best->len > 4) {
-		if (w.ipv6) {
-			struct cls_addr6_key k = { .prefixlen = 128 };
+	int overflow = take(&w, CLS_BY_PORT, bpf_map_lookup_elem(&cls_ports, &slot)) |
+		       take(&w, CLS_WILD, &meta->wild);
+	if (w.ipv6) {
+		struct cls_addr6_key k = { .prefixlen = 128 };
+		if (meta->tries & CLS_HAS_SRC6) {
 			__builtin_memcpy(k.addr, w.src, 16);
-			shorter(&best, bpf_map_lookup_elem(&cls_src6, &k));
+			overflow |= take(&w, CLS_BY_SRC, bpf_map_lookup_elem(&cls_src6, &k));
+		}
+		if (meta->tries & CLS_HAS_DST6) {
 			__builtin_memcpy(k.addr, w.dst, 16);
-			shorter(&best, bpf_map_lookup_elem(&cls_dst6, &k));
-		} else {
-			struct cls_addr4_key k = { .prefixlen = 32 };
+			overflow |= take(&w, CLS_BY_DST, bpf_map_lookup_elem(&cls_dst6, &k));
+		}
+	} else {
+		struct cls_addr4_key k = { .prefixlen = 32 };
+		if (meta->tries & CLS_HAS_SRC4) {
 			__builtin_memcpy(k.addr, w.src, 4);
-			shorter(&best, bpf_map_lookup_elem(&cls_src4, &k));
+			overflow |= take(&w, CLS_BY_SRC, bpf_map_lookup_elem(&cls_src4, &k));
+		}
+		if (meta->tries & CLS_HAS_DST4) {
 			__builtin_memcpy(k.addr, w.dst, 4);
-			shorter(&best, bpf_map_lookup_elem(&cls_dst4, &k));
+			overflow |= take(&w, CLS_BY_DST, bpf_map_lookup_elem(&cls_dst4, &k));
 		}
 	}
-	if (!best)
-		return TC_ACT_SHOT;	/* every index has a list for every value */
-	if (best->len == CLS_OVERFLOW) {
+	if (overflow) {
 		if (meta->fallback_slot)
 			bpf_tail_call(skb, &sl_polprog_v1, meta->fallback_slot);
 		return TC_ACT_SHOT;
 	}
-	w.off = best->off;
-	w.len = best->len;
-	bpf_loop(w.len < CLS_MAX_CANDIDATES ? w.len : CLS_MAX_CANDIDATES, walk_one, &w, 0);
+	bpf_loop(CLS_GROUPS * CLS_MAX_CANDIDATES, walk_one, &w, 0);
 	if (!w.decided)
 		end_tiers(&w, meta, meta->tiers);
 	if (w.decided)

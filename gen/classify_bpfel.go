@@ -36,6 +36,8 @@ type ClassifyClsMeta struct {
 	Tiers        uint32
 	NextDeny     [64]uint8
 	FallbackSlot uint32
+	Wild         ClassifyClsList
+	Tries        uint32
 }
 
 type ClassifyClsNet struct {

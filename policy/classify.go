@@ -17,11 +17,15 @@ import (
 )
 
 // A policy with more than IndexedRules rules is judged by the classifier
-// (bpf/classify.c): its rules are indexed by destination port, source and
-// destination address, and a packet is checked only against the rules of the
-// shortest of its three lists, so its cost grows with how many rules can
-// match it rather than with the policy's size. Smaller policies are compiled
-// rule by rule, which is faster below this size.
+// (bpf/classify.c). Each rule is indexed by one of its conditions (groups):
+// its destination port, its destination or its source CIDRs; rules with
+// none of them are kept apart. A packet is checked, in rule order, only
+// against the rules listed for its port and addresses and the rules kept
+// apart, so its cost grows with how many rules can match it rather than
+// with the policy's size. Smaller policies are compiled rule by rule, which
+// is as fast at their size. A policy where some packet's list would hold
+// more than clsMaxCandidates rules keeps its rule-by-rule programs too,
+// for such packets.
 const IndexedRules = 64
 
 // The classifier's limits (bpf/classify.c): a rule with more CIDRs, IP sets
@@ -59,7 +63,7 @@ type index struct {
 	ports    []gen.ClassifyClsList                      // clsOtherProtocols+1 slots
 	addr     [2][2]map[netip.Prefix]gen.ClassifyClsList // [source, destination][IPv4, IPv6]
 	meta     gen.ClassifyClsMeta
-	fallback bool // some packet overflows every index: the rule-by-rule programs follow
+	fallback bool // some packet's list overflows: the rule-by-rule programs follow
 }
 
 // indexable reports whether p fits the classifier, and why not.
@@ -240,6 +244,74 @@ func portClass(proto uint8) int {
 	return 2
 }
 
+// The groups of rules (enum cls_group): each rule is indexed by one of its
+// conditions, and a packet's candidates are its list in each group.
+const (
+	byPort = iota
+	byDst
+	bySrc
+	wild
+)
+
+// groups assigns each rule the condition it is indexed by: of its
+// unnegated port, destination and source conditions, the one whose values
+// the fewest other rules share, so that a crowd of rules on one port (or
+// one CIDR) is indexed by its other condition where it has one.
+func groups(flat []Rule) []int {
+	type portKey struct{ first, last uint16 }
+	ports := map[portKey]int{}
+	nets := [2]map[netip.Prefix]int{{}, {}}
+	for _, r := range flat {
+		if len(r.DstPorts) > 0 && !r.NotDstPorts {
+			for _, pr := range r.DstPorts {
+				ports[portKey{pr.First, pr.Last}]++
+			}
+		}
+		if len(r.DstNets) > 0 && !r.NotDstNets {
+			for _, n := range r.DstNets {
+				nets[0][n.Masked()]++
+			}
+		}
+		if len(r.SrcNets) > 0 && !r.NotSrcNets {
+			for _, n := range r.SrcNets {
+				nets[1][n.Masked()]++
+			}
+		}
+	}
+	out := make([]int, len(flat))
+	for i, r := range flat {
+		out[i] = wild
+		crowd := -1
+		consider := func(g, c int) {
+			if crowd < 0 || c < crowd {
+				out[i], crowd = g, c
+			}
+		}
+		if len(r.DstPorts) > 0 && !r.NotDstPorts {
+			c := 0
+			for _, pr := range r.DstPorts {
+				c = max(c, ports[portKey{pr.First, pr.Last}]+int(pr.Last-pr.First))
+			}
+			consider(byPort, c)
+		}
+		if len(r.DstNets) > 0 && !r.NotDstNets {
+			c := 0
+			for _, n := range r.DstNets {
+				c = max(c, nets[0][n.Masked()])
+			}
+			consider(byDst, c)
+		}
+		if len(r.SrcNets) > 0 && !r.NotSrcNets {
+			c := 0
+			for _, n := range r.SrcNets {
+				c = max(c, nets[1][n.Masked()])
+			}
+			consider(bySrc, c)
+		}
+	}
+	return out
+}
+
 // buildIndex flattens p's tiers into numbered rules and indexes them.
 func buildIndex(p *EndpointPolicy) *index {
 	x := &index{ports: make([]gen.ClassifyClsList, clsOtherProtocols+1)}
@@ -261,26 +333,40 @@ func buildIndex(p *EndpointPolicy) *index {
 		}
 	}
 	x.meta.Tiers = uint32(len(p.Tiers))
+	group := groups(flat)
 	l := &lists{seen: map[string]gen.ClassifyClsList{}}
-	portsOverflow := x.indexPorts(flat, l)
-	var overflow [2][2]bool
+	var unindexed []uint32
+	for i, g := range group {
+		if g == wild {
+			unindexed = append(unindexed, uint32(i))
+		}
+	}
+	x.meta.Wild = l.add(unindexed)
+	overflow := x.meta.Wild.Len == clsOverflow
+	overflow = x.indexPorts(flat, group, l) || overflow
 	for side := range 2 {
 		for fam := range 2 {
-			x.addr[side][fam], overflow[side][fam] = indexAddrs(flat, side == 1, fam == 1, l)
+			var over bool
+			x.addr[side][fam], over = indexAddrs(flat, group, side == 1, fam == 1, l)
+			overflow = overflow || over
+			if len(x.addr[side][fam]) > 0 {
+				x.meta.Tries |= 1 << (2*fam + side) // CLS_HAS_*
+			}
 		}
 	}
 	x.items = l.items
-	x.fallback = portsOverflow && (overflow[0][0] && overflow[1][0] || overflow[0][1] && overflow[1][1])
+	x.fallback = overflow
 	return x
 }
 
-// indexPorts fills x.ports: for each protocol class and port, the rules
-// whose port and protocol conditions can hold. It reports whether a list
-// overflows.
-func (x *index) indexPorts(flat []Rule, l *lists) bool {
+// indexPorts fills x.ports with the lists of the rules indexed by port: for
+// each protocol class and port, those whose port and protocol conditions
+// hold. It reports whether a list overflows.
+func (x *index) indexPorts(flat []Rule, group []int, l *lists) bool {
 	overflow := false
-	for class := range 3 {
-		var wild []uint32
+	empty := l.add(nil)
+	x.ports[clsOtherProtocols] = empty // port conditions hold for TCP and UDP only
+	for class := range 2 {
 		type event struct {
 			port int // the range starts here (start) or ends just before (end)
 			rule uint32
@@ -288,28 +374,16 @@ func (x *index) indexPorts(flat []Rule, l *lists) bool {
 		}
 		var events []event
 		for i, r := range flat {
-			if r.Protocol != 0 && !r.NotProtocol && portClass(r.Protocol) != class {
-				continue // a protocol condition this class never meets
-			}
-			if len(r.DstPorts) == 0 || r.NotDstPorts {
-				wild = append(wild, uint32(i))
+			if group[i] != byPort || r.Protocol != 0 && !r.NotProtocol && portClass(r.Protocol) != class {
 				continue
-			}
-			if class == 2 {
-				continue // port conditions hold for TCP and UDP only
 			}
 			for _, pr := range r.DstPorts {
 				events = append(events, event{int(pr.First), uint32(i), false}, event{int(pr.Last) + 1, uint32(i), true})
 			}
 		}
-		if class == 2 {
-			x.ports[clsOtherProtocols] = l.add(wild)
-			overflow = overflow || x.ports[clsOtherProtocols].Len == clsOverflow
-			continue
-		}
 		slices.SortFunc(events, func(a, b event) int { return cmp.Compare(a.port, b.port) })
 		active := map[uint32]int{} // rule -> ranges of it covering the port
-		list := l.add(wild)
+		list := empty
 		next := 0
 		for port := 0; port <= 65535; {
 			changed := false
@@ -326,7 +400,7 @@ func (x *index) indexPorts(flat []Rule, l *lists) bool {
 				next++
 			}
 			if changed {
-				if len(active)+len(wild) > clsMaxCandidates {
+				if len(active) > clsMaxCandidates {
 					list = gen.ClassifyClsList{Len: clsOverflow}
 				} else {
 					covering := make([]uint32, 0, len(active))
@@ -334,7 +408,7 @@ func (x *index) indexPorts(flat []Rule, l *lists) bool {
 						covering = append(covering, r)
 					}
 					slices.Sort(covering)
-					list = l.add(merged(wild, covering))
+					list = l.add(covering)
 				}
 			}
 			end := 65536
@@ -350,20 +424,24 @@ func (x *index) indexPorts(flat []Rule, l *lists) bool {
 	return overflow
 }
 
-// indexAddrs builds one address trie: for each CIDR of the family some
-// rule's (unnegated) condition on that address names, and for /0, the rules
-// that can match an address in it. It reports whether a list overflows.
-func indexAddrs(flat []Rule, dst, ipv6 bool, l *lists) (map[netip.Prefix]gen.ClassifyClsList, bool) {
-	var wild []uint32
+// indexAddrs builds one address trie of the rules indexed by that address:
+// for each CIDR of the family they name, and for /0 when they name CIDRs of
+// the family, the rules whose condition holds for an address in it. It is
+// empty when none of them names a CIDR of the family. It reports whether a
+// list overflows.
+func indexAddrs(flat []Rule, group []int, dst, ipv6 bool, l *lists) (map[netip.Prefix]gen.ClassifyClsList, bool) {
+	want := bySrc
+	if dst {
+		want = byDst
+	}
 	at := map[netip.Prefix][]uint32{}
 	for i, r := range flat {
-		nets, negate := r.SrcNets, r.NotSrcNets
-		if dst {
-			nets, negate = r.DstNets, r.NotDstNets
-		}
-		if len(nets) == 0 || negate {
-			wild = append(wild, uint32(i))
+		if group[i] != want {
 			continue
+		}
+		nets := r.SrcNets
+		if dst {
+			nets = r.DstNets
 		}
 		for _, n := range nets {
 			if n.Addr().Is6() == ipv6 {
@@ -373,6 +451,9 @@ func indexAddrs(flat []Rule, dst, ipv6 bool, l *lists) (map[netip.Prefix]gen.Cla
 				}
 			}
 		}
+	}
+	if len(at) == 0 {
+		return nil, false
 	}
 	root := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
 	if ipv6 {
@@ -384,7 +465,7 @@ func indexAddrs(flat []Rule, dst, ipv6 bool, l *lists) (map[netip.Prefix]gen.Cla
 	out := make(map[netip.Prefix]gen.ClassifyClsList, len(at))
 	overflow := false
 	for n := range at {
-		rules := wild
+		var rules []uint32
 		for bits := 0; bits <= n.Bits() && len(rules) <= clsMaxCandidates; bits++ {
 			if rs, ok := at[netip.PrefixFrom(n.Addr(), bits).Masked()]; ok {
 				rules = merged(rules, rs)

@@ -229,10 +229,12 @@ func TestLargePolicySplitsAcrossPrograms(t *testing.T) {
 }
 
 // The classifier at the scale: policies of 100,000 rules in three
-// tiers, every rule selective by its destination port (one port or a short
-// range, as NetworkPolicy rules name them) and otherwise as random as in
-// TestCompiledEqualsReference, judged in one program; random packets, many
-// of them to ports the rules name, agree with the reference evaluator.
+// tiers, each rule selective by one condition — a destination port (or a
+// short range), a destination CIDR or a source CIDR, of either family, as
+// NetworkPolicy rules name them — and otherwise as random as in
+// TestCompiledEqualsReference, plus a few rules with no such condition;
+// judged in one program. Random packets, half of them made to meet one
+// rule's selective condition, agree with the reference evaluator.
 func TestClassifierEqualsReferenceAt100kRules(t *testing.T) {
 	e := newEnv(t)
 	s := *seed
@@ -247,37 +249,81 @@ func TestClassifierEqualsReferenceAt100kRules(t *testing.T) {
 		}
 	}
 	e.setIPSets(sets)
-	const n = 100_000
+	const n, unindexed = 100_000, 30
 	p := &policy.EndpointPolicy{}
 	for ti := range 3 {
 		p.Tiers = append(p.Tiers, policy.Tier{Name: string(rune('a' + ti)), DefaultAction: []policy.Action{policy.Pass, policy.Deny}[r.IntN(2)],
 			Policies: []policy.Policy{{Name: "p"}}})
 	}
+	// A CIDR in a wide space of either family, so few rules share one.
+	wideNet := func() netip.Prefix {
+		if r.IntN(2) == 0 {
+			var b [16]byte
+			b[0], b[1], b[2], b[3], b[4] = 0xfd, 0, byte(r.IntN(256)), byte(r.IntN(256)), byte(r.IntN(256))
+			return netip.PrefixFrom(netip.AddrFrom16(b), 40+r.IntN(89)).Masked()
+		}
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(r.IntN(256)), byte(r.IntN(256)), byte(r.IntN(256))}), 16+r.IntN(17)).Masked()
+	}
+	var all []policy.Rule
 	for i := range n {
 		rule := randRule(r, uint32(i+1))
-		lo := uint16(r.IntN(65536 - 4))
-		rule.DstPorts = []policy.PortRange{{lo, lo + uint16(r.IntN(3))}}
-		rule.NotDstPorts = false
-		if rule.Protocol != 0 && !rule.NotProtocol && rule.Protocol != 6 && rule.Protocol != 17 {
-			rule.Protocol = 6
+		switch {
+		case i%(n/unindexed) == 0:
+			// Unindexed, and (as an ICMP condition) matching a few
+			// packets only, or they would decide every packet.
+			three := uint8(3)
+			rule.DstPorts, rule.DstNets, rule.SrcNets = nil, nil, nil
+			rule.ICMPType, rule.NotICMP = &three, false
+		case i%3 == 0:
+			lo := uint16(r.IntN(65536 - 4))
+			rule.DstPorts, rule.NotDstPorts = []policy.PortRange{{lo, lo + uint16(r.IntN(3))}}, false
+			if rule.Protocol != 0 && !rule.NotProtocol && rule.Protocol != 6 && rule.Protocol != 17 {
+				rule.Protocol = 6
+			}
+		case i%3 == 1:
+			rule.DstNets, rule.NotDstNets = []netip.Prefix{wideNet()}, false
+		default:
+			rule.SrcNets, rule.NotSrcNets = []netip.Prefix{wideNet(), wideNet()}, false
 		}
+		all = append(all, rule)
 		pol := &p.Tiers[i*3/n].Policies[0]
 		pol.Rules = append(pol.Rules, rule)
 	}
 	c := policy.Compiler{Maps: e.maps}
-	specs, err := c.Compile("huge", p, 1)
+	st, err := c.Stats("huge", p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(specs) != 1 {
-		t.Fatalf("%d programs for %d rules: want the classifier alone", len(specs), n)
+	if !st.Indexed || st.Programs != 1 {
+		t.Fatalf("%+v for %d rules: want the classifier alone", st, n)
 	}
 	prog := e.loadWith(c, p, 1)
-	decided := 0
-	for range 3000 {
+	// inside returns an address of n's family in n.
+	inside := func(n netip.Prefix) netip.Addr {
+		b := n.Addr().AsSlice()
+		for bit := n.Bits(); bit < len(b)*8; bit++ {
+			if r.IntN(2) == 1 {
+				b[bit/8] |= 0x80 >> (bit % 8)
+			}
+		}
+		a, _ := netip.AddrFromSlice(b)
+		return a
+	}
+	decided, deciding := 0, map[uint32]bool{}
+	for range 4000 {
 		pkt := randPacket(r)
 		if pkt.Protocol == 6 || pkt.Protocol == 17 {
 			pkt.DstPort = uint16(r.IntN(65536))
+		}
+		if rule := all[r.IntN(n)]; r.IntN(2) == 0 {
+			switch {
+			case len(rule.DstPorts) > 0 && (pkt.Protocol == 6 || pkt.Protocol == 17):
+				pkt.DstPort = rule.DstPorts[0].First
+			case len(rule.DstNets) > 0 && rule.DstNets[0].Addr().Is6() == pkt.Src.Is6():
+				pkt.Dst = inside(rule.DstNets[0])
+			case len(rule.SrcNets) > 0 && rule.SrcNets[0].Addr().Is6() == pkt.Src.Is6():
+				pkt.Src = inside(rule.SrcNets[0])
+			}
 		}
 		want := policy.Evaluate(p, sets, pkt)
 		allow, rule := e.run(prog, pkt, false)
@@ -286,10 +332,11 @@ func TestClassifierEqualsReferenceAt100kRules(t *testing.T) {
 		}
 		if rule < policy.ImplicitRuleBase {
 			decided++
+			deciding[rule] = true
 		}
 	}
-	if decided < 100 {
-		t.Fatalf("only %d of 3000 packets were decided by a rule: the test does not reach the rules", decided)
+	if len(deciding) < 150 {
+		t.Fatalf("%d packets of 4000 were decided by only %d rules: the test does not reach the rules", decided, len(deciding))
 	}
-	t.Logf("seed %d: 3000 packets agreed, %d decided by one of %d rules", s, decided, n)
+	t.Logf("seed %d: 4000 packets agreed, %d decided by %d different rules of %d; classifier maps %.1f MB", s, decided, len(deciding), n, float64(st.IndexBytes)/1e6)
 }
