@@ -363,7 +363,10 @@ func (s *Syncer) planValid(pl *planner, name ServicePortName, svc *ServicePort, 
 	if err != nil {
 		return nil, err
 	}
-	p.svc, p.eps = cloneService(svc), slices.Clone(eps)
+	// No copies: State's service ports and endpoint slices are immutable
+	// once passed (see State), and at 10,000 services a copy of every
+	// endpoint was the syncer's largest allocation.
+	p.svc, p.eps = svc, eps
 	return p, nil
 }
 
@@ -390,14 +393,6 @@ func sameEndpoints(a, b []Endpoint) bool {
 		}
 	}
 	return true
-}
-
-func cloneService(s *ServicePort) *ServicePort {
-	c := *s
-	c.ExternalIPs = slices.Clone(s.ExternalIPs)
-	c.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs)
-	c.LoadBalancerSourceRanges = slices.Clone(s.LoadBalancerSourceRanges)
-	return &c
 }
 
 // load reads the maps back, so the first Apply after a restart reuses ids and
