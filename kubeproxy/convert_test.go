@@ -199,14 +199,21 @@ func TestEndpointConversionRules(t *testing.T) {
 }
 
 // Slim keeps what the proxier reads and drops the rest: managed fields,
-// annotations (an EndpointSlice's trigger time excepted), a Node's images.
+// owner references, annotations (an EndpointSlice's trigger time excepted),
+// endpoints' target references and deprecated topology, a Node's images.
 func TestSlimDropsWhatTheProxierNeverReads(t *testing.T) {
 	mf := []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
 	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}, ManagedFields: mf,
 		Annotations: map[string]string{"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 4096)}},
 		Spec: v1.ServiceSpec{ClusterIP: "10.96.0.10"}}
-	slice := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-1", ManagedFields: mf,
-		Annotations: map[string]string{AnnotationTriggerTime: "2026-12-01T00:00:00Z", "other": "x"}}}
+	owner := []metav1.OwnerReference{{Kind: "Service", Name: "web"}}
+	slice := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-1", ManagedFields: mf, OwnerReferences: owner,
+		Labels:      map[string]string{LabelServiceName: "web"},
+		Annotations: map[string]string{AnnotationTriggerTime: "2026-12-01T00:00:00Z", "other": "x"}},
+		Endpoints: []discovery.Endpoint{{Addresses: []string{"10.1.0.5"}, NodeName: ptr("n"), Zone: ptr("a"),
+			Hints:              &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: "a"}}},
+			TargetRef:          &v1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "web-abc"},
+			DeprecatedTopology: map[string]string{"kubernetes.io/hostname": "n"}}}}
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ManagedFields: mf, Labels: map[string]string{"topology.kubernetes.io/zone": "a"},
 		Annotations: map[string]string{"x": "y"}},
 		Status: v1.NodeStatus{Images: []v1.ContainerImage{{Names: []string{"big"}}}, Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}}}}
@@ -218,8 +225,13 @@ func TestSlimDropsWhatTheProxierNeverReads(t *testing.T) {
 	if svc.ManagedFields != nil || svc.Annotations != nil || svc.Labels["app"] != "web" || svc.Spec.ClusterIP != "10.96.0.10" {
 		t.Errorf("service %+v", svc.ObjectMeta)
 	}
-	if slice.ManagedFields != nil || len(slice.Annotations) != 1 || slice.Annotations[AnnotationTriggerTime] == "" {
+	if slice.ManagedFields != nil || slice.OwnerReferences != nil || len(slice.Annotations) != 1 || slice.Annotations[AnnotationTriggerTime] == "" ||
+		slice.Labels[LabelServiceName] != "web" {
 		t.Errorf("slice %+v", slice.ObjectMeta)
+	}
+	if ep := slice.Endpoints[0]; ep.TargetRef != nil || ep.DeprecatedTopology != nil || ep.Addresses[0] != "10.1.0.5" ||
+		*ep.NodeName != "n" || *ep.Zone != "a" || ep.Hints == nil {
+		t.Errorf("endpoint %+v", ep)
 	}
 	if node.ManagedFields != nil || node.Status.Images != nil || node.Labels["topology.kubernetes.io/zone"] != "a" || len(node.Status.Addresses) != 1 {
 		t.Errorf("node %+v %+v", node.ObjectMeta, node.Status)

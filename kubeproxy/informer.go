@@ -79,15 +79,20 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 
 // Slim drops from an informer's object what the proxier never reads, before
 // the informer's cache keeps it: managed fields (on a small object often
-// most of its bytes), every annotation but an EndpointSlice's trigger time,
-// and a Node's image list. An informer holds every Service and EndpointSlice
-// of the cluster, so this is most of the agent's memory at scale.
+// most of its bytes), owner references, every annotation but an
+// EndpointSlice's trigger time, each endpoint's target reference (the Pod
+// it names) and deprecated topology, and a Node's image list. An informer
+// holds every Service and EndpointSlice of the cluster, so this is most of
+// the agent's memory at scale.
 func Slim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Service:
-		o.ManagedFields, o.Annotations = nil, nil
+		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
 	case *discovery.EndpointSlice:
-		o.ManagedFields = nil
+		o.ManagedFields, o.OwnerReferences = nil, nil
+		for i := range o.Endpoints {
+			o.Endpoints[i].TargetRef, o.Endpoints[i].DeprecatedTopology = nil, nil
+		}
 		if t, ok := o.Annotations[AnnotationTriggerTime]; ok {
 			o.Annotations = map[string]string{AnnotationTriggerTime: t}
 		} else {
