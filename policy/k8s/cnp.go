@@ -70,7 +70,7 @@ func (t *translator) selector(where string, s *metav1.LabelSelector) (labels.Sel
 // labels match podSel (nil: every pod of those namespaces).
 func (t *translator) namespacedPods(nsSel, podSel labels.Selector) []*v1.Pod {
 	var out []*v1.Pod
-	for _, p := range t.c.Pods {
+	for _, p := range t.pods.candidates(podSel, "") {
 		if nsSel.Matches(t.nsLabel[p.Namespace]) && (podSel == nil || podSel.Matches(labels.Set(p.Labels))) && !p.Spec.HostNetwork {
 			out = append(out, p)
 		}
