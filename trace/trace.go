@@ -19,6 +19,7 @@ package trace
 
 import (
 	"fmt"
+	stdmaps "maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -184,7 +185,7 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 	if r.Counters, err = counters(replace[gen.SluiceMapSlCountersV4]); err != nil {
 		return nil, err
 	}
-	for _, c := range slices.Sorted(mapKeys(r.Counters)) {
+	for _, c := range slices.Sorted(stdmaps.Keys(r.Counters)) {
 		r.step("counted %s", c)
 	}
 	switch {
@@ -198,16 +199,6 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 		r.step("passed: %s", r.Output)
 	}
 	return r, nil
-}
-
-func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
-	return func(yield func(K) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func (r *Result) step(format string, args ...any) {
@@ -379,16 +370,24 @@ func serviceName(set *maps.Set, id uint32) string {
 // affinity reads the client's affinity entry for the frontend's service in
 // the copy: its backend, "" when none.
 func affinity(replace map[string]*ebpf.Map, pkt Packet) string {
-	if !pkt.Src.Addr().Is4() {
-		return ""
-	}
 	var out []string
-	var k gen.SluiceAffKey
-	var v gen.SluiceAffValue
-	it := replace[gen.SluiceMapSlAffV1].Iterate()
-	for it.Next(&k, &v) {
-		if gen.AddrFromNet(k.Client) == pkt.Src.Addr() {
-			out = append(out, fmt.Sprintf("%d:%v", k.SvcId, gen.AddrFromNet(v.Addr)))
+	if pkt.Src.Addr().Is4() {
+		var k gen.SluiceAffKey
+		var v gen.SluiceAffValue
+		it := replace[gen.SluiceMapSlAffV1].Iterate()
+		for it.Next(&k, &v) {
+			if gen.AddrFromNet(k.Client) == pkt.Src.Addr() {
+				out = append(out, fmt.Sprintf("%d:%v", k.SvcId, gen.AddrFromNet(v.Addr)))
+			}
+		}
+	} else {
+		var k gen.SluiceAff6Key
+		var v gen.SluiceAff6Value
+		it := replace[gen.SluiceMapSlAff6V1].Iterate()
+		for it.Next(&k, &v) {
+			if gen.AddrFromNet6(k.Client) == pkt.Src.Addr() {
+				out = append(out, fmt.Sprintf("%d:%v", k.SvcId, gen.AddrFromNet6(v.Addr)))
+			}
 		}
 	}
 	slices.Sort(out)
@@ -413,7 +412,7 @@ func (r *Result) policy(ctx skBuff) {
 
 // newFlows reports the flows the run created: backend, SNAT, DSR.
 func (r *Result) newFlows(before, after map[string]conntrack.Flow, affBefore, affAfter string) {
-	for _, k := range slices.Sorted(mapKeys(after)) {
+	for _, k := range slices.Sorted(stdmaps.Keys(after)) {
 		f := after[k]
 		if _, ok := before[k]; ok {
 			continue
