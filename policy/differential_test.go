@@ -96,6 +96,24 @@ func randPolicy(r *rand.Rand, maxRules int) *policy.EndpointPolicy {
 	return p
 }
 
+// randSetup seeds a differential test (-policy-seed, or the test's own
+// default) and writes three random IP sets to e's maps.
+func randSetup(e *env, defaultSeed uint64) (uint64, *rand.Rand, policy.IPSets) {
+	s := *seed
+	if s == 0 {
+		s = defaultSeed
+	}
+	r := rand.New(rand.NewPCG(s, s))
+	sets := policy.IPSets{}
+	for id := uint32(1); id <= 3; id++ {
+		for range 1 + r.IntN(4) {
+			sets[id] = append(sets[id], randPrefix(r))
+		}
+	}
+	e.setIPSets(sets)
+	return s, r, sets
+}
+
 func randPacket(r *rand.Rand) policy.Packet {
 	ipv6 := r.IntN(2) == 0
 	icmp := uint8(1)
@@ -118,18 +136,7 @@ func randPacket(r *rand.Rand) policy.Packet {
 // -policy-seed.
 func TestCompiledEqualsReference(t *testing.T) {
 	e := newEnv(t)
-	s := *seed
-	if s == 0 {
-		s = 20261129
-	}
-	r := rand.New(rand.NewPCG(s, s))
-	sets := policy.IPSets{}
-	for id := uint32(1); id <= 3; id++ {
-		for range 1 + r.IntN(4) {
-			sets[id] = append(sets[id], randPrefix(r))
-		}
-	}
-	e.setIPSets(sets)
+	s, r, sets := randSetup(e, 20261129)
 	cases := 0
 	indexed := 0
 	for i := range 60 {
@@ -237,18 +244,7 @@ func TestLargePolicySplitsAcrossPrograms(t *testing.T) {
 // rule's selective condition, agree with the reference evaluator.
 func TestClassifierEqualsReferenceAt100kRules(t *testing.T) {
 	e := newEnv(t)
-	s := *seed
-	if s == 0 {
-		s = 20261201
-	}
-	r := rand.New(rand.NewPCG(s, s))
-	sets := policy.IPSets{}
-	for id := uint32(1); id <= 3; id++ {
-		for range 1 + r.IntN(4) {
-			sets[id] = append(sets[id], randPrefix(r))
-		}
-	}
-	e.setIPSets(sets)
+	s, r, sets := randSetup(e, 20261201)
 	const n, unindexed = 100_000, 30
 	p := &policy.EndpointPolicy{}
 	for ti := range 3 {
