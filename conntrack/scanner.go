@@ -59,7 +59,7 @@ type Options struct {
 	// Liveness with DefaultTimeouts.
 	Scanners []EntryScanner
 	// Clock returns the kernel's monotonic time (the datapath stamps entries
-	// with bpf_ktime_get_ns). Nil: CLOCK_MONOTONIC.
+	// with its coarse reading, sl_now). Nil: CLOCK_MONOTONIC.
 	Clock func() time.Duration
 	// Interval is the first scan interval (default 10 s); the interval halves
 	// while more than a quarter of the entries expire per scan, down to
@@ -191,8 +191,8 @@ func NewScanner(opts Options) (*Scanner, error) {
 	return &Scanner{opts: opts, log: log, tables: t, pressure: make([]bool, len(t))}, nil
 }
 
-// Monotonic is the kernel's monotonic clock, the one bpf_ktime_get_ns reads
-// (gen.Monotonic).
+// Monotonic is the kernel's monotonic clock, the one the datapath's
+// timestamps are of (gen.Monotonic).
 func Monotonic() time.Duration { return gen.Monotonic() }
 
 // Scan walks the map once. Each forward entry is judged together with its

@@ -57,5 +57,18 @@ struct icmphdr {
  * locals does not add to the stack of the common path it branches from. */
 #define __subprog static __attribute__((noinline))
 
+/* sl_now is the datapath's clock: CLOCK_MONOTONIC at the kernel tick's
+ * resolution (a few ms), the clock of every timestamp in the maps
+ * (conntrack, affinity, fragments, socket translations, events). Their
+ * timeouts are a quarter second and up, and the coarse read costs a few ns
+ * where bpf_ktime_get_ns costs about 30 here (a clock read per established
+ * packet, several per new flow). It lags the precise clock by at most a
+ * tick, so userspace comparing with CLOCK_MONOTONIC sees entries as up to a
+ * tick older. */
+static __always_inline __u64 sl_now(void)
+{
+	return bpf_ktime_get_coarse_ns();
+}
+
 /* Layout guard: a key or value whose size drifts from what Go expects fails to build. */
 #define ASSERT_SIZE(type, size) _Static_assert(sizeof(type) == (size), #type " layout changed: bump the map version")

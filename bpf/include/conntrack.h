@@ -72,8 +72,8 @@ enum ct_flags : __u8 {
 };
 
 struct ct_value {
-	__u64 created;		/* host order: bpf_ktime_get_ns() at creation */
-	__u64 last_seen;	/* host order: bpf_ktime_get_ns() of a recent packet
+	__u64 created;		/* host order: sl_now() at creation */
+	__u64 last_seen;	/* host order: sl_now() of a recent packet
 				 * (refreshed at most every CT_REFRESH_NS) */
 	struct ct_key peer;	/* the other entry of the pair */
 	__be32 nat_addr;	/* network order: forward: the backend (new
@@ -140,7 +140,7 @@ static __always_inline struct ct_value *ct_lookup_reversed(const struct packet *
 /* ct_touch records a packet on its entry: cheap enough for every packet. */
 static __always_inline void ct_touch(struct ct_value *v, const struct packet *p)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = sl_now();
 
 	if (now - v->last_seen > CT_REFRESH_NS)
 		v->last_seen = now;

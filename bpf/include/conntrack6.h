@@ -108,7 +108,7 @@ __subprog enum ct_seen fin_first6(const struct ct6_key *peer)
 /* ct6_touch: ct_touch (conntrack.h). */
 static __always_inline void ct6_touch(struct ct6_value *v, const struct packet *p)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = sl_now();
 
 	if (now - v->last_seen > CT_REFRESH_NS)
 		v->last_seen = now;
@@ -144,7 +144,7 @@ __subprog int superseded6(const struct packet6 *p6, const struct ct6_value *fwd)
 	}
 	if (fwd->svc_id || p->l4_absent)
 		return 0;
-	if (!syn && !(p->proto == IPPROTO_UDP && bpf_ktime_get_ns() - fwd->last_seen > CT_REFRESH_NS))
+	if (!syn && !(p->proto == IPPROTO_UDP && sl_now() - fwd->last_seen > CT_REFRESH_NS))
 		return 0;
 	if (!fe6_lookup(p6->daddr, p->dport, p->proto))
 		return 0;
@@ -174,7 +174,7 @@ static __always_inline int ct6_create(const struct packet6 *p6, const struct ct6
 		return -1;
 	struct ct6_key *rev_key = &sc->rev_key;
 	struct ct6_value *v = &sc->v;
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = sl_now();
 	int remap = 0, err;
 
 	__builtin_memset(sc, 0, offsetof(struct ct6_scratch, pol));
@@ -274,7 +274,7 @@ static __always_inline void frag6_key_of(const struct packet6 *p6, struct frag6_
 static __always_inline void frag6_learn(const struct packet6 *p6)
 {
 	struct frag6_key k;
-	struct frag_value v = { .created = bpf_ktime_get_ns(), .sport = p6->p.sport, .dport = p6->p.dport };
+	struct frag_value v = { .created = sl_now(), .sport = p6->p.sport, .dport = p6->p.dport };
 
 	frag6_key_of(p6, &k);
 	bpf_map_update_elem(&sl_frag6_v1, &k, &v, BPF_ANY);
@@ -286,7 +286,7 @@ static __always_inline int frag6_ports(struct packet6 *p6)
 
 	frag6_key_of(p6, &k);
 	struct frag_value *v = bpf_map_lookup_elem(&sl_frag6_v1, &k);
-	if (!v || bpf_ktime_get_ns() - v->created > FRAG_TIMEOUT_NS)
+	if (!v || sl_now() - v->created > FRAG_TIMEOUT_NS)
 		return -1;
 	p6->p.sport = v->sport;
 	p6->p.dport = v->dport;

@@ -62,7 +62,7 @@ __subprog int superseded(const struct packet *p, const struct ct_value *fwd)
 	}
 	if (fwd->svc_id || p->l4_absent)
 		return 0;
-	if (!syn && !(p->proto == IPPROTO_UDP && bpf_ktime_get_ns() - fwd->last_seen > CT_REFRESH_NS))
+	if (!syn && !(p->proto == IPPROTO_UDP && sl_now() - fwd->last_seen > CT_REFRESH_NS))
 		return 0;
 	if (!fe_lookup(p->daddr, p->dport, p->proto))
 		return 0;
@@ -103,7 +103,7 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 				     const struct config *cfg, __u8 *flags, enum pol_verdict egress,
 				     __be16 *sport)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = sl_now();
 	struct ct_key fwd_key, rev_key = {
 		.saddr = be->addr, .daddr = *snat_addr ? *snat_addr : p->saddr,
 		.sport = be->port, .dport = p->sport, .proto = p->proto,

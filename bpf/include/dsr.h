@@ -179,7 +179,7 @@ __subprog int dsr_too_big(struct __sk_buff *skb, const struct packet *p, __u32 m
  * backend sees): that packet is dropped, counted. */
 static __always_inline int dsr_track(struct packet *p, const struct dsr_opt4 *opt)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = sl_now();
 	struct ct_key fwd_key, rev_key = {
 		.saddr = p->daddr, .daddr = p->saddr, .sport = p->dport, .dport = p->sport, .proto = p->proto,
 	};

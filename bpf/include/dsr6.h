@@ -107,7 +107,7 @@ static __always_inline int dsr6_track(const struct ip_dsr6 *h, __be16 sport, __b
 	if (known && !syn && (known->flags & CT_DSR))
 		return 0;
 
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = sl_now();
 	struct ct6_key *rev = &s->rev_key;
 	struct ct6_value *v = &s->v;
 	__builtin_memset(rev, 0, sizeof(*rev));

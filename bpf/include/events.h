@@ -37,7 +37,7 @@ enum event_type : __u8 {
 };
 
 struct event {
-	__u64 ts;		/* host order: bpf_ktime_get_ns() */
+	__u64 ts;		/* host order: sl_now() */
 	__u8 saddr[16];		/* network order; IPv4 as ::ffff:a.b.c.d */
 	__u8 daddr[16];		/* network order */
 	__u8 nat_addr[16];	/* network order: EV_FLOW_START: the backend */
@@ -71,7 +71,7 @@ static __always_inline struct event *ev_reserve(enum event_type type, enum hook 
 
 	if (!cfg || !cfg->events_per_sec || !st)
 		return NULL;
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = sl_now();
 	if (now - st->window >= 1000000000ULL) {
 		st->window = now;
 		st->used = 0;

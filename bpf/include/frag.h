@@ -28,7 +28,7 @@ struct frag_key {
 ASSERT_SIZE(struct frag_key, 12);
 
 struct frag_value {
-	__u64 created;		/* host order: bpf_ktime_get_ns() of the first fragment */
+	__u64 created;		/* host order: sl_now() of the first fragment */
 	__be16 sport;		/* network order: the first fragment's ports */
 	__be16 dport;		/* network order */
 	__u32 pad;		/* 0 */
@@ -55,7 +55,7 @@ static __always_inline void frag_key_of(const struct packet *p, struct frag_key 
 static __always_inline void frag_learn(const struct packet *p)
 {
 	struct frag_key k;
-	struct frag_value v = { .created = bpf_ktime_get_ns(), .sport = p->sport, .dport = p->dport };
+	struct frag_value v = { .created = sl_now(), .sport = p->sport, .dport = p->dport };
 
 	frag_key_of(p, &k);
 	bpf_map_update_elem(&sl_frag_v1, &k, &v, BPF_ANY);
@@ -69,7 +69,7 @@ static __always_inline int frag_ports(struct packet *p)
 
 	frag_key_of(p, &k);
 	struct frag_value *v = bpf_map_lookup_elem(&sl_frag_v1, &k);
-	if (!v || bpf_ktime_get_ns() - v->created > FRAG_TIMEOUT_NS)
+	if (!v || sl_now() - v->created > FRAG_TIMEOUT_NS)
 		return -1;
 	p->sport = v->sport;
 	p->dport = v->dport;

@@ -96,7 +96,7 @@ struct aff_key {
 ASSERT_SIZE(struct aff_key, 8);
 
 struct aff_value {
-	__u64 ts;		/* host order: bpf_ktime_get_ns() of the client's last
+	__u64 ts;		/* host order: sl_now() of the client's last
 				 * new flow to the service */
 	__be32 addr;		/* network order: the chosen backend */
 	__be16 port;		/* network order */
@@ -201,7 +201,7 @@ static __always_inline int pick_backend(const struct fe_value *fe, __be32 client
 {
 	__u32 n = local_only ? fe->local_count : fe->count;
 	struct aff_key akey = { .svc_id = fe->svc_id, .client = client };
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = sl_now();
 
 	if (fe->count == 0)
 		return PICK_NO_ENDPOINTS;

@@ -45,7 +45,7 @@ struct aff6_key {
 ASSERT_SIZE(struct aff6_key, 20);
 
 struct aff6_value {
-	__u64 ts;		/* host order: bpf_ktime_get_ns() of the client's last
+	__u64 ts;		/* host order: sl_now() of the client's last
 				 * new flow to the service */
 	__u8 addr[16];		/* network order: the chosen backend */
 	__be16 port;		/* network order */
@@ -171,7 +171,7 @@ static __always_inline int pick_backend6(const struct fe_value *fe, const __u8 *
 {
 	__u32 n = local_only ? fe->local_count : fe->count;
 	struct aff6_key akey = { .svc_id = fe->svc_id };
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = sl_now();
 
 	if (fe->count == 0)
 		return PICK_NO_ENDPOINTS;

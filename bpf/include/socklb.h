@@ -38,7 +38,7 @@ struct sock_key {
 ASSERT_SIZE(struct sock_key, 16);
 
 struct sock_value {
-	__u64 ts;		/* host order: bpf_ktime_get_ns() of the last connect/send */
+	__u64 ts;		/* host order: sl_now() of the last connect/send */
 	__be32 frontend_addr;	/* network order: the service address to give back */
 	__be16 frontend_port;	/* network order */
 	__u16 pad;		/* 0 */
@@ -109,7 +109,7 @@ static __always_inline int socklb_balance(struct bpf_sock_addr *ctx, const struc
 
 	struct sock_key key = { .cookie = bpf_get_socket_cookie(ctx), .backend_addr = be->addr, .backend_port = be->port };
 	struct sock_value val = {
-		.ts = bpf_ktime_get_ns(), .frontend_addr = addr, .frontend_port = port,
+		.ts = sl_now(), .frontend_addr = addr, .frontend_port = port,
 		.svc_id = fe->svc_id, .ordinal = ordinal,
 	};
 	bpf_map_update_elem(&sl_sock_v1, &key, &val, BPF_ANY);
@@ -145,7 +145,7 @@ static __always_inline int socklb_reverse(struct bpf_sock_addr *ctx, __u64 max_a
 	if (ctx->user_family != AF_INET)
 		return 1;
 	struct sock_value *v = bpf_map_lookup_elem(&sl_sock_v1, &key);
-	if (!v || (max_age && bpf_ktime_get_ns() - v->ts > max_age))
+	if (!v || (max_age && sl_now() - v->ts > max_age))
 		return 1;
 	ctx->user_ip4 = v->frontend_addr;
 	ctx->user_port = (__u32)v->frontend_port;
@@ -288,7 +288,7 @@ static __always_inline int socklb_translate6(struct bpf_sock_addr *ctx)
 		return socklb_fail(picked);
 
 	struct sock6_key key = { .cookie = bpf_get_socket_cookie(ctx), .backend_port = be.port };
-	struct sock6_value val = { .ts = bpf_ktime_get_ns(), .frontend_port = port, .svc_id = fe->svc_id, .ordinal = ordinal };
+	struct sock6_value val = { .ts = sl_now(), .frontend_port = port, .svc_id = fe->svc_id, .ordinal = ordinal };
 	addr6_copy(key.backend_addr, be.addr);
 	addr6_copy(val.frontend_addr, addr);
 	bpf_map_update_elem(&sl_sock6_v1, &key, &val, BPF_ANY);
@@ -309,7 +309,7 @@ static __always_inline int socklb_reverse6(struct bpf_sock_addr *ctx, __u64 max_
 			.cookie = bpf_get_socket_cookie(ctx), .backend_addr = mapped, .backend_port = (__be16)ctx->user_port,
 		};
 		struct sock_value *v = bpf_map_lookup_elem(&sl_sock_v1, &key);
-		if (!v || (max_age && bpf_ktime_get_ns() - v->ts > max_age))
+		if (!v || (max_age && sl_now() - v->ts > max_age))
 			return 1;
 		ctx->user_ip6[3] = v->frontend_addr;
 		ctx->user_port = (__u32)v->frontend_port;
@@ -318,7 +318,7 @@ static __always_inline int socklb_reverse6(struct bpf_sock_addr *ctx, __u64 max_
 	struct sock6_key key = { .cookie = bpf_get_socket_cookie(ctx), .backend_port = (__be16)ctx->user_port };
 	user_ip6_get(ctx, key.backend_addr);
 	struct sock6_value *v = bpf_map_lookup_elem(&sl_sock6_v1, &key);
-	if (!v || (max_age && bpf_ktime_get_ns() - v->ts > max_age))
+	if (!v || (max_age && sl_now() - v->ts > max_age))
 		return 1;
 	user_ip6_set(ctx, v->frontend_addr);
 	ctx->user_port = (__u32)v->frontend_port;
