@@ -81,8 +81,8 @@ int floor_parse_lookup6(struct __sk_buff *skb)
 /* The new-flow floor series: what writing a flow's conntrack entries costs
  * alone. floor_ct has the conntrack map's type and entry sizes; the series
  * adds one write, then two (a flow's pair), then the clock read every entry
- * carries, so a benchmark can tell the datapath's new-flow cost from what the
- * kernel's map writes cost. */
+ * carries (the datapath's, sl_now), so a benchmark can tell the datapath's
+ * new-flow cost from what the kernel's map writes cost. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SL_CT_MAX);
@@ -102,7 +102,7 @@ static __always_inline int floor_write(struct __sk_buff *skb, int pair, int cloc
 	if (bpf_map_lookup_elem(&floor_ct, &key))
 		return TC_ACT_OK;
 	if (clock)
-		v.created = v.last_seen = bpf_ktime_get_ns();
+		v.created = v.last_seen = sl_now();
 	if (bpf_map_update_elem(&floor_ct, &key, &v, BPF_NOEXIST))
 		return TC_ACT_SHOT;
 	if (pair) {
