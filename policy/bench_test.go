@@ -33,10 +33,11 @@ func worstCase(n int, ipsets bool) *policy.EndpointPolicy {
 // (conntrack miss, identity flow, egress policy, verdict recorded), for
 // policies of 10 to 100,000 rules, beside the same packets with no policy.
 // Policies above policy.IndexedRules rules are judged by the classifier;
-// the rule-by-rule programs cannot hold 100,000 rules.
+// the "rule-by-rule" cases are the same policies compiled without it, up to
+// 10,000 rules (its programs cannot hold 100,000).
 func BenchmarkNewFlowPolicy(b *testing.B) {
 	var noPolicy float64
-	run := func(b *testing.B, n int, ipsets bool) {
+	run := func(b *testing.B, n int, ipsets, ruleByRule bool) {
 		e := newEnv(b)
 		sets := policy.IPSets{}
 		for id := uint32(1); id <= 16; id++ {
@@ -49,13 +50,15 @@ func BenchmarkNewFlowPolicy(b *testing.B) {
 				b.Fatal(err)
 			}
 			pol := worstCase(n, ipsets)
+			c := policy.Compiler{Maps: e.maps, RuleByRule: ruleByRule}
 			start := time.Now()
-			slot, err := rt.Install("bench", pol)
-			if err != nil {
+			slot := uint32(1)
+			if ruleByRule {
+				e.loadWith(c, pol, slot)
+			} else if slot, err = rt.Install("bench", pol); err != nil {
 				b.Fatal(err)
 			}
 			installed := time.Since(start)
-			c := policy.Compiler{Maps: e.maps}
 			st, err := c.Stats("bench", pol)
 			if err != nil {
 				b.Fatal(err)
@@ -91,9 +94,13 @@ func BenchmarkNewFlowPolicy(b *testing.B) {
 			b.ReportMetric(ns/noPolicy, "x-no-policy")
 		}
 	}
-	b.Run("no-policy", func(b *testing.B) { run(b, 0, false) })
+	b.Run("no-policy", func(b *testing.B) { run(b, 0, false, false) })
 	for _, n := range []int{10, 100, 1000, 10000, 100000} {
-		b.Run(fmt.Sprintf("rules=%d/cidr", n), func(b *testing.B) { run(b, n, false) })
-		b.Run(fmt.Sprintf("rules=%d/ipsets", n), func(b *testing.B) { run(b, n, true) })
+		b.Run(fmt.Sprintf("rules=%d/cidr", n), func(b *testing.B) { run(b, n, false, false) })
+		b.Run(fmt.Sprintf("rules=%d/ipsets", n), func(b *testing.B) { run(b, n, true, false) })
+		if n > policy.IndexedRules && n <= 10000 {
+			b.Run(fmt.Sprintf("rules=%d/cidr-rule-by-rule", n), func(b *testing.B) { run(b, n, false, true) })
+			b.Run(fmt.Sprintf("rules=%d/ipsets-rule-by-rule", n), func(b *testing.B) { run(b, n, true, true) })
+		}
 	}
 }
