@@ -13,7 +13,9 @@ import (
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // BenchmarkAgentMemory: each proxy's resident memory (VmRSS) once it has
@@ -102,7 +104,19 @@ func (e *baselineEnv) createServicesWithEndpoints(b *testing.B, n, perService in
 					addrs = append(addrs, fmt.Sprintf("10.%d.%d.%d", 100+j, (i>>8)&0xff, i&0xff))
 				}
 				s := slice(name, addrs...)
+				// What the EndpointSlice controller writes besides the
+				// endpoints: its owner, its labels, and the Pod behind
+				// each endpoint.
 				s.Annotations = map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": time.Now().UTC().Format(time.RFC3339)}
+				s.Labels["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
+				s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name,
+					UID: types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", i)), Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}
+				for j := range s.Endpoints {
+					s.Endpoints[j].Conditions = discovery.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)}
+					s.Endpoints[j].NodeName = ptr(fmt.Sprintf("node-%d", j))
+					s.Endpoints[j].TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: "default", Name: fmt.Sprintf("%s-%d-x7k2p", name, j),
+						UID: types.UID(fmt.Sprintf("00000000-0000-0000-%04d-%012d", j, i))}
+				}
 				if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, s, metav1.CreateOptions{}); err != nil {
 					errs <- err
 					return
@@ -116,3 +130,5 @@ func (e *baselineEnv) createServicesWithEndpoints(b *testing.B, n, perService in
 		b.Fatal(err)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }
