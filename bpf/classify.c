@@ -97,6 +97,9 @@ struct cls_meta {
 	struct cls_list wild;
 	/* Which address tries hold rules: CLS_HAS_* bits. */
 	__u32 tries;
+	/* The program's name after its tables (policy/classify.go): the
+	 * kernel names the program after this file's function. */
+	char name[16];
 };
 
 enum cls_has {
@@ -240,8 +243,8 @@ static __always_inline int cond(int present, int match, int negate)
 	return !present || (!!match != !!negate);
 }
 
-/* rule_matches is a global function: the verifier checks it once, on its
- * own, rather than at each of its calls with each caller's state. */
+/* cls_rule_matches is a global function: the verifier checks it once, on
+ * its own, rather than at each of its calls with each caller's state. */
 __attribute__((noinline)) int cls_rule_matches(const struct cls_rule *r, const struct cls_walk *w)
 {
 	if (!r || !w)

@@ -38,6 +38,7 @@ type ClassifyClsMeta struct {
 	FallbackSlot uint32
 	Wild         ClassifyClsList
 	Tries        uint32
+	Name         [16]int8
 }
 
 type ClassifyClsNet struct {

@@ -77,3 +77,49 @@ func TestRuntimeAdoptsTheSlotsInUse(t *testing.T) {
 		t.Fatalf("slot %d after Remove: %v", a, err)
 	}
 }
+
+// A restarted agent recognises a policy the classifier judges, as it does a
+// rule-by-rule one: its program is named after its tables, built the same
+// way each time; a changed policy is not taken for it.
+func TestRuntimeRecognisesAClassifierPolicy(t *testing.T) {
+	dp := bpftest.NewDatapath(t, netip.MustParseAddr("10.210.0.1"))
+	maps := policy.Maps{Programs: dp.Objs.SlPolprogV1, IPSets: dp.Objs.SlIpsetV1, RuleCounters: dp.Objs.SlRulectrV1,
+		IPSets6: dp.Objs.SlIpset6V1, Scratch6: dp.Objs.SlScratch6V1}
+	big := func(lastPort uint16) *policy.EndpointPolicy {
+		var rules []policy.Rule
+		for i := range 500 {
+			// Rules by destination CIDR (many prefixes: the trie's order
+			// must not follow map iteration) and by port.
+			r := policy.Rule{ID: uint32(i + 1), Action: policy.Allow, Protocol: 6}
+			if i%2 == 0 {
+				r.DstNets = []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)}
+			} else {
+				r.DstPorts = []policy.PortRange{{First: uint16(1000 + i), Last: uint16(1000 + i)}}
+			}
+			rules = append(rules, r)
+		}
+		rules[len(rules)-1].DstPorts = []policy.PortRange{{First: lastPort, Last: lastPort}}
+		return oneTier(rules...)
+	}
+	before, err := policy.NewRuntime(maps, dp.Objs.SlPolicyVerdict, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot, err := before.Install("big", big(80))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := policy.NewRuntime(maps, dp.Objs.SlPolicyVerdict, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := after.Adopt([]uint32{slot}); err != nil {
+		t.Fatal(err)
+	}
+	if !after.Matches("big", big(80), slot) {
+		t.Fatal("the unchanged classifier policy was not recognised")
+	}
+	if after.Matches("big", big(81), slot) {
+		t.Fatal("a changed classifier policy matched the old one's program")
+	}
+}

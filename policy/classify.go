@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -464,7 +465,13 @@ func indexAddrs(flat []Rule, group []int, dst, ipv6 bool, l *lists) (map[netip.P
 	}
 	out := make(map[netip.Prefix]gen.ClassifyClsList, len(at))
 	overflow := false
-	for n := range at {
+	// In a fixed order: the lists' places in the items, and so the
+	// program's name (index.name), must not depend on map iteration, or a
+	// restarted agent would not know its own classifier (Runtime.Matches).
+	prefixes := slices.SortedFunc(maps.Keys(at), func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	for _, n := range prefixes {
 		var rules []uint32
 		for bits := 0; bits <= n.Bits() && len(rules) <= clsMaxCandidates; bits++ {
 			if rs, ok := at[netip.PrefixFrom(n.Addr(), bits).Masked()]; ok {
@@ -504,10 +511,45 @@ func (x *index) name(fallbackSlot uint32) string {
 			}
 		}
 	}
-	return "slc" + hex.EncodeToString(h.Sum(nil))[:12]
+	return classifierPrefix + hex.EncodeToString(h.Sum(nil))[:12]
 }
 
-// metaAt is x's meta map value with the fallback programs at slot.
+// named is meta carrying name.
+func named(meta gen.ClassifyClsMeta, name string) gen.ClassifyClsMeta {
+	gen.PutCString(meta.Name[:], name)
+	return meta
+}
+
+// classifierPrefix starts a classifier program's name (index.name).
+const classifierPrefix = "slc"
+
+// classifierName reads the name a loaded classifier's tables carry
+// (cls_meta.name), "" when info is not a classifier's.
+func classifierName(info *ebpf.ProgramInfo) string {
+	ids, ok := info.MapIDs()
+	if !ok {
+		return ""
+	}
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue
+		}
+		mi, err := m.Info()
+		var meta gen.ClassifyClsMeta
+		if err == nil && mi.Name == gen.ClassifyMapClsMetaMap {
+			err = m.Lookup(uint32(0), &meta)
+		}
+		m.Close()
+		if err == nil && mi.Name == gen.ClassifyMapClsMetaMap {
+			return gen.CString(meta.Name[:])
+		}
+	}
+	return ""
+}
+
+// metaAt is x's meta map value with the fallback programs at slot, without
+// its name.
 func (x *index) metaAt(slot uint32) gen.ClassifyClsMeta {
 	m := x.meta
 	if x.fallback {
@@ -601,7 +643,7 @@ func (c *Compiler) classifier(x *index, fallbackSlot uint32) (*ebpf.ProgramSpec,
 		}
 	}
 	err = errors.Join(
-		fill(gen.ClassifyMapClsMetaMap, 1, arr([]gen.ClassifyClsMeta{x.metaAt(fallbackSlot)}, 1)),
+		fill(gen.ClassifyMapClsMetaMap, 1, arr([]gen.ClassifyClsMeta{named(x.metaAt(fallbackSlot), x.name(fallbackSlot))}, 1)),
 		fill(gen.ClassifyMapClsRulesMap, len(x.rules), arr(x.rules, len(x.rules))),
 		fill(gen.ClassifyMapClsItems, len(x.items), arr(x.items, len(x.items))),
 		fill(gen.ClassifyMapClsPorts, len(x.ports), arr(x.ports, len(x.ports))),

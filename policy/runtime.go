@@ -193,7 +193,18 @@ func (r *Runtime) Matches(name string, p *EndpointPolicy, first uint32) bool {
 		}
 		info, err := prog.Info()
 		prog.Close()
-		if err != nil || info.Name != want {
+		if err != nil {
+			return false
+		}
+		if strings.HasPrefix(want, classifierPrefix) {
+			// The kernel names the classifier after its C function (its
+			// BTF); its tables carry the name instead.
+			if classifierName(info) != want {
+				return false
+			}
+			continue
+		}
+		if info.Name != want {
 			return false
 		}
 	}
@@ -203,7 +214,7 @@ func (r *Runtime) Matches(name string, p *EndpointPolicy, first uint32) bool {
 // programName is the name Install gives a program: a classifier's is named
 // after its tables already (index.name), the others after their code.
 func programName(spec *ebpf.ProgramSpec) (string, error) {
-	if strings.HasPrefix(spec.Name, "slc") {
+	if strings.HasPrefix(spec.Name, classifierPrefix) {
 		return spec.Name, nil
 	}
 	return codeName(spec)
