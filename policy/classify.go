@@ -620,37 +620,32 @@ func (c *Compiler) classifier(x *index, fallbackSlot uint32) (*ebpf.ProgramSpec,
 			return err
 		}
 	}
-	trie4 := func(t map[netip.Prefix]gen.ClassifyClsList) func(m *ebpf.Map) error {
+	// trie fills an address trie, its keys made by key (one family's).
+	trie := func(t map[netip.Prefix]gen.ClassifyClsList, key func(netip.Prefix) any) func(m *ebpf.Map) error {
 		return func(m *ebpf.Map) error {
 			for n, v := range t {
-				k := gen.ClassifyClsAddr4Key{Prefixlen: uint32(n.Bits()), Addr: n.Addr().As4()}
-				if err := m.Put(k, v); err != nil {
+				if err := m.Put(key(n), v); err != nil {
 					return err
 				}
 			}
 			return nil
 		}
 	}
-	trie6 := func(t map[netip.Prefix]gen.ClassifyClsList) func(m *ebpf.Map) error {
-		return func(m *ebpf.Map) error {
-			for n, v := range t {
-				k := gen.ClassifyClsAddr6Key{Prefixlen: uint32(n.Bits()), Addr: n.Addr().As16()}
-				if err := m.Put(k, v); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
+	key4 := func(n netip.Prefix) any {
+		return gen.ClassifyClsAddr4Key{Prefixlen: uint32(n.Bits()), Addr: n.Addr().As4()}
+	}
+	key6 := func(n netip.Prefix) any {
+		return gen.ClassifyClsAddr6Key{Prefixlen: uint32(n.Bits()), Addr: n.Addr().As16()}
 	}
 	err = errors.Join(
 		fill(gen.ClassifyMapClsMetaMap, 1, arr([]gen.ClassifyClsMeta{named(x.metaAt(fallbackSlot), x.name(fallbackSlot))}, 1)),
 		fill(gen.ClassifyMapClsRulesMap, len(x.rules), arr(x.rules, len(x.rules))),
 		fill(gen.ClassifyMapClsItems, len(x.items), arr(x.items, len(x.items))),
 		fill(gen.ClassifyMapClsPorts, len(x.ports), arr(x.ports, len(x.ports))),
-		fill(gen.ClassifyMapClsSrc4, len(x.addr[0][0]), trie4(x.addr[0][0])),
-		fill(gen.ClassifyMapClsDst4, len(x.addr[1][0]), trie4(x.addr[1][0])),
-		fill(gen.ClassifyMapClsSrc6, len(x.addr[0][1]), trie6(x.addr[0][1])),
-		fill(gen.ClassifyMapClsDst6, len(x.addr[1][1]), trie6(x.addr[1][1])),
+		fill(gen.ClassifyMapClsSrc4, len(x.addr[0][0]), trie(x.addr[0][0], key4)),
+		fill(gen.ClassifyMapClsDst4, len(x.addr[1][0]), trie(x.addr[1][0], key4)),
+		fill(gen.ClassifyMapClsSrc6, len(x.addr[0][1]), trie(x.addr[0][1], key6)),
+		fill(gen.ClassifyMapClsDst6, len(x.addr[1][1]), trie(x.addr[1][1], key6)),
 	)
 	if err != nil {
 		closeAll()
