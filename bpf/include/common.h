@@ -51,6 +51,8 @@ struct icmphdr {
 /* What a full hash map's update returns (-E2BIG, asm-generic/errno-base.h);
  * <linux/errno.h> is not usable from BPF programs here. */
 #define E2BIG			7
+/* What a BPF_NOEXIST update of an existing key returns (-EEXIST). */
+#define EEXIST			17
 
 #define __always_inline inline __attribute__((always_inline))
 /* A BPF subprogram: its stack frame is its own, so a rare path with large

@@ -158,6 +158,29 @@ static __always_inline int own_tuple6(const struct ct6_value *r, const struct pa
 	       r->peer.sport == p6->p.sport && r->peer.dport == p6->p.dport;
 }
 
+/* port_claim6 is an IPv6 search for a free reverse tuple (port_claim): the
+ * entry to insert is this CPU's scratch one. */
+struct port_claim6 {
+	__u32 lo, span;		/* host order: ports lo .. lo + span - 1 */
+	int err;		/* the last insertion's: 0 once claimed */
+};
+
+/* claim_port6 tries one random port for the scratch reverse entry (claim_port). */
+static long claim_port6(__u64 i __attribute__((unused)), void *ctx)
+{
+	struct port_claim6 *c = ctx;
+	__u32 zero = 0;
+	struct ct6_scratch *sc = bpf_map_lookup_elem(&sl_scratch6_v1, &zero);
+
+	if (!sc) {
+		c->err = -1;
+		return 1;
+	}
+	sc->rev_key.dport = bpf_htons(c->lo + bpf_get_prandom_u32() % c->span);
+	c->err = bpf_map_update_elem(&sl_ct6_v1, &sc->rev_key, &sc->v, BPF_NOEXIST);
+	return c->err != -EEXIST;
+}
+
 /* ct6_create: ct_create (ct_new.h), whose comment states the rules.
  * fwd_key is the packet's own tuple (ct6_key_of), which the caller has
  * already built for its lookup. With *snat set the source is translated to
@@ -212,17 +235,13 @@ static __always_inline int ct6_create(const struct packet6 *p6, const struct ct6
 		}
 	}
 	if (*snat) {
-		int i;
-		for (i = 0; i < SNAT_PORT_TRIES; i++) {
-			err = bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_NOEXIST);
-			if (!err)
-				break;
-			if (err == -E2BIG)
-				return -E2BIG;
-			rev_key->dport = random_snat_port(config_get(), remap);
+		struct port_claim6 c = {.err = remap ? -EEXIST : bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_NOEXIST)};
+		if (c.err == -EEXIST) {
+			port_range(config_get(), remap, &c.lo, &c.span);
+			bpf_loop(PORT_TRIES, claim_port6, &c, 0);
 		}
-		if (i == SNAT_PORT_TRIES)
-			return -1;
+		if (c.err)
+			return c.err == -E2BIG ? -E2BIG : -1;
 	}
 
 	/* The same value, turned into the forward entry. */

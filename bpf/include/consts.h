@@ -41,10 +41,17 @@
 
 /* When a SNATed flow's source port is taken, another is tried at random in this
  * range (above Linux's default ephemeral range 32768-60999, so the node's own
- * connections do not collide with it), at most SNAT_PORT_TRIES times. */
+ * connections do not collide with it). */
 #define SNAT_PORT_MIN_DEFAULT	61000
 #define SNAT_PORT_MAX_DEFAULT	65535
-#define SNAT_PORT_TRIES		8
+/* How many random ports a flow whose reverse tuple is taken tries before it
+ * is refused (CNT_DROP_SNAT_PORTS), as netfilter's NAT tries up to 128 and
+ * then fewer. Each try is one hash probe; ports are drawn at random, so the
+ * expected number of tries is 1/(1 - the share of the range taken): a
+ * refusal needs nearly all of it taken (at 90%, 1 in 700,000). Eight tries
+ * refused a flow in 300 when a client's closed flows held half of the range
+ * (bench: BenchmarkBaselines), and the client's SYN then waited a second. */
+#define PORT_TRIES		128
 /* A flow that keeps the client's address but whose tuple is taken (a clash)
  * gets a port from every unprivileged port, as netfilter's null binding does:
  * no socket of the client can hold it at the destination unseen, since every

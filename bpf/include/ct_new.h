@@ -13,18 +13,39 @@
 #include "parse.h"
 #include "service.h"
 
-/* random_snat_port picks a port for a flow whose source is translated: the
- * SNAT range for the node's address (cfg may be NULL: no configuration
- * written yet, the default range), the remap range for a client that keeps
- * its own address. */
-static __always_inline __be16 random_snat_port(const struct config *cfg, int remap)
-{
-	__u16 lo = remap ? REMAP_PORT_MIN : cfg && cfg->snat_port_min ? cfg->snat_port_min : SNAT_PORT_MIN_DEFAULT;
-	__u16 hi = remap ? REMAP_PORT_MAX : cfg && cfg->snat_port_max ? cfg->snat_port_max : SNAT_PORT_MAX_DEFAULT;
+/* port_claim is a search for a free reverse tuple: the reverse entry to
+ * insert, whose key's dport is the port tried, and the range ports are drawn
+ * from. It is the context of claim_port, so the entry lives in it. */
+struct port_claim {
+	struct ct_key key;
+	struct ct_value val;
+	__u32 lo, span;		/* host order: ports lo .. lo + span - 1 */
+	int err;		/* the last insertion's: 0 once claimed */
+};
 
-	if (hi < lo)
-		hi = lo;
-	return bpf_htons(lo + bpf_get_prandom_u32() % (hi - lo + 1));
+/* port_range sets the range a flow whose source is translated draws ports
+ * from: the SNAT range for the node's address (cfg may be NULL: no
+ * configuration written yet, the default range), the remap range for a
+ * client that keeps its own address. */
+static __always_inline void port_range(const struct config *cfg, int remap, __u32 *lo, __u32 *span)
+{
+	__u32 l = remap ? REMAP_PORT_MIN : cfg && cfg->snat_port_min ? cfg->snat_port_min : SNAT_PORT_MIN_DEFAULT;
+	__u32 h = remap ? REMAP_PORT_MAX : cfg && cfg->snat_port_max ? cfg->snat_port_max : SNAT_PORT_MAX_DEFAULT;
+
+	*lo = l;
+	*span = h < l ? 1 : h - l + 1;
+}
+
+/* claim_port tries one random port of the claim's range (a bpf_loop
+ * callback): it stops the loop once the entry is inserted, or on an error
+ * other than the port being taken (a full map). */
+static long claim_port(__u64 i __attribute__((unused)), void *ctx)
+{
+	struct port_claim *c = ctx;
+
+	c->key.dport = bpf_htons(c->lo + bpf_get_prandom_u32() % c->span);
+	c->err = bpf_map_update_elem(&sl_ct_v2, &c->key, &c->val, BPF_NOEXIST);
+	return c->err != -EEXIST;
 }
 
 /* ct_reopened tells whether a SYN that matched a forward entry opens a new
@@ -104,63 +125,62 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 				     __be16 *sport)
 {
 	__u64 now = sl_now();
-	struct ct_key fwd_key, rev_key = {
-		.saddr = be->addr, .daddr = *snat_addr ? *snat_addr : p->saddr,
-		.sport = be->port, .dport = p->sport, .proto = p->proto,
+	struct ct_key fwd_key;
+	struct port_claim c = {
+		.key = {
+			.saddr = be->addr, .daddr = *snat_addr ? *snat_addr : p->saddr,
+			.sport = be->port, .dport = p->sport, .proto = p->proto,
+		},
+		.val = {
+			.created = now, .last_seen = now,
+			.nat_addr = p->daddr, .nat_port = p->dport,
+			.snat_addr = p->saddr, .snat_port = p->sport,
+			.svc_id = svc_id, .type = CT_REVERSE, .flags = *flags, .pol_egress = egress,
+		},
 	};
-	struct ct_value rev = {
-		.created = now, .last_seen = now,
-		.nat_addr = p->daddr, .nat_port = p->dport,
-		.snat_addr = p->saddr, .snat_port = p->sport,
-		.svc_id = svc_id, .type = CT_REVERSE, .flags = *flags, .pol_egress = egress,
-	};
-
 	int remap = 0, err;
 
 	ct_key_of(p, &fwd_key);
-	rev.peer = fwd_key;
-	if (!*snat_addr && (err = bpf_map_update_elem(&sl_ct_v2, &rev_key, &rev, BPF_NOEXIST))) {
+	c.val.peer = fwd_key;
+	if (!*snat_addr && (err = bpf_map_update_elem(&sl_ct_v2, &c.key, &c.val, BPF_NOEXIST))) {
 		if (err == -E2BIG)
 			return -E2BIG;
-		struct ct_value *held = bpf_map_lookup_elem(&sl_ct_v2, &rev_key);
+		struct ct_value *held = bpf_map_lookup_elem(&sl_ct_v2, &c.key);
 		if (held && own_tuple(held, p)) {
-			if (bpf_map_update_elem(&sl_ct_v2, &rev_key, &rev, BPF_ANY))
+			if (bpf_map_update_elem(&sl_ct_v2, &c.key, &c.val, BPF_ANY))
 				return -1;
 		} else {
 			remap = 1;
 			*snat_addr = p->saddr;
 			*flags |= CT_SNAT;
-			rev.flags = *flags;
+			c.val.flags = *flags;
 			count(CNT_TUPLE_REMAPPED);
 		}
 	}
 	if (*snat_addr) {
 		/* The reverse key must be unique or replies would reach the wrong
-		 * client: keep the client's port when free, else try random ones. */
-		int i;
-		for (i = 0; i < SNAT_PORT_TRIES; i++) {
-			err = bpf_map_update_elem(&sl_ct_v2, &rev_key, &rev, BPF_NOEXIST);
-			if (!err)
-				break;
-			if (err == -E2BIG)
-				return -E2BIG;
-			rev_key.dport = random_snat_port(cfg, remap);
+		 * client: keep the client's port when free (a remap knows it is
+		 * not), else try random ones. */
+		c.err = remap ? -EEXIST : bpf_map_update_elem(&sl_ct_v2, &c.key, &c.val, BPF_NOEXIST);
+		if (c.err == -EEXIST) {
+			port_range(cfg, remap, &c.lo, &c.span);
+			bpf_loop(PORT_TRIES, claim_port, &c, 0);
 		}
-		if (i == SNAT_PORT_TRIES)
-			return -1;
+		if (c.err)
+			return c.err == -E2BIG ? -E2BIG : -1;
 	}
 
 	struct ct_value fwd = {
-		.created = now, .last_seen = now, .peer = rev_key,
+		.created = now, .last_seen = now, .peer = c.key,
 		.nat_addr = be->addr, .nat_port = be->port,
-		.snat_addr = *snat_addr, .snat_port = rev_key.dport,
+		.snat_addr = *snat_addr, .snat_port = c.key.dport,
 		.svc_id = svc_id, .tcp_seen = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK),
 		.type = CT_FORWARD, .flags = *flags, .pol_egress = egress,
 	};
 	if ((err = bpf_map_update_elem(&sl_ct_v2, &fwd_key, &fwd, BPF_ANY))) {
-		bpf_map_delete_elem(&sl_ct_v2, &rev_key);
+		bpf_map_delete_elem(&sl_ct_v2, &c.key);
 		return err == -E2BIG ? -E2BIG : -1;
 	}
-	*sport = rev_key.dport;
+	*sport = c.key.dport;
 	return 0;
 }
