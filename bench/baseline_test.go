@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -41,6 +43,7 @@ const connTargets = 16
 type baselineResult struct {
 	programMs, changeMs         float64
 	rate, p50us, p99us, synRetr float64
+	dialErrors, proxyCPUms      float64
 }
 
 var (
@@ -201,9 +204,13 @@ func (e *baselineEnv) synRetrans() float64 {
 }
 
 // connectionRate: 4 workers connect and close for d, spread over targets.
-func (e *baselineEnv) connectionRate(targets []string, d time.Duration) (rate, p50, p99 float64) {
+// Dials that fail (or give up after a second) are counted apart: a SYN the
+// path drops costs its worker the whole timeout without a retransmission
+// being counted.
+func (e *baselineEnv) connectionRate(targets []string, d time.Duration) (rate, p50, p99, failed float64) {
 	var mu sync.Mutex
 	var lat []time.Duration
+	var errs int
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(d)
 	for w := range 4 {
@@ -212,16 +219,19 @@ func (e *baselineEnv) connectionRate(targets []string, d time.Duration) (rate, p
 			defer wg.Done()
 			_ = e.client.Do(func() error { // one thread in the namespace per worker
 				var mine []time.Duration
+				myErrs := 0
 				for i := w; time.Now().Before(deadline); i += 4 {
 					start := time.Now()
 					c, err := net.DialTimeout("tcp4", targets[i%len(targets)], time.Second)
-					if err == nil {
-						mine = append(mine, time.Since(start))
-						c.Close()
+					if err != nil {
+						myErrs++
+						continue
 					}
+					mine = append(mine, time.Since(start))
+					c.Close()
 				}
 				mu.Lock()
-				lat = append(lat, mine...)
+				lat, errs = append(lat, mine...), errs+myErrs
 				mu.Unlock()
 				return nil
 			})
@@ -229,11 +239,32 @@ func (e *baselineEnv) connectionRate(targets []string, d time.Duration) (rate, p
 	}
 	wg.Wait()
 	if len(lat) == 0 {
-		return 0, 0, 0
+		return 0, 0, 0, float64(errs)
 	}
 	slices.Sort(lat)
-	return float64(len(lat)) / d.Seconds(), float64(lat[len(lat)/2].Microseconds()), float64(lat[len(lat)*99/100].Microseconds())
+	return float64(len(lat)) / d.Seconds(), float64(lat[len(lat)/2].Microseconds()), float64(lat[len(lat)*99/100].Microseconds()), float64(errs)
 }
+
+// cpuTime is the user and system CPU time process pid has used so far.
+func cpuTime(pid int) time.Duration {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses and may
+	// hold spaces: utime and stime are the 12th and 13th of them, in ticks.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseUint(f[11], 10, 64)
+	stime, _ := strconv.ParseUint(f[12], 10, 64)
+	return time.Duration(utime+stime) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on every
+// architecture Linux runs Go on.
+const clockTicks = 100
 
 func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) baselineResult {
 	e := newBaselineEnv(b)
@@ -248,11 +279,11 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) ba
 		for port := 8080; port < 8080+connTargets; port++ {
 			targets = append(targets, fmt.Sprintf("%s:%d", e.backendIPs[0], port))
 		}
-		r.rate, r.p50us, r.p99us = e.connectionRate(targets, d)
+		r.rate, r.p50us, r.p99us, r.dialErrors = e.connectionRate(targets, d)
 		r.synRetr = e.synRetrans() - before
 		return r
 	}
-	e.startProxy(b, proxy, sluice, kubeProxy)
+	proc := e.startProxy(b, proxy, sluice, kubeProxy)
 	probe := e.createServices(b, "probe", 1, e.backendIPs[0])
 	e.waitFor(b, probe[0]+":80", "b1", 60*time.Second) // the proxy is up and synced
 	ips := e.createServices(b, "s", n, e.backendIPs[0])
@@ -262,9 +293,13 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) ba
 	for _, ip := range ips[:min(connTargets, len(ips))] {
 		targets = append(targets, ip+":80")
 	}
-	before := e.synRetrans()
-	r.rate, r.p50us, r.p99us = e.connectionRate(targets, d)
+	before, cpuBefore := e.synRetrans(), cpuTime(proc.Pid)
+	r.rate, r.p50us, r.p99us, r.dialErrors = e.connectionRate(targets, d)
 	r.synRetr = e.synRetrans() - before
+	r.proxyCPUms = float64((cpuTime(proc.Pid) - cpuBefore).Microseconds()) / 1000
+	if r.dialErrors > 0 && proxy == "sluice" {
+		logCounters(b, e.pinDir)
+	}
 	return r
 }
 
@@ -305,6 +340,10 @@ func BenchmarkBaselines(b *testing.B) {
 				b.ReportMetric(r.p50us, "p50-us")
 				b.ReportMetric(r.p99us, "p99-us")
 				b.ReportMetric(r.synRetr, "syn-retrans")
+				b.ReportMetric(r.dialErrors, "dial-errors")
+				if proxy != "no-proxy" {
+					b.ReportMetric(r.proxyCPUms, "proxy-cpu-ms")
+				}
 			})
 		}
 	}
