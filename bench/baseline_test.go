@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -11,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -87,7 +85,8 @@ func newBaselineEnv(b *testing.B) *baselineEnv {
 	}
 	// The no-proxy run dials as many addresses as the proxied runs (16
 	// Services): one address alone makes the client's port search over its
-	// TIME_WAIT sockets the bottleneck, not the network.
+	// TIME_WAIT sockets the bottleneck, not the network. The Services reach
+	// the same sockets (targetPort).
 	for port := 8081; port < 8080+connTargets; port++ {
 		bpftest.ServeTCP(b, e.backends[0], "b1", fmt.Sprintf(":%d", port))
 	}
@@ -122,7 +121,8 @@ func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string, e
 }
 
 // createServices creates n Services whose endpoints are backends and
-// returns their ClusterIPs, in creation order.
+// returns their ClusterIPs, in creation order. Service i reaches its
+// backends on targetPort(i).
 func (e *baselineEnv) createServices(b *testing.B, prefix string, n int, backends ...string) []string {
 	ctx := context.Background()
 	var ips []string
@@ -133,7 +133,7 @@ func (e *baselineEnv) createServices(b *testing.B, prefix string, n int, backend
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice(name, backends...), metav1.CreateOptions{}); err != nil {
+		if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice(name, targetPort(i), backends...), metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		ips = append(ips, svc.Spec.ClusterIP)
@@ -141,8 +141,19 @@ func (e *baselineEnv) createServices(b *testing.B, prefix string, n int, backend
 	return ips
 }
 
-func slice(svc string, backends ...string) *discovery.EndpointSlice {
-	port, proto, pname := int32(8080), v1.ProtocolTCP, "http"
+// targetPort is the backend port of the i-th Service: the first connTargets
+// reach the sockets the no-proxy run dials (8080 onwards), so that every run
+// connects to the same 16 listeners, and none clash at the backend with
+// another Service's flows from the same client port. The rest reach 8080.
+func targetPort(i int) int32 {
+	if i < connTargets {
+		return int32(8080 + i)
+	}
+	return 8080
+}
+
+func slice(svc string, port int32, backends ...string) *discovery.EndpointSlice {
+	proto, pname := v1.ProtocolTCP, "http"
 	var eps []discovery.Endpoint
 	for _, be := range backends {
 		eps = append(eps, discovery.Endpoint{Addresses: []string{be}})
@@ -188,7 +199,7 @@ func (e *baselineEnv) waitFor(b *testing.B, addr, want string, limit time.Durati
 // long until it answers from there, in ms.
 func (e *baselineEnv) change(b *testing.B, ips []string, n int) float64 {
 	last := fmt.Sprintf("s%d", n-1)
-	if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), slice(last, e.backendIPs[1]), metav1.UpdateOptions{}); err != nil {
+	if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), slice(last, 8080, e.backendIPs[1]), metav1.UpdateOptions{}); err != nil {
 		b.Fatal(err)
 	}
 	return float64(e.waitFor(b, ips[len(ips)-1]+":80", "b2", time.Minute).Microseconds()) / 1000
@@ -245,27 +256,6 @@ func (e *baselineEnv) connectionRate(targets []string, d time.Duration) (rate, p
 	return float64(len(lat)) / d.Seconds(), float64(lat[len(lat)/2].Microseconds()), float64(lat[len(lat)*99/100].Microseconds()), float64(errs)
 }
 
-// cpuTime is the user and system CPU time process pid has used so far.
-func cpuTime(pid int) time.Duration {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which is in parentheses and may
-	// hold spaces: utime and stime are the 12th and 13th of them, in ticks.
-	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseUint(f[11], 10, 64)
-	stime, _ := strconv.ParseUint(f[12], 10, 64)
-	return time.Duration(utime+stime) * time.Second / clockTicks
-}
-
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on every
-// architecture Linux runs Go on.
-const clockTicks = 100
-
 func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) baselineResult {
 	e := newBaselineEnv(b)
 	var r baselineResult
@@ -293,10 +283,10 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) ba
 	for _, ip := range ips[:min(connTargets, len(ips))] {
 		targets = append(targets, ip+":80")
 	}
-	before, cpuBefore := e.synRetrans(), cpuTime(proc.Pid)
+	before, cpuBefore := e.synRetrans(), processCPU(b, proc.Pid)
 	r.rate, r.p50us, r.p99us, r.dialErrors = e.connectionRate(targets, d)
 	r.synRetr = e.synRetrans() - before
-	r.proxyCPUms = float64((cpuTime(proc.Pid) - cpuBefore).Microseconds()) / 1000
+	r.proxyCPUms = float64((processCPU(b, proc.Pid) - cpuBefore).Microseconds()) / 1000
 	if r.dialErrors > 0 && proxy == "sluice" {
 		logCounters(b, e.pinDir)
 	}

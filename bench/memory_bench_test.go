@@ -103,7 +103,7 @@ func (e *baselineEnv) createServicesWithEndpoints(b *testing.B, n, perService in
 				for j := range perService {
 					addrs = append(addrs, fmt.Sprintf("10.%d.%d.%d", 100+j, (i>>8)&0xff, i&0xff))
 				}
-				s := slice(name, addrs...)
+				s := slice(name, 8080, addrs...)
 				// What the EndpointSlice controller writes besides the
 				// endpoints: its owner, its labels, and the Pod behind
 				// each endpoint.
