@@ -212,9 +212,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 		return drop_create_failed(err, snat_addr);
 	if (ev_flow_events())
 		ev_flow4(skb, p, hook, fe->svc_id, &be);
-	if (rewrite_dst(skb, p, be.addr, be.port))
-		return drop(CNT_DROP_MALFORMED);
-	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
+	if (rewrite_tuple(skb, p, snat_addr ? snat_addr : p->saddr, be.addr, tuple_ports(snat_addr ? sport : p->sport, be.port)))
 		return drop(CNT_DROP_MALFORMED);
 	svcstats_count(fe->svc_id, p, 0, 1);
 	/* A workload's flow SNATed to the node (not to itself) is routed here:

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "conntrack.h"
 #include "counters.h"
+#include "csum.h"
 #include "ifstate.h"
 #include "parse.h"
 #include "service.h"
@@ -101,6 +102,90 @@ static __always_inline int rewrite_src(struct __sk_buff *skb, struct packet *p, 
 	return 0;
 }
 
+/* nat_bytes: an IPv4 packet with a 20-byte header, from its header checksum
+ * to its destination port: every byte a translation changes but the L4
+ * checksum, so that one store writes them all. */
+struct nat_bytes {
+	__sum16 check;
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+} __attribute__((packed));
+ASSERT_SIZE(struct nat_bytes, 14);
+
+/* word_diff: the ones'-complement sum that turns old into new within a
+ * checksum, as bpf_csum_diff computes it (32-bit words as they lie in the
+ * packet); fold32 folds sums of such to the 32 bits a checksum helper takes. */
+static __always_inline __u64 word_diff(__u32 old, __u32 new)
+{
+	return (__u64)(__u32)~old + new;
+}
+
+static __always_inline __u32 fold32(__u64 s)
+{
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffffffff) + (s >> 32);
+	return (__u32)s;
+}
+
+/* tuple_ports packs a source and a destination port for rewrite_tuple. */
+static __always_inline __u32 tuple_ports(__be16 sport, __be16 dport)
+{
+	return (__u32)sport | (__u32)dport << 16;
+}
+
+/* rewrite_tuple translates a TCP or UDP packet to the addresses and ports
+ * given (any may be the packet's own; ports as tuple_ports packs them). It
+ * costs three helper calls whatever it changes, where a call per field and
+ * checksum cost five for a destination and ten with the source:
+ *  - the IPv4 header checksum is computed here;
+ *  - a 20-byte header puts that checksum, both addresses and both ports in
+ *    one run of bytes, which one store writes;
+ *  - the L4 checksum takes one difference for the addresses (its pseudo
+ *    header, BPF_F_PSEUDO_HDR) and one for the ports. The two stay apart:
+ *    with CHECKSUM_PARTIAL the checksum field holds the pseudo header's sum
+ *    alone, which the ports are not part of.
+ * A header with options takes a field at a time. A subprogram, so that the
+ * store's bytes stay off its callers' frames, which are deep enough. No
+ * direct packet write: one anywhere in a program makes the verifier unclone
+ * every packet it sees (TCP's are clones), translated or not. */
+__subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 saddr, __be32 daddr, __u32 ports)
+{
+	__be16 sport = ports, dport = ports >> 16;
+
+	if (p->l4_off - p->l3_off != sizeof(struct iphdr)) {
+		if (rewrite_dst(skb, p, daddr, dport))
+			return -1;
+		return rewrite_src(skb, p, saddr, sport);
+	}
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + (p->l3_off & 0xff);
+	if ((void *)(ip + 1) > data_end)
+		return -1;
+	__u64 addrs = word_diff(p->saddr, saddr) + word_diff(p->daddr, daddr);
+	__u64 port_diff = word_diff((__u32)p->sport | (__u32)p->dport << 16, ports);
+	struct nat_bytes nb = {
+		.check = csum_fold((__u16)~ip->check + addrs),
+		.saddr = saddr, .daddr = daddr, .sport = sport, .dport = dport,
+	};
+
+	if (bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, check), &nb, sizeof(nb), 0))
+		return -1;
+	if ((p->saddr != saddr || p->daddr != daddr) &&
+	    bpf_l4_csum_replace(skb, l4_csum_off(p), 0, fold32(addrs), l4_csum_flags(p, 1)))
+		return -1;
+	if ((p->sport != sport || p->dport != dport) &&
+	    bpf_l4_csum_replace(skb, l4_csum_off(p), 0, fold32(port_diff), l4_csum_flags(p, 0)))
+		return -1;
+	p->saddr = saddr;
+	p->sport = sport;
+	p->daddr = daddr;
+	p->dport = dport;
+	return 0;
+}
+
 /* ---- Replaying a flow's translation (conntrack.h records it) ---- */
 
 /* ct_apply_fragment translates a non-first fragment: its IP header only. */
@@ -133,18 +218,12 @@ static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, con
 {
 	if (p->l4_absent)
 		return ct_apply_fragment(skb, p, v);
-	if (v->type == CT_FORWARD) {
-		if (rewrite_dst(skb, p, v->nat_addr, v->nat_port))
-			return -1;
-		if (v->flags & CT_SNAT)
-			return rewrite_src(skb, p, v->snat_addr, v->snat_port);
-		return 0;
-	}
-	if (rewrite_src(skb, p, v->nat_addr, v->nat_port))
-		return -1;
-	if (v->flags & CT_SNAT)
-		return rewrite_dst(skb, p, v->snat_addr, v->snat_port);
-	return 0;
+	int snat = v->flags & CT_SNAT;
+	if (v->type == CT_FORWARD)
+		return rewrite_tuple(skb, p, snat ? v->snat_addr : p->saddr, v->nat_addr,
+				     tuple_ports(snat ? v->snat_port : p->sport, v->nat_port));
+	return rewrite_tuple(skb, p, v->nat_addr, snat ? v->snat_addr : p->daddr,
+			     tuple_ports(v->nat_port, snat ? v->snat_port : p->dport));
 }
 
 /* swap_eth swaps an Ethernet frame's source and destination addresses, for
