@@ -42,6 +42,9 @@ type baselineResult struct {
 	programMs, changeMs         float64
 	rate, p50us, p99us, synRetr float64
 	dialErrors, proxyCPUms      float64
+	// xNoProxy: the proxied rate over the no-proxy rate measured in the
+	// windows between the proxied ones (pairedRates).
+	xNoProxy float64
 }
 
 var (
@@ -72,6 +75,14 @@ type baselineEnv struct {
 }
 
 func newBaselineEnv(b *testing.B) *baselineEnv {
+	e := newDirectEnv(b)
+	e.api = apiservertest.StartIn(b, e.node)
+	return e
+}
+
+// newDirectEnv is a baselineEnv without API server or proxy: the no-proxy
+// run's.
+func newDirectEnv(b *testing.B) *baselineEnv {
 	e := &baselineEnv{node: bpftest.NewNetNS(b)}
 	e.node.Run("sysctl", "-qw", "net.ipv4.ip_forward=1")
 	for i := range 3 {
@@ -90,8 +101,17 @@ func newBaselineEnv(b *testing.B) *baselineEnv {
 	for port := 8081; port < 8080+connTargets; port++ {
 		bpftest.ServeTCP(b, e.backends[0], "b1", fmt.Sprintf(":%d", port))
 	}
-	e.api = apiservertest.StartIn(b, e.node)
 	return e
+}
+
+// directTargets are the sockets the no-proxy run dials: the first backend's
+// 16 listeners, which the proxied runs' first 16 Services reach.
+func (e *baselineEnv) directTargets() []string {
+	var targets []string
+	for i := range connTargets {
+		targets = append(targets, fmt.Sprintf("%s:%d", e.backendIPs[0], targetPort(i)))
+	}
+	return targets
 }
 
 // addPod makes pod i: 10.20<i>.0.2/24 behind a veth whose node side is
@@ -214,14 +234,19 @@ func (e *baselineEnv) synRetrans() float64 {
 	return float64(v["TCPSynRetrans"])
 }
 
-// connectionRate: 4 workers connect and close for d, spread over targets.
-// Dials that fail (or give up after a second) are counted apart: a SYN the
-// path drops costs its worker the whole timeout without a retransmission
-// being counted.
-func (e *baselineEnv) connectionRate(targets []string, d time.Duration) (rate, p50, p99, failed float64) {
+// dials is what a connection-rate measurement saw: each connect's latency,
+// the dials that failed (or gave up after a second: a SYN the path drops
+// costs its worker the whole timeout without a retransmission being
+// counted), and the time spent.
+type dials struct {
+	lat     []time.Duration
+	errs    int
+	elapsed time.Duration
+}
+
+// dialFor: 4 workers connect and close for d, spread over targets.
+func (e *baselineEnv) dialFor(targets []string, d time.Duration, into *dials) {
 	var mu sync.Mutex
-	var lat []time.Duration
-	var errs int
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(d)
 	for w := range 4 {
@@ -242,37 +267,56 @@ func (e *baselineEnv) connectionRate(targets []string, d time.Duration) (rate, p
 					c.Close()
 				}
 				mu.Lock()
-				lat, errs = append(lat, mine...), errs+myErrs
+				into.lat, into.errs = append(into.lat, mine...), into.errs+myErrs
 				mu.Unlock()
 				return nil
 			})
 		}()
 	}
 	wg.Wait()
-	if len(lat) == 0 {
-		return 0, 0, 0, float64(errs)
-	}
-	slices.Sort(lat)
-	return float64(len(lat)) / d.Seconds(), float64(lat[len(lat)/2].Microseconds()), float64(lat[len(lat)*99/100].Microseconds()), float64(errs)
+	into.elapsed += d
 }
 
-func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) baselineResult {
-	e := newBaselineEnv(b)
+// rate is connections a second; p50 and p99 the connect latency in µs.
+func (r *dials) rate() (rate, p50, p99 float64) {
+	if len(r.lat) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(r.lat)
+	return float64(len(r.lat)) / r.elapsed.Seconds(), float64(r.lat[len(r.lat)/2].Microseconds()), float64(r.lat[len(r.lat)*99/100].Microseconds())
+}
+
+// rateWindow is how long a paired measurement dials one side before it
+// turns to the other.
+const rateWindow = 250 * time.Millisecond
+
+// pairedRates measures the proxied env and the direct one for d each, in
+// alternating windows, so that what the machine does meanwhile (this one's
+// rate drifts by a tenth between runs a minute apart) weighs on both alike.
+func pairedRates(proxied *baselineEnv, targets []string, direct *baselineEnv, d time.Duration) (viaProxy, noProxy dials) {
+	for viaProxy.elapsed < d {
+		proxied.dialFor(targets, rateWindow, &viaProxy)
+		direct.dialFor(direct.directTargets(), rateWindow, &noProxy)
+	}
+	return viaProxy, noProxy
+}
+
+func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string, direct *baselineEnv) baselineResult {
 	var r baselineResult
 	d := time.Second
 	if os.Getenv("SLUICE_BENCH_FULL") == "1" {
 		d = 5 * time.Second
 	}
 	if proxy == "no-proxy" {
-		before := e.synRetrans()
-		var targets []string
-		for port := 8080; port < 8080+connTargets; port++ {
-			targets = append(targets, fmt.Sprintf("%s:%d", e.backendIPs[0], port))
-		}
-		r.rate, r.p50us, r.p99us, r.dialErrors = e.connectionRate(targets, d)
-		r.synRetr = e.synRetrans() - before
+		before := direct.synRetrans()
+		var got dials
+		direct.dialFor(direct.directTargets(), d, &got)
+		r.rate, r.p50us, r.p99us = got.rate()
+		r.dialErrors = float64(got.errs)
+		r.synRetr = direct.synRetrans() - before
 		return r
 	}
+	e := newBaselineEnv(b)
 	proc := e.startProxy(b, proxy, sluice, kubeProxy)
 	probe := e.createServices(b, "probe", 1, e.backendIPs[0])
 	e.waitFor(b, probe[0]+":80", "b1", 60*time.Second) // the proxy is up and synced
@@ -284,9 +328,14 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) ba
 		targets = append(targets, ip+":80")
 	}
 	before, cpuBefore := e.synRetrans(), processCPU(b, proc.Pid)
-	r.rate, r.p50us, r.p99us, r.dialErrors = e.connectionRate(targets, d)
+	got, noProxy := pairedRates(e, targets, direct, d)
 	r.synRetr = e.synRetrans() - before
 	r.proxyCPUms = float64((processCPU(b, proc.Pid) - cpuBefore).Microseconds()) / 1000
+	r.rate, r.p50us, r.p99us = got.rate()
+	r.dialErrors = float64(got.errs)
+	if direct, _, _ := noProxy.rate(); direct > 0 {
+		r.xNoProxy = r.rate / direct
+	}
 	if r.dialErrors > 0 && proxy == "sluice" {
 		logCounters(b, e.pinDir)
 	}
@@ -296,13 +345,16 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string) ba
 // BenchmarkBaselines reports, per proxy and number of Services: programming
 // time after the last object is created (program-ms), time to follow one
 // EndpointSlice change (change-ms), new connections per second over 16
-// Services with p50/p99 connect latency, and SYN retransmits meanwhile.
+// Services with p50/p99 connect latency, failed dials, SYN retransmits and
+// the proxy's CPU time meanwhile, and the rate as a ratio to no-proxy's in
+// the windows between (x-no-proxy, pairedRates).
 func BenchmarkBaselines(b *testing.B) {
 	bpftest.Require(b)
 	if _, _, err := apiservertest.Binaries(); err != nil {
 		b.Skip(err)
 	}
 	sluice, kubeProxy := proxyBinaries(b)
+	direct := newDirectEnv(b) // no-proxy, and the proxied runs' pair
 	sizes := []int{100}
 	if os.Getenv("SLUICE_BENCH_FULL") == "1" {
 		sizes = []int{100, 1_000, 10_000}
@@ -315,7 +367,7 @@ func BenchmarkBaselines(b *testing.B) {
 				r, ok := baselineCache[key]
 				baselineMu.Unlock()
 				if !ok { // measured once; b.N's growth reuses the result
-					r = runBaseline(b, proxy, n, sluice, kubeProxy)
+					r = runBaseline(b, proxy, n, sluice, kubeProxy, direct)
 					baselineMu.Lock()
 					baselineCache[key] = r
 					baselineMu.Unlock()
@@ -333,6 +385,7 @@ func BenchmarkBaselines(b *testing.B) {
 				b.ReportMetric(r.dialErrors, "dial-errors")
 				if proxy != "no-proxy" {
 					b.ReportMetric(r.proxyCPUms, "proxy-cpu-ms")
+					b.ReportMetric(r.xNoProxy, "x-no-proxy")
 				}
 			})
 		}
