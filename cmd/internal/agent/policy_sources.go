@@ -156,18 +156,13 @@ func policyInformers(ctx context.Context, client kubernetes.Interface, dyn dynam
 		update(c)
 		return nil
 	}, 200*time.Millisecond, 15*time.Minute)
-	poke := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { runner.Trigger() },
-		UpdateFunc: func(any, any) { runner.Trigger() },
-		DeleteFunc: func(any) { runner.Trigger() },
-	}
 	all := []cache.SharedIndexInformer{pods.Informer(), nss.Informer(), pols.Informer()}
 	for _, inf := range admin {
 		all = append(all, inf)
 	}
 	synced := make([]cache.InformerSynced, 0, len(all))
 	for _, inf := range all {
-		if _, err := inf.AddEventHandler(poke); err != nil {
+		if _, err := inf.AddEventHandler(changeTrigger(runner.Trigger)); err != nil {
 			return nil, err
 		}
 		synced = append(synced, inf.HasSynced)
@@ -182,4 +177,29 @@ func policyInformers(ctx context.Context, client kubernetes.Interface, dyn dynam
 		runner.Run(ctx)
 		return nil
 	}, nil
+}
+
+// changeTrigger calls trigger for every change of an object the translation
+// reads, except the Pod and Namespace updates it cannot be altered by
+// (k8s.PodChangeMatters): in a live cluster most Pod updates are statuses,
+// and each informer resync updates every object unchanged, while each
+// translation goes over the whole cluster's policies.
+func changeTrigger(trigger func()) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { trigger() },
+		UpdateFunc: func(old, new any) {
+			switch o := old.(type) {
+			case *v1.Pod:
+				if n, ok := new.(*v1.Pod); ok && !k8s.PodChangeMatters(o, n) {
+					return
+				}
+			case *v1.Namespace:
+				if n, ok := new.(*v1.Namespace); ok && !k8s.NamespaceChangeMatters(o, n) {
+					return
+				}
+			}
+			trigger()
+		},
+		DeleteFunc: func(any) { trigger() },
+	}
 }

@@ -10,10 +10,12 @@ import (
 
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
 	"github.com/sluice-net/sluice/policy/k8s"
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 // crd is a CustomResourceDefinition of our own for one of the network
@@ -103,6 +105,67 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 			}
 		case <-deadline:
 			t.Fatal("the informers never delivered the three objects")
+		}
+	}
+}
+
+// A pod's status changing (readiness flapping, a container restarting)
+// cannot change any policy, so it must not cost a translation of the whole
+// cluster's policies; a label change must.
+func TestPolicyInformersTranslateOnlyForChangesThatMatter(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	web := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", Labels: map[string]string{"app": "web"}},
+		Spec: v1.PodSpec{NodeName: "node-a"}, Status: v1.PodStatus{PodIP: "10.1.0.10"}}
+	client := fake.NewSimpleClientset(web, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
+	updates := make(chan k8s.Cluster, 100)
+	run, err := policyInformers(ctx, client, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
+	if err != nil {
+		t.Fatal(err)
+	}
+	go run()
+	select {
+	case <-updates:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no first translation")
+	}
+
+	pods := client.CoreV1().Pods("shop")
+	for i := range 5 {
+		p, err := pods.Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status.Conditions = []v1.PodCondition{{Type: v1.PodReady, Status: []v1.ConditionStatus{v1.ConditionTrue, v1.ConditionFalse}[i%2]}}
+		p.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "c", RestartCount: int32(i)}}
+		if _, err := pods.UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The runner coalesces triggers within 200 ms: a second is long enough
+	// for one it was given to run.
+	select {
+	case <-updates:
+		t.Fatal("a pod's status changes were translated again")
+	case <-time.After(time.Second):
+	}
+
+	p, err := pods.Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Labels = map[string]string{"app": "web2"}
+	if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.After(10 * time.Second); ; {
+		select {
+		case c := <-updates:
+			if len(c.Pods) == 1 && c.Pods[0].Labels["app"] == "web2" {
+				return
+			}
+		case <-deadline:
+			t.Fatal("a pod's label change was not translated")
 		}
 	}
 }
