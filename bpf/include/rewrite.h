@@ -112,7 +112,7 @@ struct nat_bytes {
 	__be16 sport;
 	__be16 dport;
 } __attribute__((packed));
-ASSERT_SIZE(struct nat_bytes, 14);
+_Static_assert(sizeof(struct nat_bytes) == 14, "nat_bytes: the bytes from the IPv4 check to the destination port");
 
 /* word_diff: the ones'-complement sum that turns old into new within a
  * checksum, as bpf_csum_diff computes it (32-bit words as they lie in the
@@ -154,6 +154,8 @@ __subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 sadd
 {
 	__be16 sport = ports, dport = ports >> 16;
 
+	if (saddr == p->saddr && daddr == p->daddr && sport == p->sport && dport == p->dport)
+		return 0; /* a tracked flow that is not translated */
 	if (p->l4_off - p->l3_off != sizeof(struct iphdr)) {
 		if (rewrite_dst(skb, p, daddr, dport))
 			return -1;
