@@ -2,12 +2,14 @@ package gen_test
 
 import (
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
+	"golang.org/x/sys/unix"
 )
 
 // The clash rules: a new flow whose tuple at the destination is held by
@@ -380,6 +382,8 @@ func TestClashRemapFindsAFreePortInACrowdedRange(t *testing.T) {
 			rest = append(rest, port)
 		}
 		c.holdTuples(rest)
+		// The search's CPU must be the one whose crowding state is read.
+		cpu := onOneCPU(c.t)
 		client := netip.AddrPortFrom(c.client.Addr(), 20001+8*flows)
 		if out, _ := c.d.Run(c.d.Objs.SlFromWl, bpftest.TCPPacket(client, c.be1, bpftest.SYN)); out != actShot {
 			c.t.Fatalf("a flow with every port held: verdict %d, want TC_ACT_SHOT", out)
@@ -387,5 +391,61 @@ func TestClashRemapFindsAFreePortInACrowdedRange(t *testing.T) {
 		if n := c.d.Counter(gen.SluiceCounterCNT_DROP_SNAT_PORTS); n != 1 {
 			c.t.Fatalf("refusals counted %d, want 1", n)
 		}
+		// The refusal makes the CPU's next searches short (PORT_TRIES_CROWDED),
+		// until one succeeds.
+		if at := c.crowdedSince(cpu); at == 0 {
+			c.t.Fatal("a search that found no port left no mark on its CPU")
+		}
+		c.releaseTuples(held[:len(held)*7/8])
+		client = netip.AddrPortFrom(c.client.Addr(), 65001) // held still: remapped
+		if out, _ := c.d.Run(c.d.Objs.SlFromWl, bpftest.TCPPacket(client, c.be1, bpftest.SYN)); out != actOK {
+			c.t.Fatalf("a flow once most ports are free again: verdict %d, want TC_ACT_OK", out)
+		}
+		if at := c.crowdedSince(cpu); at != 0 {
+			c.t.Fatalf("a search that found a port left its CPU crowded (since %d)", at)
+		}
 	})
+}
+
+// onOneCPU keeps the calling goroutine on its thread and the thread on one
+// CPU until the test ends, and returns the CPU.
+func onOneCPU(t *testing.T) int {
+	runtime.LockOSThread()
+	var old, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		t.Fatal(err)
+	}
+	cpu := 0
+	for !old.IsSet(cpu) {
+		cpu++
+	}
+	one.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = unix.SchedSetaffinity(0, &old)
+		runtime.UnlockOSThread()
+	})
+	return cpu
+}
+
+// crowdedSince reads when cpu's last port search found no port (0: none
+// since one succeeded).
+func (c *clashCase) crowdedSince(cpu int) uint64 {
+	c.t.Helper()
+	var vs []gen.SluicePortCrowded
+	if err := c.d.Objs.SlPortcrowdV1.Lookup(uint32(0), &vs); err != nil {
+		c.t.Fatal(err)
+	}
+	return vs[cpu].RefusedAt
+}
+
+// releaseTuples removes what holdTuples wrote for ports.
+func (c *clashCase) releaseTuples(ports []uint16) {
+	c.t.Helper()
+	for _, port := range ports {
+		held := netip.AddrPortFrom(c.client.Addr(), port)
+		c.d.DeleteCT(c.be1, held, protoTCP)
+	}
 }

@@ -108,6 +108,7 @@ const (
 	ClassifyMapSlIpsetV1         = "sl_ipset_v1"
 	ClassifyMapSlMaglevV1        = "sl_maglev_v1"
 	ClassifyMapSlPolprogV1       = "sl_polprog_v1"
+	ClassifyMapSlPortcrowdV1     = "sl_portcrowd_v1"
 	ClassifyMapSlRulectrV1       = "sl_rulectr_v1"
 	ClassifyMapSlScratch6V1      = "sl_scratch6_v1"
 	ClassifyMapSlSrcrange6V1     = "sl_srcrange6_v1"
@@ -196,6 +197,7 @@ type ClassifyMapSpecs struct {
 	SlIpsetV1     *ebpf.MapSpec `ebpf:"sl_ipset_v1"`
 	SlMaglevV1    *ebpf.MapSpec `ebpf:"sl_maglev_v1"`
 	SlPolprogV1   *ebpf.MapSpec `ebpf:"sl_polprog_v1"`
+	SlPortcrowdV1 *ebpf.MapSpec `ebpf:"sl_portcrowd_v1"`
 	SlRulectrV1   *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1  *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
 	SlSrcrange6V1 *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
@@ -260,6 +262,7 @@ type ClassifyMaps struct {
 	SlIpsetV1     *ebpf.Map `ebpf:"sl_ipset_v1"`
 	SlMaglevV1    *ebpf.Map `ebpf:"sl_maglev_v1"`
 	SlPolprogV1   *ebpf.Map `ebpf:"sl_polprog_v1"`
+	SlPortcrowdV1 *ebpf.Map `ebpf:"sl_portcrowd_v1"`
 	SlRulectrV1   *ebpf.Map `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1  *ebpf.Map `ebpf:"sl_scratch6_v1"`
 	SlSrcrange6V1 *ebpf.Map `ebpf:"sl_srcrange6_v1"`
@@ -298,6 +301,7 @@ func (m *ClassifyMaps) Close() error {
 		m.SlIpsetV1,
 		m.SlMaglevV1,
 		m.SlPolprogV1,
+		m.SlPortcrowdV1,
 		m.SlRulectrV1,
 		m.SlScratch6V1,
 		m.SlSrcrange6V1,

@@ -409,6 +409,11 @@ type SluicePolicy6Tuple struct {
 	Daddr [16]uint8
 }
 
+type SluicePortCrowded struct {
+	_         structs.HostLayout
+	RefusedAt uint64
+}
+
 type SluicePrefilter6Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -533,6 +538,7 @@ const (
 	SluiceMapSlIpsetV1        = "sl_ipset_v1"
 	SluiceMapSlMaglevV1       = "sl_maglev_v1"
 	SluiceMapSlPolprogV1      = "sl_polprog_v1"
+	SluiceMapSlPortcrowdV1    = "sl_portcrowd_v1"
 	SluiceMapSlPrefilter6V1   = "sl_prefilter6_v1"
 	SluiceMapSlPrefilterV1    = "sl_prefilter_v1"
 	SluiceMapSlRulectrV1      = "sl_rulectr_v1"
@@ -652,6 +658,7 @@ type SluiceMapSpecs struct {
 	SlIpsetV1      *ebpf.MapSpec `ebpf:"sl_ipset_v1"`
 	SlMaglevV1     *ebpf.MapSpec `ebpf:"sl_maglev_v1"`
 	SlPolprogV1    *ebpf.MapSpec `ebpf:"sl_polprog_v1"`
+	SlPortcrowdV1  *ebpf.MapSpec `ebpf:"sl_portcrowd_v1"`
 	SlPrefilter6V1 *ebpf.MapSpec `ebpf:"sl_prefilter6_v1"`
 	SlPrefilterV1  *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
 	SlRulectrV1    *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
@@ -715,6 +722,7 @@ type SluiceMaps struct {
 	SlIpsetV1      *ebpf.Map `ebpf:"sl_ipset_v1"`
 	SlMaglevV1     *ebpf.Map `ebpf:"sl_maglev_v1"`
 	SlPolprogV1    *ebpf.Map `ebpf:"sl_polprog_v1"`
+	SlPortcrowdV1  *ebpf.Map `ebpf:"sl_portcrowd_v1"`
 	SlPrefilter6V1 *ebpf.Map `ebpf:"sl_prefilter6_v1"`
 	SlPrefilterV1  *ebpf.Map `ebpf:"sl_prefilter_v1"`
 	SlRulectrV1    *ebpf.Map `ebpf:"sl_rulectr_v1"`
@@ -752,6 +760,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlIpsetV1,
 		m.SlMaglevV1,
 		m.SlPolprogV1,
+		m.SlPortcrowdV1,
 		m.SlPrefilter6V1,
 		m.SlPrefilterV1,
 		m.SlRulectrV1,

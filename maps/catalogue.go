@@ -71,6 +71,9 @@ var (
 	IPSets    = Def[gen.SluiceIpsetKey, gen.SluiceIpsetValue]{Name: gen.SluiceMapSlIpsetV1}
 	RuleCtrs  = PerCPUDef[gen.SluiceRulectrKey, uint64]{Name: gen.SluiceMapSlRulectrV1}
 	SvcStats  = PerCPUDef[uint32, gen.SluiceSvcstatsValue]{Name: gen.SluiceMapSlSvcstatsV1}
+	// PortCrowding: when each CPU's last source-port search found every
+	// port taken (bpf/include/ct_new.h, port_tries).
+	PortCrowding = PerCPUDef[uint32, gen.SluicePortCrowded]{Name: gen.SluiceMapSlPortcrowdV1}
 
 	// The IPv6 twins: one map set per family, so the IPv4 maps keep their
 	// small keys (bpf/include/ipv6.h).
@@ -126,6 +129,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlMaglevV1:     "Maglev tables: service id -> inner array map holding the table (slot -> backend ordinal); replaced whole",
 	gen.SluiceMapSlEventsV1:     "flow events ring buffer: drops, and service flows starting and ending (read by sluice monitor)",
 	gen.SluiceMapSlEvcpuV1:      "per-CPU flow-event budget of the current second and the reason of the CPU's last drop",
+	gen.SluiceMapSlPortcrowdV1:  "per-CPU time of the CPU's last source-port search that found every port taken (searches try fewer ports for a second after)",
 }
 
 // Info describes one map of the catalogue.
@@ -527,7 +531,7 @@ func StalePins(dir string) ([]string, error) {
 // an older layout of one of them can be removed without losing a connection.
 // sl_ifstats_v1 (the per-interface counters of the retired sl_count program)
 // has no current layout: its pin is removed as stale.
-var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v", "sl_events_v", "sl_evcpu_v"}
+var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v", "sl_events_v", "sl_evcpu_v", "sl_portcrowd_v"}
 
 // RemoveStaleDisposable removes the stale pins (StalePins) of maps whose
 // contents are disposable — counters and in-flight fragments — and returns

@@ -75,6 +75,7 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	gen.SluiceMapSlMaglevV1: roundTripMaglev,
 	gen.SluiceMapSlEventsV1: roundTripEvents,
 	gen.SluiceMapSlEvcpuV1:  roundTripEventBudget,
+	maps.PortCrowding.Name:  roundTripPortCrowding,
 	maps.Frontends.Name:     roundTrip(maps.Frontends),
 	maps.Backends.Name:      roundTrip(maps.Backends),
 	maps.SrcRanges.Name:     roundTripLPM,
@@ -303,6 +304,24 @@ func roundTripEventBudget(t *testing.T, s *maps.Set) {
 	vs := make([]gen.SluiceEvCpu, ebpf.MustPossibleCPU())
 	for i := range vs {
 		vs[i] = gen.SluiceEvCpu{Window: uint64(i), Used: 3, LastDrop: 7}
+	}
+	if err := m.Put(0, vs, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.Get(0)
+	if err != nil || len(got) != len(vs) || got[len(got)-1] != vs[len(vs)-1] {
+		t.Fatalf("got %+v %v", got, err)
+	}
+}
+
+func roundTripPortCrowding(t *testing.T, s *maps.Set) {
+	m, err := maps.PortCrowding.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := make([]gen.SluicePortCrowded, ebpf.MustPossibleCPU())
+	for i := range vs {
+		vs[i] = gen.SluicePortCrowded{RefusedAt: uint64(i + 1)}
 	}
 	if err := m.Put(0, vs, ebpf.UpdateAny); err != nil {
 		t.Fatal(err)

@@ -80,7 +80,7 @@ var (
 	copiedWithEntries = []string{gen.SluiceMapSlCtV2, gen.SluiceMapSlCt6V1, gen.SluiceMapSlAffV1, gen.SluiceMapSlAff6V1,
 		gen.SluiceMapSlFragV1, gen.SluiceMapSlFrag6V1, gen.SluiceMapSlSockV1, gen.SluiceMapSlSock6V1}
 	copiedEmpty = []string{gen.SluiceMapSlCountersV4, gen.SluiceMapSlSvcstatsV1, gen.SluiceMapSlEventsV1,
-		gen.SluiceMapSlEvcpuV1, gen.SluiceMapSlRulectrV1}
+		gen.SluiceMapSlEvcpuV1, gen.SluiceMapSlRulectrV1, gen.SluiceMapSlPortcrowdV1}
 )
 
 // POLICY_* bits of cb[3] (bpf/include/policy.h).

@@ -162,11 +162,12 @@ static __always_inline int own_tuple6(const struct ct6_value *r, const struct pa
  * entry to insert is this CPU's scratch one. */
 struct port_claim6 {
 	__u32 lo, span;		/* host order: ports lo .. lo + span - 1 */
+	__u32 tries;		/* how many the search gets (port_tries) */
 	int err;		/* the last insertion's: 0 once claimed */
 };
 
 /* claim_port6 tries one random port for the scratch reverse entry (claim_port). */
-static long claim_port6(__u64 i __attribute__((unused)), void *ctx)
+static long claim_port6(__u64 i, void *ctx)
 {
 	struct port_claim6 *c = ctx;
 	__u32 zero = 0;
@@ -176,9 +177,11 @@ static long claim_port6(__u64 i __attribute__((unused)), void *ctx)
 		c->err = -1;
 		return 1;
 	}
+	if (!i)
+		c->tries = port_tries(&zero);
 	sc->rev_key.dport = bpf_htons(c->lo + bpf_get_prandom_u32() % c->span);
 	c->err = bpf_map_update_elem(&sl_ct6_v1, &sc->rev_key, &sc->v, BPF_NOEXIST);
-	return c->err != -EEXIST;
+	return port_search_next(&zero, i, c->tries, c->err);
 }
 
 /* ct6_create: ct_create (ct_new.h), whose comment states the rules.

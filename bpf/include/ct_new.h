@@ -20,7 +20,9 @@ struct port_claim {
 	struct ct_key key;
 	struct ct_value val;
 	__u32 lo, span;		/* host order: ports lo .. lo + span - 1 */
+	__u32 tries;		/* how many the search gets (port_tries) */
 	int err;		/* the last insertion's: 0 once claimed */
+	__u32 zero;		/* 0: a key for per-CPU arrays (port_tries) */
 };
 
 /* port_range sets the range a flow whose source is translated draws ports
@@ -36,16 +38,66 @@ static __always_inline void port_range(const struct config *cfg, int remap, __u3
 	*span = h < l ? 1 : h - l + 1;
 }
 
+/* A CPU's last port search that found no free port (port_tries). */
+struct port_crowded {
+	__u64 refused_at;	/* host order: sl_now() of that search; 0: none since one succeeded */
+};
+ASSERT_SIZE(struct port_crowded, 8);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct port_crowded);
+} sl_portcrowd_v1 SEC(".maps");
+
+/* port_tries is how many ports a search on this CPU tries: PORT_TRIES, or
+ * PORT_TRIES_CROWDED within PORT_CROWDED_NS of a search that found none.
+ * zero points to a 0 key where the caller has one: a key on this frame
+ * would deepen the callbacks' frames, which end the datapath's deepest call
+ * chains. */
+static __always_inline __u32 port_tries(const __u32 *zero)
+{
+	struct port_crowded *pc = bpf_map_lookup_elem(&sl_portcrowd_v1, zero);
+
+	return pc && pc->refused_at && sl_now() - pc->refused_at < PORT_CROWDED_NS ? PORT_TRIES_CROWDED : PORT_TRIES;
+}
+
+/* port_search_done records a search's outcome for port_tries: err is the
+ * last insertion's (-EEXIST: every port tried was taken). zero: port_tries'. */
+static __always_inline void port_search_done(const __u32 *zero, int err)
+{
+	struct port_crowded *pc = bpf_map_lookup_elem(&sl_portcrowd_v1, zero);
+
+	if (pc)
+		pc->refused_at = err == -EEXIST ? sl_now() : 0;
+}
+
+/* port_search_next decides, after try i of a search allowed tries, whether
+ * it goes on: only while the port tried was taken and tries remain. When it
+ * ends, its outcome is recorded for port_tries. Called from the bpf_loop
+ * callbacks, whose frames hold its map lookups: the callers' are deep. */
+static __always_inline long port_search_next(const __u32 *zero, __u64 i, __u32 tries, int err)
+{
+	if (err == -EEXIST && i + 1 < tries)
+		return 0;
+	port_search_done(zero, err);
+	return 1;
+}
+
 /* claim_port tries one random port of the claim's range (a bpf_loop
- * callback): it stops the loop once the entry is inserted, or on an error
- * other than the port being taken (a full map). */
-static long claim_port(__u64 i __attribute__((unused)), void *ctx)
+ * callback; the first try sets how many the search gets): it stops the loop
+ * once the entry is inserted, on an error other than the port being taken (a
+ * full map), or when its tries are spent. */
+static long claim_port(__u64 i, void *ctx)
 {
 	struct port_claim *c = ctx;
 
+	if (!i)
+		c->tries = port_tries(&c->zero);
 	c->key.dport = bpf_htons(c->lo + bpf_get_prandom_u32() % c->span);
 	c->err = bpf_map_update_elem(&sl_ct_v2, &c->key, &c->val, BPF_NOEXIST);
-	return c->err != -EEXIST;
+	return port_search_next(&c->zero, i, c->tries, c->err);
 }
 
 /* ct_reopened tells whether a SYN that matched a forward entry opens a new
