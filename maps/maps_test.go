@@ -74,26 +74,30 @@ func roundTrip[K comparable, V comparable](d maps.Def[K, V]) func(t *testing.T, 
 var roundTrips = map[string]func(*testing.T, *maps.Set){
 	gen.SluiceMapSlMaglevV1: roundTripMaglev,
 	gen.SluiceMapSlEventsV1: roundTripEvents,
-	gen.SluiceMapSlEvcpuV1:  roundTripEventBudget,
-	maps.PortCrowding.Name:  roundTripPortCrowding,
-	maps.Frontends.Name:     roundTrip(maps.Frontends),
-	maps.Backends.Name:      roundTrip(maps.Backends),
-	maps.SrcRanges.Name:     roundTripLPM,
-	maps.Affinity.Name:      roundTrip(maps.Affinity),
-	maps.Conntrack.Name:     roundTrip(maps.Conntrack),
-	maps.Fragments.Name:     roundTrip(maps.Fragments),
-	maps.Config.Name:        roundTripConfig,
-	maps.HostIPs.Name:       roundTrip(maps.HostIPs),
-	maps.Counters.Name:      roundTripCounters,
-	maps.Sockets.Name:       roundTrip(maps.Sockets),
-	maps.Prefilter.Name:     roundTripPrefilter,
-	maps.Failsafe.Name:      roundTrip(maps.Failsafe),
-	maps.IfState.Name:       roundTrip(maps.IfState),
-	maps.SvcNames.Name:      roundTrip(maps.SvcNames),
-	maps.IPSets.Name:        roundTripIPSets,
-	maps.RuleCtrs.Name:      roundTripRuleCounters,
-	maps.SvcStats.Name:      roundTripSvcStats,
-	maps.PolicyPrograms:     checkProgramArray,
+	gen.SluiceMapSlEvcpuV1: roundTripPerCPU(maps.EventBudget, func(cpu int) gen.SluiceEvCpu {
+		return gen.SluiceEvCpu{Window: uint64(cpu), Used: 3, LastDrop: 7}
+	}),
+	maps.PortCrowding.Name: roundTripPerCPU(maps.PortCrowding, func(cpu int) gen.SluicePortCrowded {
+		return gen.SluicePortCrowded{RefusedAt: uint64(cpu + 1)}
+	}),
+	maps.Frontends.Name: roundTrip(maps.Frontends),
+	maps.Backends.Name:  roundTrip(maps.Backends),
+	maps.SrcRanges.Name: roundTripLPM,
+	maps.Affinity.Name:  roundTrip(maps.Affinity),
+	maps.Conntrack.Name: roundTrip(maps.Conntrack),
+	maps.Fragments.Name: roundTrip(maps.Fragments),
+	maps.Config.Name:    roundTripConfig,
+	maps.HostIPs.Name:   roundTrip(maps.HostIPs),
+	maps.Counters.Name:  roundTripCounters,
+	maps.Sockets.Name:   roundTrip(maps.Sockets),
+	maps.Prefilter.Name: roundTripPrefilter,
+	maps.Failsafe.Name:  roundTrip(maps.Failsafe),
+	maps.IfState.Name:   roundTrip(maps.IfState),
+	maps.SvcNames.Name:  roundTrip(maps.SvcNames),
+	maps.IPSets.Name:    roundTripIPSets,
+	maps.RuleCtrs.Name:  roundTripRuleCounters,
+	maps.SvcStats.Name:  roundTripSvcStats,
+	maps.PolicyPrograms: checkProgramArray,
 
 	maps.Frontends6.Name:      roundTrip(maps.Frontends6),
 	maps.Backends6.Name:       roundTrip(maps.Backends6),
@@ -296,39 +300,25 @@ func roundTripEvents(t *testing.T, s *maps.Set) {
 	}
 }
 
-func roundTripEventBudget(t *testing.T, s *maps.Set) {
-	m, err := maps.EventBudget.In(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vs := make([]gen.SluiceEvCpu, ebpf.MustPossibleCPU())
-	for i := range vs {
-		vs[i] = gen.SluiceEvCpu{Window: uint64(i), Used: 3, LastDrop: 7}
-	}
-	if err := m.Put(0, vs, ebpf.UpdateAny); err != nil {
-		t.Fatal(err)
-	}
-	got, err := m.Get(0)
-	if err != nil || len(got) != len(vs) || got[len(got)-1] != vs[len(vs)-1] {
-		t.Fatalf("got %+v %v", got, err)
-	}
-}
-
-func roundTripPortCrowding(t *testing.T, s *maps.Set) {
-	m, err := maps.PortCrowding.In(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vs := make([]gen.SluicePortCrowded, ebpf.MustPossibleCPU())
-	for i := range vs {
-		vs[i] = gen.SluicePortCrowded{RefusedAt: uint64(i + 1)}
-	}
-	if err := m.Put(0, vs, ebpf.UpdateAny); err != nil {
-		t.Fatal(err)
-	}
-	got, err := m.Get(0)
-	if err != nil || len(got) != len(vs) || got[len(got)-1] != vs[len(vs)-1] {
-		t.Fatalf("got %+v %v", got, err)
+// roundTripPerCPU writes value(cpu) to every CPU's slot 0 of a per-CPU
+// array and reads them back.
+func roundTripPerCPU[V comparable](def maps.PerCPUDef[uint32, V], value func(cpu int) V) func(*testing.T, *maps.Set) {
+	return func(t *testing.T, s *maps.Set) {
+		m, err := def.In(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs := make([]V, ebpf.MustPossibleCPU())
+		for i := range vs {
+			vs[i] = value(i)
+		}
+		if err := m.Put(0, vs, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+		got, err := m.Get(0)
+		if err != nil || !slices.Equal(got, vs) {
+			t.Fatalf("got %+v %v", got, err)
+		}
 	}
 }
 
