@@ -333,8 +333,8 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string, di
 	r.proxyCPUms = float64((processCPU(b, proc.Pid) - cpuBefore).Microseconds()) / 1000
 	r.rate, r.p50us, r.p99us = got.rate()
 	r.dialErrors = float64(got.errs)
-	if direct, _, _ := noProxy.rate(); direct > 0 {
-		r.xNoProxy = r.rate / direct
+	if base, _, _ := noProxy.rate(); base > 0 {
+		r.xNoProxy = r.rate / base
 	}
 	if r.dialErrors > 0 && proxy == "sluice" {
 		logCounters(b, e.pinDir)
