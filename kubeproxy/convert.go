@@ -207,56 +207,123 @@ type portKey struct {
 	ipv6  bool
 }
 
+// SliceEndpoints is one EndpointSlice as the proxier reads it, converted
+// when the slice arrives so that nothing keeps the slice's own endpoints:
+// at 10,000 Services they were the largest part of the agent's memory.
+type SliceEndpoints struct {
+	name  string
+	ports []portKey // with the port number
+	nums  []uint16
+	// eps have the slice's port when it has one, else port 0; unique: no
+	// address twice.
+	eps    []nat.Endpoint
+	unique bool
+	errs   []error // what was malformed (reported at the sync)
+}
+
+// Name is the slice's name.
+func (s *SliceEndpoints) Name() string { return s.name }
+
+// Endpoints are the slice's endpoints, with its port when it has one (port 0
+// when it has several), in the slice's order. Not to be changed.
+func (s *SliceEndpoints) Endpoints() []nat.Endpoint { return s.eps }
+
+// Slice converts one EndpointSlice. FQDN slices, endpoints without addresses
+// and ports without numbers are ignored; a malformed slice converts to no
+// endpoints and its error, a malformed port to its error.
+func (c *Converter) Slice(s *discovery.EndpointSlice) *SliceEndpoints {
+	out := &SliceEndpoints{name: s.Name}
+	if s.AddressType != discovery.AddressTypeIPv4 && s.AddressType != discovery.AddressTypeIPv6 {
+		return out
+	}
+	if len(s.Endpoints) > MaxEndpointsPerSlice {
+		out.errs = append(out.errs, fmt.Errorf("endpointslice %s/%s: %d endpoints, more than the API's %d", s.Namespace, s.Name, len(s.Endpoints), MaxEndpointsPerSlice))
+		return out
+	}
+	eps, err := c.sliceEndpoints(s)
+	if err != nil {
+		out.errs = append(out.errs, err)
+		return out
+	}
+	for _, p := range s.Ports {
+		if p.Port == nil {
+			continue
+		}
+		port := *p.Port
+		if port <= 0 || port > 65535 {
+			out.errs = append(out.errs, fmt.Errorf("endpointslice %s/%s: port %d out of range 1-65535", s.Namespace, s.Name, port))
+			continue
+		}
+		proto := nat.TCP
+		if p.Protocol != nil {
+			if proto, err = nat.ParseProtocol(string(*p.Protocol)); err != nil {
+				out.errs = append(out.errs, fmt.Errorf("endpointslice %s/%s: %w", s.Namespace, s.Name, err))
+				continue
+			}
+		}
+		key := portKey{proto: proto, ipv6: s.AddressType == discovery.AddressTypeIPv6}
+		if p.Name != nil {
+			key.name = *p.Name
+		}
+		out.ports, out.nums = append(out.ports, key), append(out.nums, uint16(port))
+	}
+	if len(out.ports) == 1 {
+		for i := range eps {
+			eps[i].Addr = netip.AddrPortFrom(eps[i].Addr.Addr(), out.nums[0])
+		}
+	}
+	out.eps = slices.Clip(eps)
+	seen := make(map[netip.Addr]bool, len(eps))
+	out.unique = true
+	for i := range eps {
+		if seen[eps[i].Addr.Addr()] {
+			out.unique = false
+			break
+		}
+		seen[eps[i].Addr.Addr()] = true
+	}
+	return out
+}
+
 // Endpoints converts a service's EndpointSlices into endpoints per port and
-// family. FQDN slices, endpoints without addresses and ports without numbers
-// are ignored; a malformed slice is left out and reported (the rest still count).
-// The same address in two slices counts once, a non-terminating entry winning.
+// family (see Slice). A malformed slice is left out and reported (the rest
+// still count).
 func (c *Converter) Endpoints(eps []*discovery.EndpointSlice) (map[portKey][]nat.Endpoint, []error) {
+	conv := make([]*SliceEndpoints, len(eps))
+	for i, s := range eps {
+		conv[i] = c.Slice(s)
+	}
+	return mergeSlices(conv)
+}
+
+// mergeSlices gathers a service's converted slices into endpoints per port
+// and family. The same address in two slices counts once, a non-terminating
+// entry winning. A service with one slice of one port gets that slice's
+// list itself, not a copy.
+func mergeSlices(list []*SliceEndpoints) (map[portKey][]nat.Endpoint, []error) {
+	var errs []error
+	for _, s := range list {
+		errs = append(errs, s.errs...)
+	}
+	if len(list) == 1 && len(list[0].ports) == 1 && list[0].unique {
+		if s := list[0]; len(s.eps) > 0 {
+			return map[portKey][]nat.Endpoint{s.ports[0]: s.eps}, errs
+		}
+		return map[portKey][]nat.Endpoint{}, errs
+	}
 	type entry struct {
 		ep    nat.Endpoint
 		order int
 	}
 	byPort := map[portKey]map[netip.AddrPort]entry{}
-	var errs []error
 	order := 0
-	for _, s := range eps {
-		if s.AddressType != discovery.AddressTypeIPv4 && s.AddressType != discovery.AddressTypeIPv6 {
-			continue
-		}
-		if len(s.Endpoints) > MaxEndpointsPerSlice {
-			errs = append(errs, fmt.Errorf("endpointslice %s/%s: %d endpoints, more than the API's %d", s.Namespace, s.Name, len(s.Endpoints), MaxEndpointsPerSlice))
-			continue
-		}
-		eps, err := c.sliceEndpoints(s)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, p := range s.Ports {
-			if p.Port == nil {
-				continue
-			}
-			port := *p.Port
-			if port <= 0 || port > 65535 {
-				errs = append(errs, fmt.Errorf("endpointslice %s/%s: port %d out of range 1-65535", s.Namespace, s.Name, port))
-				continue
-			}
-			proto := nat.TCP
-			if p.Protocol != nil {
-				if proto, err = nat.ParseProtocol(string(*p.Protocol)); err != nil {
-					errs = append(errs, fmt.Errorf("endpointslice %s/%s: %w", s.Namespace, s.Name, err))
-					continue
-				}
-			}
-			key := portKey{proto: proto, ipv6: s.AddressType == discovery.AddressTypeIPv6}
-			if p.Name != nil {
-				key.name = *p.Name
-			}
+	for _, s := range list {
+		for i, key := range s.ports {
 			if byPort[key] == nil {
 				byPort[key] = map[netip.AddrPort]entry{}
 			}
-			for _, e := range eps {
-				e.Addr = netip.AddrPortFrom(e.Addr.Addr(), uint16(port))
+			for _, e := range s.eps {
+				e.Addr = netip.AddrPortFrom(e.Addr.Addr(), s.nums[i])
 				if cur, dup := byPort[key][e.Addr]; dup && (!cur.ep.Terminating || e.Terminating) {
 					continue // the first non-terminating entry wins
 				}
@@ -290,7 +357,7 @@ func (c *Converter) Endpoints(eps []*discovery.EndpointSlice) (map[portKey][]nat
 
 // sliceEndpoints converts a slice's endpoints (port still 0).
 func (c *Converter) sliceEndpoints(s *discovery.EndpointSlice) ([]nat.Endpoint, error) {
-	var out []nat.Endpoint
+	out := make([]nat.Endpoint, 0, len(s.Endpoints)) // kept as long as the slice is: no room to spare
 	ipv6 := s.AddressType == discovery.AddressTypeIPv6
 	for _, e := range s.Endpoints {
 		if len(e.Addresses) == 0 {

@@ -25,7 +25,7 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 	})
 	slim := informers.WithTransform(Slim)
 	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, noProxyName, slim)
-	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, slim,
+	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, informers.WithTransform(p.Tracker().Transform),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless }))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, slim,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {

@@ -83,7 +83,8 @@ type Proxier struct {
 	noLocal     map[types.NamespacedName][2]bool // internal, external policy Local without local endpoints
 	pending     map[nat.ServicePortName]bool     // changes of a failed sync, retried
 	reportedBad map[string]bool
-	applied     atomic.Int64 // syncs that programmed the dataplane
+	applied     atomic.Int64  // syncs that programmed the dataplane
+	programmed  chan struct{} // closed by the first of them
 	// affinityCleaned is when the affinity map was last swept of entries
 	// expired or pointing at what is gone (once per sync period).
 	affinityCleaned time.Time
@@ -112,6 +113,7 @@ func NewProxier(cfg Config, syncer *nat.Syncer, flusher Flusher, metrics *Metric
 		noLocal:     map[types.NamespacedName][2]bool{},
 		pending:     map[nat.ServicePortName]bool{},
 		reportedBad: map[string]bool{},
+		programmed:  make(chan struct{}),
 	}
 	p.svcHealth = NewServiceHealth(cfg.HealthCheckBindIP, p.Health, log)
 	if metrics != nil {
@@ -121,10 +123,14 @@ func NewProxier(cfg Config, syncer *nat.Syncer, flusher Flusher, metrics *Metric
 			}
 		}
 	}
-	p.tracker = NewTracker(p.changed)
+	p.tracker = newTracker(p.changed, &p.conv)
 	p.runner = NewRunner(p.Sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
 	return p
 }
+
+// Programmed is closed once a sync has programmed the dataplane with every
+// Service and EndpointSlice of the initial list.
+func (p *Proxier) Programmed() <-chan struct{} { return p.programmed }
 
 // Tracker is where sources send Service and EndpointSlice events.
 func (p *Proxier) Tracker() *Tracker { return p.tracker }
@@ -285,8 +291,10 @@ func (p *Proxier) Sync() error {
 		p.log.Error("sync failed; retrying", "err", err)
 		return fmt.Errorf("sync: %w", err) // p.pending keeps the changes for the retry
 	}
-	clear(p.pending)
-	p.applied.Add(1)
+	p.pending = map[nat.ServicePortName]bool{} // not clear: a map keeps its largest size
+	if p.applied.Add(1) == 1 {
+		close(p.programmed)
+	}
 	p.flushStaleUDP(stats.StaleUDP)
 	// Apply sweeps the affinity entries of the services it changed; expired
 	// entries of the others are swept here, once per sync period, so that
@@ -334,7 +342,7 @@ func (p *Proxier) updateService(key types.NamespacedName, sc ServiceChange) {
 			ports = nil // skipped: a bad object is not programmed
 		}
 	}
-	eps, errs := p.conv.Endpoints(sc.Slices)
+	eps, errs := mergeSlices(sc.Slices)
 	for _, err := range errs {
 		p.reportBad(err)
 	}

@@ -385,7 +385,7 @@ func TestMetricsAreExposed(t *testing.T) {
 	e := newEnv(t, kubeproxy.Config{})
 	tr := e.p.Tracker()
 	sl := endpointSlice("web", "web-1", "10.2.0.1")
-	sl.Annotations = map[string]string{kubeproxy.AnnotationTriggerTime: time.Now().Add(-time.Second).Format(time.RFC3339Nano)}
+	sl.Annotations = map[string]string{kubeproxy.AnnotationTriggerTime: time.Now().Format(time.RFC3339Nano)}
 	tr.OnService(svc("web", "10.96.0.10", func(s *v1.Service) { s.Spec.InternalTrafficPolicy = ptr(v1.ServiceInternalTrafficPolicyLocal) }), false)
 	tr.OnEndpointSlice(sl, false)
 	e.p.OnServicesSynced()

@@ -1,0 +1,88 @@
+package kubeproxy_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/kubeproxy"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// The tracker keeps each service's slices by name, and counts the trigger
+// time of a slice's change once, whether the slice came through an informer
+// (Transform takes the time off it before the cache keeps it) or straight
+// from a source; as kube-proxy, a time before the tracker started (the
+// initial list's) does not count.
+func TestTrackerKeepsSlicesAndCountsTriggerTimesOfChanges(t *testing.T) {
+	tr := kubeproxy.NewTracker(nil)
+	withTrigger := func(s *discovery.EndpointSlice, at time.Time) *discovery.EndpointSlice {
+		s.Annotations = map[string]string{kubeproxy.AnnotationTriggerTime: at.Format(time.RFC3339Nano), "other": "x"}
+		return s
+	}
+	names := func(c kubeproxy.ServiceChange) []string {
+		var out []string
+		for _, s := range c.Slices {
+			out = append(out, s.Name()+"="+s.Endpoints()[0].Addr.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+
+	// The initial list: times before the tracker started.
+	tr.OnEndpointSlice(withTrigger(endpointSlice("web", "web-1", "10.2.0.1"), time.Now().Add(-time.Hour)), false)
+	old, err := tr.Transform(withTrigger(endpointSlice("web", "web-2", "10.2.0.2"), time.Now().Add(-time.Hour)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.OnEndpointSlice(old.(*discovery.EndpointSlice), false)
+	c := tr.TakeChanges()
+	if got := names(c.Services[web]); !slices.Equal(got, []string{"web-1=10.2.0.1:8080", "web-2=10.2.0.2:8080"}) {
+		t.Fatalf("slices %v", got)
+	}
+	if len(c.TriggerTimes) != 0 {
+		t.Fatalf("trigger times before the tracker started were counted: %v", c.TriggerTimes)
+	}
+
+	// Changes: one through the informer's transform, one straight.
+	at := time.Now().Add(time.Second).Truncate(time.Microsecond)
+	obj, err := tr.Transform(withTrigger(endpointSlice("web", "web-2", "10.2.0.3"), at))
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := obj.(*discovery.EndpointSlice)
+	if changed.Annotations != nil || changed.Endpoints != nil || changed.Labels[kubeproxy.LabelServiceName] != "web" || len(changed.Ports) != 1 {
+		t.Fatalf("the transform left %+v", changed)
+	}
+	if again, err := tr.Transform(changed); err != nil || again != changed || changed.Annotations != nil { // idempotent
+		t.Fatalf("transform again: %v %v", again, err)
+	}
+	tr.OnEndpointSlice(changed, false)
+	tr.OnEndpointSlice(withTrigger(endpointSlice("web", "web-3", "10.2.0.4"), at.Add(time.Second)), false)
+	c = tr.TakeChanges()
+	if got := names(c.Services[web]); !slices.Equal(got, []string{"web-1=10.2.0.1:8080", "web-2=10.2.0.3:8080", "web-3=10.2.0.4:8080"}) {
+		t.Fatalf("slices after the changes %v", got)
+	}
+	if !slices.EqualFunc(c.TriggerTimes, []time.Time{at, at.Add(time.Second)}, time.Time.Equal) {
+		t.Fatalf("trigger times %v, want %v and a second later", c.TriggerTimes, at)
+	}
+	// An informer's resync hands back the cache's copy, its endpoints
+	// taken off: not a change, and the endpoints stay.
+	tr.OnEndpointSlice(changed, false)
+	if c := tr.TakeChanges(); len(c.Services) != 0 {
+		t.Fatalf("a resync changed %v", c.Services)
+	}
+
+	// Deletions leave the other slices; the last one takes the service's.
+	tr.OnEndpointSlice(endpointSlice("web", "web-1"), true)
+	tr.OnEndpointSlice(endpointSlice("web", "web-3"), true)
+	if got := names(tr.TakeChanges().Services[web]); !slices.Equal(got, []string{"web-2=10.2.0.3:8080"}) {
+		t.Fatalf("slices after deletions %v", got)
+	}
+	tr.OnEndpointSlice(endpointSlice("web", "web-2"), true)
+	if c := tr.TakeChanges(); len(c.Services[web].Slices) != 0 || len(c.TriggerTimes) != 0 {
+		t.Fatalf("after the last deletion: %+v", c)
+	}
+}
