@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,7 +25,10 @@ import (
 // same run: Sluice and kube-proxy in nftables mode. The objects exist before
 // the proxy starts (its initial list), and a probe Service created after
 // them answers when everything before it is programmed. CI: 100 Services;
-// SLUICE_BENCH_FULL=1: 1,000, 10,000 and 50,000.
+// SLUICE_BENCH_FULL=1: 1,000, 10,000 and 50,000. SLUICE_BENCH_HEAP_PROFILE,
+// a folder, receives Sluice's heap profile at the measurement
+// (sluice-N.heap, for go tool pprof, and sluice-N.heap.txt with the
+// runtime's memory statistics).
 func BenchmarkAgentMemory(b *testing.B) {
 	bpftest.Require(b)
 	if _, _, err := apiservertest.Binaries(); err != nil {
@@ -63,10 +68,21 @@ func BenchmarkAgentMemory(b *testing.B) {
 func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) float64 {
 	e := newBaselineEnv(b)
 	e.createServicesWithEndpoints(b, n, 10)
-	p := e.startProxy(b, proxy, sluice, kubeProxy)
+	profiles := os.Getenv("SLUICE_BENCH_HEAP_PROFILE")
+	var extra []string
+	if profiles != "" && proxy == "sluice" {
+		extra = []string{"--metrics-bind-address=127.0.0.1:10249", "--profiling"}
+	}
+	p := e.startProxy(b, proxy, sluice, kubeProxy, extra...)
 	probe := e.createServices(b, "probe", 1, e.backendIPs[0])
 	e.waitFor(b, probe[0]+":80", "b1", 10*time.Minute)
 	time.Sleep(3 * time.Second) // the sync that programmed the probe settles
+	if extra != nil {
+		// The runtime's own figures first (heap in use, idle, returned), as
+		// they were at the RSS reading; then the profile, after a GC.
+		defer e.saveHeapProfile(b, "http://127.0.0.1:10249/debug/pprof/heap?gc=1", filepath.Join(profiles, fmt.Sprintf("sluice-%d.heap", n)))
+		defer e.saveHeapProfile(b, "http://127.0.0.1:10249/debug/pprof/heap?debug=1", filepath.Join(profiles, fmt.Sprintf("sluice-%d.heap.txt", n)))
+	}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid))
 	if err != nil {
 		b.Fatal(err)
@@ -128,6 +144,15 @@ func (e *baselineEnv) createServicesWithEndpoints(b *testing.B, n, perService in
 	close(errs)
 	if err := <-errs; err != nil {
 		b.Fatal(err)
+	}
+}
+
+// saveHeapProfile writes the heap profile served at url in the node
+// namespace to file. It runs after the RSS is read: fetching a profile
+// allocates.
+func (e *baselineEnv) saveHeapProfile(b *testing.B, url, file string) {
+	if out, err := exec.Command("ip", "netns", "exec", e.node.Name, "curl", "-sSf", "-o", file, url).CombinedOutput(); err != nil {
+		b.Fatalf("%s: %v: %s", url, err, out)
 	}
 }
 

@@ -73,6 +73,7 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	})
 	fs.StringVar(&cfg.HealthzBindAddress, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez (empty disables)")
 	fs.StringVar(&cfg.MetricsBindAddress, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics (empty disables)")
+	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve Go's /debug/pprof on the metrics address")
 	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", DefaultMinSyncPeriod, "least time between syncs (a burst of changes is coalesced over it)")
 	fs.DurationVar(&cfg.SyncPeriod, "sync-period", 30*time.Second, "most time between syncs")
 	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", maps.DefaultPinDir, "bpffs directory of Sluice's pinned maps and links")

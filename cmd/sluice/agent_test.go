@@ -354,6 +354,7 @@ func TestAgentExportsDatapathMetrics(t *testing.T) {
 	cfg.MetricsBindAddress = ln.Addr().String()
 	ln.Close()
 	cfg.ConntrackScanPeriod = 100 * time.Millisecond
+	cfg.Profiling = true
 	a, err := agent.Start(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -382,6 +383,16 @@ func TestAgentExportsDatapathMetrics(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
+	}
+	// Go's heap profile, with --profiling (kube-proxy's enableProfiling).
+	if resp, err := http.Get("http://" + cfg.MetricsBindAddress + "/debug/pprof/heap"); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || len(b) == 0 {
+			t.Fatalf("/debug/pprof/heap: %d, %d bytes", resp.StatusCode, len(b))
+		}
 	}
 	// kube-proxy's /proxyMode, beside the metrics.
 	if resp, err := http.Get("http://" + cfg.MetricsBindAddress + "/proxyMode"); err != nil {

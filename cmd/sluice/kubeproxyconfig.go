@@ -96,6 +96,11 @@ func fromKubeProxyConfig(data []byte) (values map[string]string, ignored []strin
 		set(b.field, b.flag, addr)
 	}
 	set("clusterCIDR", "cluster-cidr", c.ClusterCIDR)
+	if c.EnableProfiling {
+		set("enableProfiling", "profiling", "true")
+	} else {
+		used = append(used, "enableProfiling")
+	}
 	set("nodePortAddresses", "nodeport-addresses", strings.Join(c.NodePortAddresses, ","))
 	set("conntrack.maxPerCore", "conntrack-max-per-core", number(c.Conntrack.MaxPerCore))
 	set("conntrack.min", "conntrack-min", number(c.Conntrack.Min))

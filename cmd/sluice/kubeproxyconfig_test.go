@@ -134,6 +134,7 @@ func TestKubeProxyConfiguration(t *testing.T) {
 		"nftables:\n  masqueradeAll: true\n  masqueradeBit: 14\n  minSyncPeriod: 10ms",
 		"nodePortAddresses: null", "nodePortAddresses: [primary, 192.168.0.0/16]",
 		"  qps: 0", "  qps: 50",
+		"enableProfiling: false", "enableProfiling: true",
 		"oomScoreAdj: null", "oomScoreAdj: -999",
 		"kind: KubeProxyConfiguration", "kind: KubeProxyConfiguration\nfeatureGates: {SomeGate: true}",
 	).Replace(kubeadmConfig)
@@ -151,7 +152,7 @@ func TestKubeProxyConfiguration(t *testing.T) {
 		ConntrackTCPEstablished: 24 * time.Hour, ConntrackUDP: 30 * time.Second, DetectLocalMode: "InterfaceNamePrefix",
 		PodInterfaceNamePrefix: "cali", HealthzBindAddress: "0.0.0.0:10256", MetricsBindAddress: "127.0.0.1:10249",
 		MasqueradeAll: true, MinSyncPeriod: 2 * time.Millisecond, SyncPeriod: 30 * time.Second, NodePortPrimary: true,
-		KubeAPIQPS: 50, PinDir: cfg.PinDir, Cgroup: cfg.Cgroup, ConntrackScanPeriod: cfg.ConntrackScanPeriod,
+		KubeAPIQPS: 50, Profiling: true, PinDir: cfg.PinDir, Cgroup: cfg.Cgroup, ConntrackScanPeriod: cfg.ConntrackScanPeriod,
 		CheckInterval: cfg.CheckInterval, LBAlgorithm: "random", MaglevTableSize: 16381, ExternalServiceMode: "snat",
 		EventsPerSecond: 1000}
 	if fmt.Sprintf("%+v", cfg) != fmt.Sprintf("%+v", want) {
