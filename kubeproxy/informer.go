@@ -24,8 +24,9 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 		o.LabelSelector = "!" + LabelServiceProxyName
 	})
 	slim := informers.WithTransform(Slim)
-	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, noProxyName, slim)
-	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, informers.WithTransform(p.Tracker().Transform),
+	convert := informers.WithTransform(p.Tracker().Transform)
+	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, noProxyName, convert)
+	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, convert,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless }))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, slim,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {

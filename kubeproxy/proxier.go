@@ -334,13 +334,9 @@ func (p *Proxier) Sync() error {
 
 // updateService recomputes one service's ports and endpoints.
 func (p *Proxier) updateService(key types.NamespacedName, sc ServiceChange) {
-	var ports []*nat.ServicePort
-	if sc.Service != nil {
-		var err error
-		if ports, err = p.conv.ServicePorts(sc.Service); err != nil {
-			p.reportBad(err)
-			ports = nil // skipped: a bad object is not programmed
-		}
+	ports := sc.Ports
+	if sc.Err != nil {
+		p.reportBad(sc.Err) // skipped: a bad object is not programmed
 	}
 	eps, errs := mergeSlices(sc.Slices)
 	for _, err := range errs {

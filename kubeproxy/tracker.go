@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-net/sluice/nat"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -12,12 +13,12 @@ import (
 
 // Tracker collects Service and EndpointSlice events from any source and
 // records which services changed since the proxier last took the changes.
-// Services are kept as the source gave them and treated as immutable;
-// EndpointSlices are kept converted (SliceEndpoints).
+// It keeps what it is given converted (Converter.ServicePorts, SliceEndpoints),
+// not the objects.
 type Tracker struct {
 	mu       sync.Mutex
 	conv     *Converter
-	services map[types.NamespacedName]*v1.Service
+	services map[types.NamespacedName]trackedService
 	// slices are each service's slices; a short list (one per 100
 	// endpoints), cheaper than a map per service.
 	slices  map[types.NamespacedName][]trackedSlice
@@ -31,8 +32,17 @@ type Tracker struct {
 	// arriving holds what Transform took off slices on their way into an
 	// informer's cache, until the slice's event arrives.
 	arriving                   map[*discovery.EndpointSlice]arrival
+	arrivingServices           map[*v1.Service]trackedService
 	serviceEvents, sliceEvents int
 	onChange                   func()
+}
+
+// trackedService is a Service: the object the source gave (for telling a
+// resync of it from a change) and its conversion.
+type trackedService struct {
+	src   *v1.Service
+	ports []*nat.ServicePort
+	err   error
 }
 
 // trackedSlice is one slice of a service: the object the source gave (for
@@ -55,19 +65,33 @@ type arrival struct {
 func NewTracker(onChange func()) *Tracker { return newTracker(onChange, &Converter{}) }
 
 func newTracker(onChange func(), conv *Converter) *Tracker {
-	return &Tracker{conv: conv, services: map[types.NamespacedName]*v1.Service{},
+	return &Tracker{conv: conv, services: map[types.NamespacedName]trackedService{}, arrivingServices: map[*v1.Service]trackedService{},
 		slices: map[types.NamespacedName][]trackedSlice{}, changed: map[types.NamespacedName]bool{},
 		arriving: map[*discovery.EndpointSlice]arrival{}, started: time.Now(), onChange: onChange}
 }
 
-// Transform is an informer transform: Slim, after converting an
-// EndpointSlice and taking its endpoints and trigger time off it, for the
-// slice's event to find. The informer's cache then keeps each slice's name,
-// labels and ports, and nothing else of it is kept but its conversion. A
-// slice is transformed once on its way in (client-go does not transform
-// what it resyncs from its cache); transforming it again before its event
-// changes nothing.
+// Transform is an informer transform: Slim, after converting a Service or
+// an EndpointSlice and taking what was converted off it, for the object's
+// event to find: a Service's spec and status, a slice's endpoints and
+// annotations (its trigger time kept aside). The informer's cache then
+// keeps each object's metadata (and a slice's ports), and nothing else of
+// it is kept but its conversion. An object is transformed once on its way
+// in (client-go does not transform what it resyncs from its cache);
+// transforming it again before its event changes nothing.
 func (t *Tracker) Transform(obj any) (any, error) {
+	if svc, ok := obj.(*v1.Service); ok {
+		t.mu.Lock()
+		_, again := t.arrivingServices[svc]
+		t.mu.Unlock()
+		if again {
+			return obj, nil
+		}
+		conv := t.convertService(svc)
+		t.mu.Lock()
+		t.arrivingServices[svc] = conv
+		t.mu.Unlock()
+		svc.Spec, svc.Status = v1.ServiceSpec{}, v1.ServiceStatus{}
+	}
 	if s, ok := obj.(*discovery.EndpointSlice); ok {
 		t.mu.Lock()
 		_, again := t.arriving[s]
@@ -100,15 +124,29 @@ func (t *Tracker) notify() {
 	}
 }
 
+func (t *Tracker) convertService(svc *v1.Service) trackedService {
+	ports, err := t.conv.ServicePorts(svc)
+	return trackedService{src: svc, ports: ports, err: err}
+}
+
 // OnService records a Service added or updated (svc) or deleted (svc with
 // deleted true).
 func (t *Tracker) OnService(svc *v1.Service, deleted bool) {
 	key := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	t.mu.Lock()
-	if deleted {
+	arrived, transformed := t.arrivingServices[svc]
+	delete(t.arrivingServices, svc)
+	switch cur, known := t.services[key]; {
+	case deleted:
 		delete(t.services, key)
-	} else {
-		t.services[key] = svc
+	case !transformed && known && cur.src == svc:
+		// A resync of what the tracker has (see OnEndpointSlice).
+		t.mu.Unlock()
+		return
+	case transformed:
+		t.services[key] = arrived
+	default:
+		t.services[key] = t.convertService(svc)
 	}
 	t.changed[key] = true
 	t.serviceEvents++
@@ -166,11 +204,13 @@ func (t *Tracker) OnEndpointSlice(s *discovery.EndpointSlice, deleted bool) {
 	t.notify()
 }
 
-// ServiceChange is a changed service's current Service and converted
-// slices; Service is nil when the service is gone.
+// ServiceChange is a changed service's converted Service and slices.
 type ServiceChange struct {
-	Service *v1.Service
-	Slices  []*SliceEndpoints
+	// Ports are the Service's ports (Converter.ServicePorts): none when the
+	// Service is gone, is not for this proxy, or is malformed (Err).
+	Ports  []*nat.ServicePort
+	Err    error
+	Slices []*SliceEndpoints
 }
 
 // Changes is what TakeChanges hands over.
@@ -189,7 +229,8 @@ func (t *Tracker) TakeChanges() Changes {
 	c := Changes{Services: make(map[types.NamespacedName]ServiceChange, len(t.changed)),
 		TriggerTimes: t.triggerTimes, ServiceEvents: t.serviceEvents, SliceEvents: t.sliceEvents}
 	for key := range t.changed {
-		sc := ServiceChange{Service: t.services[key]}
+		svc := t.services[key]
+		sc := ServiceChange{Ports: svc.ports, Err: svc.err}
 		for _, s := range t.slices[key] {
 			sc.Slices = append(sc.Slices, s.conv)
 		}

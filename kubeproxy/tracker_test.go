@@ -1,11 +1,14 @@
 package kubeproxy_test
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluice-net/sluice/kubeproxy"
+	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -84,5 +87,54 @@ func TestTrackerKeepsSlicesAndCountsTriggerTimesOfChanges(t *testing.T) {
 	tr.OnEndpointSlice(endpointSlice("web", "web-2"), true)
 	if c := tr.TakeChanges(); len(c.Services[web].Slices) != 0 || len(c.TriggerTimes) != 0 {
 		t.Fatalf("after the last deletion: %+v", c)
+	}
+}
+
+// A Service is kept converted too: through an informer the transform
+// converts it and takes its spec and status off; a resync of the cache's
+// copy is no change; a malformed Service reports its error and has no
+// ports; a deleted one has none either.
+func TestTrackerKeepsServicesConverted(t *testing.T) {
+	tr := kubeproxy.NewTracker(nil)
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	ports := func(c kubeproxy.ServiceChange) []string {
+		var out []string
+		for _, p := range c.Ports {
+			out = append(out, fmt.Sprintf("%s %v:%d", p.Name.Port, p.ClusterIP, p.Port))
+		}
+		return out
+	}
+
+	obj, err := tr.Transform(svc("web", "10.96.0.10"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := obj.(*v1.Service)
+	if cached.Spec.ClusterIP != "" || cached.Spec.Ports != nil || cached.Name != "web" {
+		t.Fatalf("the transform left %+v", cached)
+	}
+	tr.OnService(cached, false)
+	c := tr.TakeChanges().Services[web]
+	if got := ports(c); !slices.Equal(got, []string{"http 10.96.0.10:80"}) || c.Err != nil {
+		t.Fatalf("ports %v, error %v", got, c.Err)
+	}
+	tr.OnService(cached, false) // resync
+	if c := tr.TakeChanges(); len(c.Services) != 0 {
+		t.Fatalf("a resync changed %v", c.Services)
+	}
+
+	// Straight from a source, malformed.
+	tr.OnService(svc("web", "10.96.0.300"), false)
+	c = tr.TakeChanges().Services[web]
+	if c.Ports != nil || c.Err == nil || !strings.Contains(c.Err.Error(), "default/web") {
+		t.Fatalf("malformed: ports %v, error %v", ports(c), c.Err)
+	}
+	tr.OnService(svc("web", "10.96.0.11"), false)
+	if got := ports(tr.TakeChanges().Services[web]); !slices.Equal(got, []string{"http 10.96.0.11:80"}) {
+		t.Fatalf("fixed: ports %v", got)
+	}
+	tr.OnService(cached, true)
+	if c, ok := tr.TakeChanges().Services[web]; !ok || c.Ports != nil || c.Err != nil {
+		t.Fatalf("deleted: %v %+v", ok, c)
 	}
 }
