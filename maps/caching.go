@@ -7,8 +7,8 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// CachingMap keeps the desired contents of a map next to a cache of what the
-// dataplane holds, and writes only the difference.
+// CachingMap keeps a cache of what a map holds in the dataplane and the
+// changes the desired contents make to it, and writes only those.
 //
 // Use: LoadDataplaneState once (it reads the map back, so a restarted agent
 // adopts what is there), then SetDesired / DeleteDesired freely, then one of the
@@ -18,14 +18,24 @@ import (
 //
 // The cost of an Apply follows the number of keys changed since the last one,
 // not the size of the map: SetDesired and DeleteDesired record the keys they
-// touch, and Apply looks only at those.
+// touch, and Apply looks only at those. The desired contents are the
+// dataplane cache with the pending changes over it, not a second copy of
+// the map: at 10,000 services the copies were a tenth of the agent's heap.
 //
 // Not safe for concurrent use.
 type CachingMap[K comparable, V comparable] struct {
 	m         *Map[K, V]
-	desired   map[K]V
 	dataplane map[K]V
-	dirty     map[K]struct{} // keys whose desired and dataplane values may differ
+	// pending are the keys whose desired value differs, or may differ, from
+	// the dataplane's.
+	pending map[K]change[V]
+	desired int // how many keys are desired
+}
+
+// change is a key's desired state where it differs from the dataplane.
+type change[V any] struct {
+	v      V
+	remove bool // not desired
 }
 
 // ApplyStats counts the map operations one Apply performed.
@@ -41,13 +51,14 @@ func (s ApplyStats) Add(o ApplyStats) ApplyStats {
 
 // NewCachingMap wraps m with empty desired and dataplane caches.
 func NewCachingMap[K comparable, V comparable](m *Map[K, V]) *CachingMap[K, V] {
-	return &CachingMap[K, V]{m: m, desired: map[K]V{}, dataplane: map[K]V{}, dirty: map[K]struct{}{}}
+	return &CachingMap[K, V]{m: m, dataplane: map[K]V{}, pending: map[K]change[V]{}}
 }
 
 // Map returns the wrapped map.
 func (c *CachingMap[K, V]) Map() *Map[K, V] { return c.m }
 
-// LoadDataplaneState replaces the dataplane cache with the map's contents.
+// LoadDataplaneState replaces the dataplane cache with the map's contents;
+// the desired contents stay what they were.
 func (c *CachingMap[K, V]) LoadDataplaneState() error {
 	state := make(map[K]V, len(c.dataplane))
 	err := c.m.Iterate(func(k K, v V) bool {
@@ -57,49 +68,73 @@ func (c *CachingMap[K, V]) LoadDataplaneState() error {
 	if err != nil {
 		return err
 	}
-	c.dataplane = state
+	pending := map[K]change[V]{}
+	differs := func(k K, want V) {
+		if have, ok := state[k]; !ok || have != want {
+			pending[k] = change[V]{v: want}
+		}
+	}
+	for k, v := range c.dataplane {
+		if _, changed := c.pending[k]; !changed {
+			differs(k, v)
+		}
+	}
+	for k, ch := range c.pending {
+		if !ch.remove {
+			differs(k, ch.v)
+		}
+	}
 	for k := range state {
-		c.dirty[k] = struct{}{}
+		if _, wanted := c.GetDesired(k); !wanted {
+			pending[k] = change[V]{remove: true}
+		}
 	}
-	for k := range c.desired {
-		c.dirty[k] = struct{}{}
-	}
+	c.dataplane, c.pending = state, pending
 	return nil
 }
 
 // SetDesired makes k→v part of the desired state.
 func (c *CachingMap[K, V]) SetDesired(k K, v V) {
-	if cur, ok := c.desired[k]; ok && cur == v {
+	if _, was := c.GetDesired(k); !was {
+		c.desired++
+	}
+	if cur, ok := c.dataplane[k]; ok && cur == v {
+		delete(c.pending, k)
 		return
 	}
-	c.desired[k] = v
-	c.dirty[k] = struct{}{}
+	c.pending[k] = change[V]{v: v}
 }
 
 // DeleteDesired removes k from the desired state.
 func (c *CachingMap[K, V]) DeleteDesired(k K) {
-	_, wanted := c.desired[k]
-	_, present := c.dataplane[k]
-	if wanted || present {
-		delete(c.desired, k)
-		c.dirty[k] = struct{}{}
+	if _, was := c.GetDesired(k); was {
+		c.desired--
+	}
+	if _, present := c.dataplane[k]; present {
+		c.pending[k] = change[V]{remove: true}
+	} else {
+		delete(c.pending, k)
 	}
 }
 
 // ClearDesired empties the desired state (ApplyAll then deletes everything).
 func (c *CachingMap[K, V]) ClearDesired() {
-	for k := range c.desired {
-		c.dirty[k] = struct{}{}
+	c.pending = make(map[K]change[V], len(c.dataplane))
+	for k := range c.dataplane {
+		c.pending[k] = change[V]{remove: true}
 	}
-	clear(c.desired)
+	c.desired = 0
 }
 
 // DesiredLen is the number of desired entries.
-func (c *CachingMap[K, V]) DesiredLen() int { return len(c.desired) }
+func (c *CachingMap[K, V]) DesiredLen() int { return c.desired }
 
 // GetDesired returns the desired value of k.
 func (c *CachingMap[K, V]) GetDesired(k K) (V, bool) {
-	v, ok := c.desired[k]
+	if ch, ok := c.pending[k]; ok {
+		return ch.v, !ch.remove
+	}
+	v, ok := c.dataplane[k]
 	return v, ok
 }
 
@@ -121,17 +156,24 @@ func (c *CachingMap[K, V]) IterDataplane(fn func(K, V) bool) {
 // Pending counts the writes and deletes the next ApplyAll would do.
 func (c *CachingMap[K, V]) Pending() ApplyStats {
 	var st ApplyStats
-	for k := range c.dirty {
-		v, wanted := c.desired[k]
+	for k, ch := range c.pending {
 		cur, present := c.dataplane[k]
 		switch {
-		case wanted && (!present || cur != v):
+		case !ch.remove && (!present || cur != ch.v):
 			st.Writes++
-		case !wanted && present:
+		case ch.remove && present:
 			st.Deletes++
 		}
 	}
 	return st
+}
+
+// settled forgets the pending table once it is empty: a Go map keeps its
+// largest size, and the first sync's is the size of the whole map.
+func (c *CachingMap[K, V]) settled() {
+	if len(c.pending) == 0 {
+		c.pending = map[K]change[V]{}
+	}
 }
 
 // applyChunk bounds one batch syscall, so a failure loses little progress.
@@ -147,19 +189,20 @@ func (c *CachingMap[K, V]) ApplyUpdatesOnly() (ApplyStats, error) {
 		n, err := c.m.BatchUpdate(keys, vals, ebpf.UpdateAny)
 		for i := range n {
 			c.dataplane[keys[i]] = vals[i]
-			delete(c.dirty, keys[i])
+			delete(c.pending, keys[i])
 		}
 		stats.Writes += n
 		keys, vals = keys[:0], vals[:0]
 		return err
 	}
-	for k := range c.dirty {
-		v, wanted := c.desired[k]
-		if !wanted {
+	defer c.settled()
+	for k, ch := range c.pending {
+		if ch.remove {
 			continue // a deletion: ApplyDeletionsOnly's job
 		}
+		v := ch.v
 		if cur, ok := c.dataplane[k]; ok && cur == v {
-			delete(c.dirty, k)
+			delete(c.pending, k)
 			continue
 		}
 		keys = append(keys, k)
@@ -178,12 +221,13 @@ func (c *CachingMap[K, V]) ApplyUpdatesOnly() (ApplyStats, error) {
 func (c *CachingMap[K, V]) ApplyDeletionsOnly() (ApplyStats, error) {
 	var stats ApplyStats
 	keys := make([]K, 0, applyChunk)
-	for k := range c.dirty {
-		if _, ok := c.desired[k]; ok {
+	defer c.settled()
+	for k, ch := range c.pending {
+		if !ch.remove {
 			continue // an update: ApplyUpdatesOnly's job
 		}
 		if _, ok := c.dataplane[k]; !ok {
-			delete(c.dirty, k)
+			delete(c.pending, k)
 			continue
 		}
 		keys = append(keys, k)
@@ -209,7 +253,7 @@ func (c *CachingMap[K, V]) deleteAll(keys []K) (int, error) {
 		n, err := c.m.BatchDelete(keys)
 		for _, k := range keys[:n] {
 			delete(c.dataplane, k)
-			delete(c.dirty, k)
+			delete(c.pending, k)
 		}
 		deleted += n
 		keys = keys[n:]
@@ -220,7 +264,7 @@ func (c *CachingMap[K, V]) deleteAll(keys []K) (int, error) {
 			return deleted, err
 		}
 		delete(c.dataplane, keys[0])
-		delete(c.dirty, keys[0])
+		delete(c.pending, keys[0])
 		keys = keys[1:]
 	}
 	return deleted, nil

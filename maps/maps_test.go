@@ -3,6 +3,7 @@ package maps_test
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -552,6 +553,81 @@ func TestCachingMapWritesOnlyTheDifference(t *testing.T) {
 	}
 	if _, ok := c2.GetDataplane(3); ok {
 		t.Fatal("cache still lists deleted key 3")
+	}
+}
+
+// The desired contents are the dataplane cache with pending changes over
+// it: reloading the dataplane (after entries were changed, removed or added
+// behind the cache's back) keeps them, pending changes included, and one
+// ApplyAll then makes the map exactly the desired contents.
+func TestCachingMapKeepsDesiredAcrossReload(t *testing.T) {
+	bpftest.Require(t)
+	m := newTestMap(t, ebpf.Hash, 64)
+	c := maps.NewCachingMap(m)
+	if err := c.LoadDataplaneState(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint32]uint64{}
+	for i := range uint32(10) {
+		c.SetDesired(i, uint64(100+i))
+		want[i] = uint64(100 + i)
+	}
+	if _, err := c.ApplyAll(); err != nil {
+		t.Fatal(err)
+	}
+	// Pending: a change, a deletion, an addition, and a change back to
+	// what the map holds.
+	c.SetDesired(1, 1)
+	c.DeleteDesired(2)
+	c.SetDesired(20, 20)
+	c.SetDesired(3, 7)
+	c.SetDesired(3, 103)
+	want[1], want[20] = 1, 20
+	delete(want, 2)
+	if c.DesiredLen() != len(want) {
+		t.Fatalf("desired length %d, want %d", c.DesiredLen(), len(want))
+	}
+	// Behind the cache's back: one changed, one removed, one added, and the
+	// pending addition already there.
+	for k, v := range map[uint32]uint64{4: 9, 30: 30, 20: 20} {
+		if err := m.Put(k, v, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.Delete(5); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.LoadDataplaneState(); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range want {
+		if got, ok := c.GetDesired(k); !ok || got != v {
+			t.Fatalf("after the reload, desired %d = %d %v, want %d", k, got, ok, v)
+		}
+	}
+	if _, ok := c.GetDesired(30); ok {
+		t.Fatal("an entry added behind the cache's back became desired")
+	}
+	// Writes: 1 (changed), 4 (restored), 5 (restored); deletes: 2, 30.
+	if st := c.Pending(); st != (maps.ApplyStats{Writes: 3, Deletes: 2}) {
+		t.Fatalf("pending %+v, want 3 writes and 2 deletes", st)
+	}
+	if st, err := c.ApplyAll(); err != nil || st != (maps.ApplyStats{Writes: 3, Deletes: 2}) {
+		t.Fatalf("apply: %+v %v", st, err)
+	}
+	got := map[uint32]uint64{}
+	if err := m.Iterate(func(k uint32, v uint64) bool { got[k] = v; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the map holds %v, want %v", got, want)
+	}
+	if c.DesiredLen() != len(want) {
+		t.Fatalf("desired length %d, want %d", c.DesiredLen(), len(want))
+	}
+	c.ClearDesired()
+	if st, err := c.ApplyAll(); err != nil || st.Deletes != len(want) || c.DesiredLen() != 0 {
+		t.Fatalf("clear: %+v %v, %d desired", st, err, c.DesiredLen())
 	}
 }
 
