@@ -380,12 +380,13 @@ func (c *Converter) sliceEndpoints(s *discovery.EndpointSlice) ([]nat.Endpoint, 
 		if e.Zone != nil {
 			ep.Zone = *e.Zone
 		}
-		if e.Hints != nil {
-			for _, z := range e.Hints.ForZones {
-				ep.ZoneHints = append(ep.ZoneHints, z.Name)
+		if h := e.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
+			ep.Hints = &nat.Hints{}
+			for _, z := range h.ForZones {
+				ep.Hints.Zones = append(ep.Hints.Zones, z.Name)
 			}
-			for _, n := range e.Hints.ForNodes {
-				ep.NodeHints = append(ep.NodeHints, n.Name)
+			for _, n := range h.ForNodes {
+				ep.Hints.Nodes = append(ep.Hints.Nodes, n.Name)
 			}
 		}
 		out = append(out, ep)

@@ -113,11 +113,11 @@ func topologyFilter(eps []Endpoint, node *Node) func(*Endpoint) bool {
 	if len(ready) == 0 {
 		return all
 	}
-	if node.Name != "" && usable(ready, func(e *Endpoint) []string { return e.NodeHints }, node.Name) {
-		return func(e *Endpoint) bool { return slices.Contains(e.NodeHints, node.Name) }
+	if node.Name != "" && usable(ready, func(e *Endpoint) []string { return e.Hints.nodes() }, node.Name) {
+		return func(e *Endpoint) bool { return slices.Contains(e.Hints.nodes(), node.Name) }
 	}
-	if node.Zone != "" && usable(ready, func(e *Endpoint) []string { return e.ZoneHints }, node.Zone) {
-		return func(e *Endpoint) bool { return slices.Contains(e.ZoneHints, node.Zone) }
+	if node.Zone != "" && usable(ready, func(e *Endpoint) []string { return e.Hints.zones() }, node.Zone) {
+		return func(e *Endpoint) bool { return slices.Contains(e.Hints.zones(), node.Zone) }
 	}
 	return all
 }

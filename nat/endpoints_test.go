@@ -19,9 +19,16 @@ var (
 	local       = func(e *Endpoint) { e.Local = true; e.NodeName = "node-a" }
 	terminating = func(e *Endpoint) { e.Ready = false; e.Terminating = true }
 	notServing  = func(e *Endpoint) { e.Serving = false }
-	zoneHint    = func(z ...string) func(*Endpoint) { return func(e *Endpoint) { e.ZoneHints = z } }
-	nodeHint    = func(n ...string) func(*Endpoint) { return func(e *Endpoint) { e.NodeHints = n } }
+	zoneHint    = func(z ...string) func(*Endpoint) { return func(e *Endpoint) { hints(e).Zones = z } }
+	nodeHint    = func(n ...string) func(*Endpoint) { return func(e *Endpoint) { hints(e).Nodes = n } }
 )
+
+func hints(e *Endpoint) *Hints {
+	if e.Hints == nil {
+		e.Hints = &Hints{}
+	}
+	return e.Hints
+}
 
 func addrs(eps []Endpoint) []string {
 	if eps == nil {

@@ -214,15 +214,37 @@ type Endpoint struct {
 	// defaulted (ready and serving unset mean true, terminating unset false).
 	Ready, Serving, Terminating bool
 	// Local: the endpoint runs on this node.
-	Local     bool
-	NodeName  string
-	Zone      string
-	ZoneHints []string
-	NodeHints []string
+	Local    bool
+	NodeName string
+	Zone     string
+	// Hints are the endpoint's topology hints; nil for none (most
+	// endpoints: a pointer keeps the record small, and a node holds one
+	// per endpoint of the cluster).
+	Hints *Hints
 	// Weight is the endpoint's share of a Maglev table against the others
 	// (MaglevOptions); 0 counts as 1, which is what every Kubernetes
 	// endpoint gets. Random picks ignore it.
 	Weight uint32
+}
+
+// Hints are an EndpointSlice endpoint's hints: the zones (forZones) and
+// nodes (forNodes) it is meant for.
+type Hints struct {
+	Zones, Nodes []string
+}
+
+func (h *Hints) zones() []string {
+	if h == nil {
+		return nil
+	}
+	return h.Zones
+}
+
+func (h *Hints) nodes() []string {
+	if h == nil {
+		return nil
+	}
+	return h.Nodes
 }
 
 // NewEndpoint validates e; the error names the bad field.
@@ -240,7 +262,7 @@ func NewEndpoint(e Endpoint) (Endpoint, error) {
 func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.Addr == o.Addr && e.Ready == o.Ready && e.Serving == o.Serving && e.Terminating == o.Terminating &&
 		e.Local == o.Local && e.NodeName == o.NodeName && e.Zone == o.Zone &&
-		slices.Equal(e.ZoneHints, o.ZoneHints) && slices.Equal(e.NodeHints, o.NodeHints) && e.Weight == o.Weight
+		slices.Equal(e.Hints.zones(), o.Hints.zones()) && slices.Equal(e.Hints.nodes(), o.Hints.nodes()) && e.Weight == o.Weight
 }
 
 // reserved is 240.0.0.0/4 (RFC 1112 "future use"), which holds the limited
