@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-net/sluice/nat"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -77,14 +78,22 @@ func newTracker(onChange func(), conv *Converter) *Tracker {
 // keeps each object's metadata (and a slice's ports), and nothing else of
 // it is kept but its conversion. An object is transformed once on its way
 // in (client-go does not transform what it resyncs from its cache);
-// transforming it again before its event changes nothing.
+// transforming it again before its event changes nothing. An object the
+// tracker has at the same resource version (a relist hands back every
+// object, and the informer tells listeners of an unchanged one only at
+// their resync) is not converted again: its event, if any, changes nothing.
 func (t *Tracker) Transform(obj any) (any, error) {
 	if svc, ok := obj.(*v1.Service); ok {
 		t.mu.Lock()
 		_, again := t.arrivingServices[svc]
+		cur, known := t.services[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}]
 		t.mu.Unlock()
 		if again {
 			return obj, nil
+		}
+		if known && unchanged(cur.src, svc) {
+			svc.Spec, svc.Status = v1.ServiceSpec{}, v1.ServiceStatus{}
+			return Slim(obj)
 		}
 		conv := t.convertService(svc)
 		t.mu.Lock()
@@ -95,9 +104,14 @@ func (t *Tracker) Transform(obj any) (any, error) {
 	if s, ok := obj.(*discovery.EndpointSlice); ok {
 		t.mu.Lock()
 		_, again := t.arriving[s]
+		cur, known := t.trackedSlice(s)
 		t.mu.Unlock()
 		if again {
 			return obj, nil
+		}
+		if known && unchanged(cur.src, s) {
+			s.Annotations, s.Endpoints = nil, nil
+			return Slim(obj)
 		}
 		a := arrival{conv: t.conv.Slice(s)}
 		a.trigger, _ = t.triggerTime(s)
@@ -107,6 +121,22 @@ func (t *Tracker) Transform(obj any) (any, error) {
 		s.Annotations, s.Endpoints = nil, nil
 	}
 	return Slim(obj)
+}
+
+// unchanged tells whether got is the object the tracker has (have): the
+// same one, or one at the same resource version (sources without versions,
+// as manifests, give none: then only the same object is).
+func unchanged(have, got metav1.Object) bool {
+	return have == got || got.GetResourceVersion() != "" && got.GetResourceVersion() == have.GetResourceVersion()
+}
+
+// trackedSlice finds s's service and the tracker's record of s in it.
+func (t *Tracker) trackedSlice(s *discovery.EndpointSlice) (trackedSlice, bool) {
+	list := t.slices[types.NamespacedName{Namespace: s.Namespace, Name: s.Labels[LabelServiceName]}]
+	if i := slices.IndexFunc(list, func(o trackedSlice) bool { return o.conv.name == s.Name }); i >= 0 {
+		return list[i], true
+	}
+	return trackedSlice{}, false
 }
 
 // triggerTime is s's change-trigger time, when it has one that counts.
@@ -139,7 +169,7 @@ func (t *Tracker) OnService(svc *v1.Service, deleted bool) {
 	switch cur, known := t.services[key]; {
 	case deleted:
 		delete(t.services, key)
-	case !transformed && known && cur.src == svc:
+	case !transformed && known && unchanged(cur.src, svc):
 		// A resync of what the tracker has (see OnEndpointSlice).
 		t.mu.Unlock()
 		return
@@ -178,7 +208,7 @@ func (t *Tracker) OnEndpointSlice(s *discovery.EndpointSlice, deleted bool) {
 		} else {
 			t.slices[key] = list
 		}
-	case !transformed && i >= 0 && list[i].src == s:
+	case !transformed && i >= 0 && unchanged(list[i].src, s):
 		// A resync of what the tracker has: nothing changed (and the
 		// cache's copy has no endpoints left to convert).
 		t.mu.Unlock()

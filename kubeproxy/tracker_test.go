@@ -138,3 +138,57 @@ func TestTrackerKeepsServicesConverted(t *testing.T) {
 		t.Fatalf("deleted: %v %+v", ok, c)
 	}
 }
+
+// A relist hands every object to the transform again, and the informer
+// tells the tracker of an unchanged one (same resource version) only at
+// its next resync, with the cache's stripped copy: the tracker keeps what
+// it converted, and an object at a new version is converted again.
+func TestTrackerKeepsConversionsAcrossARelist(t *testing.T) {
+	tr := kubeproxy.NewTracker(nil)
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	arrive := func(obj any) {
+		t.Helper()
+		out, err := tr.Transform(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch o := out.(type) {
+		case *v1.Service:
+			tr.OnService(o, false)
+		case *discovery.EndpointSlice:
+			tr.OnEndpointSlice(o, false)
+		}
+	}
+	at := func(rv string, o interface{ SetResourceVersion(string) }) { o.SetResourceVersion(rv) }
+	s5, sl5 := svc("web", "10.96.0.10"), endpointSlice("web", "web-1", "10.2.0.1")
+	at("5", s5)
+	at("5", sl5)
+	arrive(s5)
+	arrive(sl5)
+	tr.TakeChanges()
+
+	// The relist: fresh copies at the same versions. Their events (a
+	// resync) change nothing, and the conversions stay.
+	s5again, sl5again := svc("web", "10.96.0.10"), endpointSlice("web", "web-1", "10.2.0.1")
+	at("5", s5again)
+	at("5", sl5again)
+	arrive(s5again)
+	arrive(sl5again)
+	if c := tr.TakeChanges(); len(c.Services) != 0 {
+		t.Fatalf("an unchanged relist changed %+v", c.Services)
+	}
+	tr.OnEndpointSlice(endpointSlice("web", "web-2", "10.2.0.2"), false)
+	c := tr.TakeChanges().Services[web]
+	if len(c.Ports) != 1 || len(c.Slices) != 2 || len(c.Slices[0].Endpoints()) != 1 {
+		t.Fatalf("after the relist: %d ports, %d slices", len(c.Ports), len(c.Slices))
+	}
+
+	// A new version is a change.
+	sl6 := endpointSlice("web", "web-1", "10.2.0.3")
+	at("6", sl6)
+	arrive(sl6)
+	c = tr.TakeChanges().Services[web]
+	if got := c.Slices[0].Endpoints(); c.Slices[0].Name() != "web-1" || len(got) != 1 || got[0].Addr.String() != "10.2.0.3:8080" {
+		t.Fatalf("version 6: %v", got)
+	}
+}
