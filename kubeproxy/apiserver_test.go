@@ -2,7 +2,10 @@ package kubeproxy_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,6 +70,58 @@ func TestAgainstRealAPIServer(t *testing.T) {
 		_, ok := e.frontends()["10.96.5.10:80/6"]
 		return !ok
 	})
+}
+
+// The first sync programs the whole initial list, not the part of it the
+// proxier's handlers had received when the informers' caches were full: a
+// partial first sync would delete, for the rest, what a restarted agent
+// adopted from the maps.
+func TestFirstSyncProgramsTheWholeInitialList(t *testing.T) {
+	s := apiservertest.Start(t)
+	ctx := context.Background()
+	const n = 2000
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				name := fmt.Sprintf("s%d", i)
+				if _, err := s.Client.CoreV1().Services("default").Create(ctx, svc(name, "", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
+					metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+				ip := fmt.Sprintf("10.2.%d.%d", i>>8, i&0xff)
+				if _, err := s.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, endpointSlice(name, name+"-1", ip), metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, kubeproxy.Config{})
+	if err := kubeproxy.RunInformers(ctx, s.Client, e.p, 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-e.p.Programmed():
+	case <-time.After(2 * time.Minute):
+		t.Fatal("no sync programmed the initial list")
+	}
+	balanced := 0
+	for key, fe := range e.frontends() {
+		if strings.HasSuffix(key, ":80/6") && fe.Count == 1 {
+			balanced++
+		}
+	}
+	if balanced != n {
+		t.Fatalf("the first sync programmed %d of the %d Services with their endpoint", balanced, n)
+	}
 }
 
 func itoa(n int32) string { return strconv.Itoa(int(n)) }

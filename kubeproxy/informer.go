@@ -34,12 +34,18 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 		}))
 
 	t := p.Tracker()
-	svcInf := svcFactory.Core().V1().Services().Informer()
-	if _, err := svcInf.AddEventHandler(handler(func(s *v1.Service, deleted bool) { t.OnService(s, deleted) })); err != nil {
+	// The proxier waits for the handlers' registrations, not the informers:
+	// an informer has synced once its cache holds the initial list, while
+	// its handler may still be receiving it. A first sync of part of the
+	// list would delete what a restarted agent adopted for the rest.
+	svcs, err := svcFactory.Core().V1().Services().Informer().AddEventHandler(
+		handler(func(s *v1.Service, deleted bool) { t.OnService(s, deleted) }))
+	if err != nil {
 		return err
 	}
-	sliceInf := sliceFactory.Discovery().V1().EndpointSlices().Informer()
-	if _, err := sliceInf.AddEventHandler(handler(func(s *discovery.EndpointSlice, deleted bool) { t.OnEndpointSlice(s, deleted) })); err != nil {
+	slices, err := sliceFactory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(
+		handler(func(s *discovery.EndpointSlice, deleted bool) { t.OnEndpointSlice(s, deleted) }))
+	if err != nil {
 		return err
 	}
 	nodeInf := nodeFactory.Core().V1().Nodes().Informer()
@@ -66,12 +72,12 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 		f.Start(ctx.Done())
 	}
 	go func() {
-		if cache.WaitForCacheSync(ctx.Done(), svcInf.HasSynced) {
+		if cache.WaitForCacheSync(ctx.Done(), svcs.HasSynced) {
 			p.OnServicesSynced()
 		}
 	}()
 	go func() {
-		if cache.WaitForCacheSync(ctx.Done(), sliceInf.HasSynced) {
+		if cache.WaitForCacheSync(ctx.Done(), slices.HasSynced) {
 			p.OnEndpointSlicesSynced()
 		}
 	}()

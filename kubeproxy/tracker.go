@@ -30,8 +30,8 @@ type Tracker struct {
 	// the proxy was slow to program.
 	triggerTimes []time.Time
 	started      time.Time
-	// arriving holds what Transform took off slices on their way into an
-	// informer's cache, until the slice's event arrives.
+	// arriving and arrivingServices hold what Transform took off objects on
+	// their way into an informer's cache, until the object's event arrives.
 	arriving                   map[*discovery.EndpointSlice]arrival
 	arrivingServices           map[*v1.Service]trackedService
 	serviceEvents, sliceEvents int
