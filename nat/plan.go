@@ -110,53 +110,99 @@ func beValue(e *Endpoint) gen.SluiceBe6Value {
 // there, so a change to one endpoint rewrites one entry rather than shifting
 // the rest; newcomers fill the free ordinals in address order.
 func backendLayout(sets EndpointSets, prev []gen.SluiceBe6Value) (list []gen.SluiceBe6Value, local, clusterStart, count uint32) {
-	inCluster := map[netip.AddrPort]bool{}
-	for _, e := range sets.Cluster {
-		inCluster[e.Addr] = true
-	}
-	inLocal := map[netip.AddrPort]bool{}
-	for _, e := range sets.Local {
-		inLocal[e.Addr] = true
-	}
-	var localOnly, both, clusterOnly []Endpoint
-	for _, e := range sets.Local {
-		if inCluster[e.Addr] {
-			both = append(both, e)
+	inCluster, inLocal := addrSet(sets.Cluster), addrSet(sets.Local)
+	// The groups' values, laid out in one array: each endpoint is copied
+	// once, as its map value.
+	values := make([]gen.SluiceBe6Value, 0, len(sets.Local)+len(sets.Cluster))
+	var localOnly, both, clusterOnly []gen.SluiceBe6Value
+	for _, want := range []bool{false, true} {
+		start := len(values)
+		for i := range sets.Local {
+			if inCluster(sets.Local[i].Addr) == want {
+				values = append(values, beValue(&sets.Local[i]))
+			}
+		}
+		if want {
+			both = values[start:]
 		} else {
-			localOnly = append(localOnly, e)
+			localOnly = values[start:]
 		}
 	}
-	for _, e := range sets.Cluster {
-		if !inLocal[e.Addr] {
-			clusterOnly = append(clusterOnly, e)
+	start := len(values)
+	for i := range sets.Cluster {
+		if !inLocal(sets.Cluster[i].Addr) {
+			values = append(values, beValue(&sets.Cluster[i]))
 		}
 	}
-	prevAt := map[gen.SluiceBe6Value]int{}
-	for i, v := range prev {
-		prevAt[v] = i
-	}
-	list = make([]gen.SluiceBe6Value, 0, len(localOnly)+len(both)+len(clusterOnly))
-	for _, group := range [][]Endpoint{localOnly, both, clusterOnly} {
-		lo := len(list)
-		slots := make([]bool, len(group))
-		list = list[:lo+len(group)]
-		var rest []gen.SluiceBe6Value
-		for i := range group {
-			v := beValue(&group[i])
-			if at, ok := prevAt[v]; ok && at >= lo && at < lo+len(group) && !slots[at-lo] {
-				list[at], slots[at-lo] = v, true
+	clusterOnly = values[start:]
+	prevAt := ordinals(prev)
+	list = make([]gen.SluiceBe6Value, len(values))
+	slots := make([]bool, len(values))
+	rest := make([]gen.SluiceBe6Value, 0, len(values))
+	lo := 0
+	for _, group := range [][]gen.SluiceBe6Value{localOnly, both, clusterOnly} {
+		rest = rest[:0]
+		for _, v := range group {
+			if at, ok := prevAt(v); ok && at >= lo && at < lo+len(group) && !slots[at] {
+				list[at], slots[at] = v, true
 				continue
 			}
 			rest = append(rest, v)
 		}
 		slices.SortFunc(rest, compareBackends)
-		for i := range slots {
+		for i := lo; i < lo+len(group); i++ {
 			if !slots[i] {
-				list[lo+i], rest = rest[0], rest[1:]
+				list[i], rest = rest[0], rest[1:]
 			}
 		}
+		lo += len(group)
 	}
 	return list, uint32(len(sets.Local)), uint32(len(localOnly)), uint32(len(sets.Cluster))
+}
+
+// smallSet is the size up to which backendLayout searches lists instead of
+// building maps: a service's lists are mostly a few endpoints, and each
+// sync lays out every changed service (at 20,000 services the maps were
+// most of a full sync's garbage).
+const smallSet = 32
+
+// addrSet tells whether an address is one of eps'.
+func addrSet(eps []Endpoint) func(netip.AddrPort) bool {
+	if len(eps) <= smallSet {
+		return func(a netip.AddrPort) bool {
+			return slices.ContainsFunc(eps, func(e Endpoint) bool { return e.Addr == a })
+		}
+	}
+	m := make(map[netip.AddrPort]bool, len(eps))
+	for _, e := range eps {
+		m[e.Addr] = true
+	}
+	return func(a netip.AddrPort) bool { return m[a] }
+}
+
+// ordinals finds a backend's ordinal in prev (its last, should it be there
+// twice).
+func ordinals(prev []gen.SluiceBe6Value) func(gen.SluiceBe6Value) (int, bool) {
+	if len(prev) <= smallSet {
+		return func(v gen.SluiceBe6Value) (int, bool) {
+			i := lastIndex(prev, v)
+			return i, i >= 0
+		}
+	}
+	m := make(map[gen.SluiceBe6Value]int, len(prev))
+	for i, v := range prev {
+		m[v] = i
+	}
+	return func(v gen.SluiceBe6Value) (int, bool) { i, ok := m[v]; return i, ok }
+}
+
+func lastIndex(list []gen.SluiceBe6Value, v gen.SluiceBe6Value) int {
+	for i := len(list) - 1; i >= 0; i-- {
+		if list[i] == v {
+			return i
+		}
+	}
+	return -1
 }
 
 func compareBackends(a, b gen.SluiceBe6Value) int {
