@@ -273,16 +273,31 @@ func (c *Converter) Slice(s *discovery.EndpointSlice) *SliceEndpoints {
 		}
 	}
 	out.eps = slices.Clip(eps)
+	out.unique = unique(eps)
+	return out
+}
+
+// unique tells whether no address is there twice (searched for a slice of
+// a few endpoints, mapped for a large one).
+func unique(eps []nat.Endpoint) bool {
+	if len(eps) <= 32 {
+		for i := range eps {
+			for j := range i {
+				if eps[j].Addr.Addr() == eps[i].Addr.Addr() {
+					return false
+				}
+			}
+		}
+		return true
+	}
 	seen := make(map[netip.Addr]bool, len(eps))
-	out.unique = true
 	for i := range eps {
 		if seen[eps[i].Addr.Addr()] {
-			out.unique = false
-			break
+			return false
 		}
 		seen[eps[i].Addr.Addr()] = true
 	}
-	return out
+	return true
 }
 
 // Endpoints converts a service's EndpointSlices into endpoints per port and

@@ -2,6 +2,7 @@ package kubeproxy
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -239,5 +240,29 @@ func TestSlimDropsWhatTheProxierNeverReads(t *testing.T) {
 	// A tombstone or another type passes untouched.
 	if o, err := Slim("x"); err != nil || o != "x" {
 		t.Errorf("%v %v", o, err)
+	}
+}
+
+// A service of one slice of one port takes the slice's converted list as it
+// is, unless an address is there twice: then the non-terminating entry wins
+// there too, and it is listed once.
+func TestOneSliceTakesItsOwnListUnlessAnAddressRepeats(t *testing.T) {
+	c := Converter{NodeName: "node-a"}
+	ready := discovery.Endpoint{Addresses: []string{"10.0.0.1"}}
+	other := discovery.Endpoint{Addresses: []string{"10.0.0.2"}}
+	term := discovery.Endpoint{Addresses: []string{"10.0.0.1"},
+		Conditions: discovery.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}}
+	conv := c.Slice(slice("s1", []discovery.Endpoint{ready, other}))
+	got, errs := mergeSlices([]*SliceEndpoints{conv})
+	list := got[portKey{name: "http", proto: nat.TCP}]
+	if len(errs) != 0 || len(list) != 2 || &list[0] != &conv.Endpoints()[0] || list[0].Addr != netip.MustParseAddrPort("10.0.0.1:8080") {
+		t.Fatalf("one slice: %v %v, want the slice's own list", list, errs)
+	}
+	conv = c.Slice(slice("s1", []discovery.Endpoint{term, other, ready}))
+	got, _ = mergeSlices([]*SliceEndpoints{conv})
+	list = got[portKey{name: "http", proto: nat.TCP}]
+	i := slices.IndexFunc(list, func(e nat.Endpoint) bool { return e.Addr == netip.MustParseAddrPort("10.0.0.1:8080") })
+	if len(list) != 2 || i < 0 || !list[i].Ready || list[i].Terminating {
+		t.Fatalf("an address twice: %+v, want it once, ready", list)
 	}
 }
