@@ -520,6 +520,8 @@ func TestSCTPServicePortIsRefusedByName(t *testing.T) {
 	if _, ok := e.frontends()["10.96.0.40:3868/132"]; ok {
 		t.Fatal("an SCTP frontend was programmed")
 	}
+	// Counted when the sync that wrote the maps returns: after them.
+	e.eventually("the SCTP port counted as skipped", func() bool { return testutil.ToFloat64(e.metrics.SkippedObjects) == 1 })
 	if got := testutil.ToFloat64(e.metrics.SkippedObjects); got != 1 {
 		t.Fatalf("skipped objects counted %v, want 1", got)
 	}
