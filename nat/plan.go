@@ -138,10 +138,10 @@ func backendLayout(sets EndpointSets, prev []gen.SluiceBe6Value) (list []gen.Slu
 	prevAt := ordinals(prev)
 	list = make([]gen.SluiceBe6Value, len(values))
 	slots := make([]bool, len(values))
-	rest := make([]gen.SluiceBe6Value, 0, len(values))
+	restBuf := make([]gen.SluiceBe6Value, 0, len(values))
 	lo := 0
 	for _, group := range [][]gen.SluiceBe6Value{localOnly, both, clusterOnly} {
-		rest = rest[:0]
+		rest := restBuf[:0] // the whole buffer again: the fill below advances rest
 		for _, v := range group {
 			if at, ok := prevAt(v); ok && at >= lo && at < lo+len(group) && !slots[at] {
 				list[at], slots[at] = v, true
