@@ -38,13 +38,11 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 	// an informer has synced once its cache holds the initial list, while
 	// its handler may still be receiving it. A first sync of part of the
 	// list would delete what a restarted agent adopted for the rest.
-	svcs, err := svcFactory.Core().V1().Services().Informer().AddEventHandler(
-		handler(func(s *v1.Service, deleted bool) { t.OnService(s, deleted) }))
+	svcs, err := svcFactory.Core().V1().Services().Informer().AddEventHandler(handler(t.OnTransformed))
 	if err != nil {
 		return err
 	}
-	slices, err := sliceFactory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(
-		handler(func(s *discovery.EndpointSlice, deleted bool) { t.OnEndpointSlice(s, deleted) }))
+	slices, err := sliceFactory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(handler(t.OnTransformed))
 	if err != nil {
 		return err
 	}

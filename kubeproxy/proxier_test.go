@@ -190,6 +190,16 @@ func TestInformersDriveTheMaps(t *testing.T) {
 	if got := testutil.ToFloat64(e.metrics.ServiceChanges); got < 7 {
 		t.Fatalf("service changes counted %v", got)
 	}
+
+	// A slice's deletion reaches the tracker from what the informer's
+	// cache kept of it.
+	if err := client.DiscoveryV1().EndpointSlices("default").Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("a slice's deletion followed", func() bool {
+		web, ok := e.frontends()["10.96.0.10:80/6"]
+		return ok && web.Count == 0
+	})
 }
 
 func TestTerminatingAndLocalEndpoints(t *testing.T) {

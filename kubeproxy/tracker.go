@@ -1,6 +1,7 @@
 package kubeproxy
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -8,7 +9,6 @@ import (
 	"github.com/sluice-net/sluice/nat"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -19,7 +19,7 @@ import (
 type Tracker struct {
 	mu       sync.Mutex
 	conv     *Converter
-	services map[types.NamespacedName]trackedService
+	services map[types.NamespacedName]*trackedService
 	// slices are each service's slices; a short list (one per 100
 	// endpoints), cheaper than a map per service.
 	slices  map[types.NamespacedName][]trackedSlice
@@ -28,35 +28,29 @@ type Tracker struct {
 	// changes, for network programming latency. As kube-proxy, times before
 	// the tracker started are not counted: the initial list is not a change
 	// the proxy was slow to program.
-	triggerTimes []time.Time
-	started      time.Time
-	// arriving and arrivingServices hold what Transform took off objects on
-	// their way into an informer's cache, until the object's event arrives.
-	arriving                   map[*discovery.EndpointSlice]arrival
-	arrivingServices           map[*v1.Service]trackedService
+	triggerTimes               []time.Time
+	started                    time.Time
 	serviceEvents, sliceEvents int
 	onChange                   func()
 }
 
-// trackedService is a Service: the object the source gave (for telling a
-// resync of it from a change) and its conversion.
+// trackedService is a Service's conversion, with what tells a resync of the
+// Service from a change: its resource version, and for sources without
+// versions (manifests) the object given. It is not changed once made: an
+// informer's cache shares it (cachedService).
 type trackedService struct {
-	src   *v1.Service
-	ports []*nat.ServicePort
-	err   error
+	version string
+	src     *v1.Service // nil from an informer
+	ports   []*nat.ServicePort
+	err     error
 }
 
-// trackedSlice is one slice of a service: the object the source gave (for
-// telling a resync of it from a change) and its conversion.
+// trackedSlice is one slice of a service: its conversion and, as for a
+// Service, its version and the object a source without versions gave.
 type trackedSlice struct {
-	src  *discovery.EndpointSlice
-	conv *SliceEndpoints
-}
-
-// arrival is what Transform took off a slice.
-type arrival struct {
+	version string
+	src     *discovery.EndpointSlice // nil from an informer
 	conv    *SliceEndpoints
-	trigger time.Time // zero: none that counts
 }
 
 // NewTracker returns an empty tracker; onChange (may be nil) is called after
@@ -66,68 +60,84 @@ type arrival struct {
 func NewTracker(onChange func()) *Tracker { return newTracker(onChange, &Converter{}) }
 
 func newTracker(onChange func(), conv *Converter) *Tracker {
-	return &Tracker{conv: conv, services: map[types.NamespacedName]trackedService{}, arrivingServices: map[*v1.Service]trackedService{},
+	return &Tracker{conv: conv, services: map[types.NamespacedName]*trackedService{},
 		slices: map[types.NamespacedName][]trackedSlice{}, changed: map[types.NamespacedName]bool{},
-		arriving: map[*discovery.EndpointSlice]arrival{}, started: time.Now(), onChange: onChange}
+		started: time.Now(), onChange: onChange}
 }
 
-// Transform is an informer transform: Slim, after converting a Service or
-// an EndpointSlice and taking what was converted off it, for the object's
-// event to find: a Service's spec and status, a slice's endpoints and
-// annotations (its trigger time kept aside). The informer's cache then
-// keeps each object's metadata (and a slice's ports), and nothing else of
-// it is kept but its conversion. An object is transformed once on its way
-// in (client-go does not transform what it resyncs from its cache);
-// transforming it again before its event changes nothing. An object the
-// tracker has at the same resource version (a relist hands back every
-// object, and the informer tells listeners of an unchanged one only at
-// their resync) is not converted again: its event, if any, changes nothing.
+// Transform is an informer transform: it converts a Service or an
+// EndpointSlice on its way into the informer's cache and puts in its place
+// what the cache then keeps of it, the object's namespace, name, resource
+// version and conversion: a few dozen bytes where the object took hundreds
+// with its metadata, and nothing the tracker does not keep anyway. The
+// informer's events then carry these, for OnTransformed. Other objects are
+// Slim'd.
+//
+// An object the tracker has at the same resource version (a relist hands
+// back every object, and the informer tells listeners of an unchanged one
+// only at their resync) is not converted again: it gets the tracker's
+// conversion, and its event changes nothing. Transforming what Transform
+// returned returns it.
 func (t *Tracker) Transform(obj any) (any, error) {
-	if svc, ok := obj.(*v1.Service); ok {
+	switch o := obj.(type) {
+	case *v1.Service:
+		key := types.NamespacedName{Namespace: intern(o.Namespace), Name: o.Name}
 		t.mu.Lock()
-		_, again := t.arrivingServices[svc]
-		cur, known := t.services[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}]
+		cur := t.services[key]
 		t.mu.Unlock()
-		if again {
-			return obj, nil
+		c := &cachedService{cachedKey: cachedKey{key, o.ResourceVersion}, conv: cur}
+		if cur == nil || !cur.unchanged(o) {
+			c.conv = t.convertService(o)
+			c.conv.src = nil // the cache must not keep the object
 		}
-		if known && unchanged(cur.src, svc) {
-			svc.Spec, svc.Status = v1.ServiceSpec{}, v1.ServiceStatus{}
-			return Slim(obj)
+		return c, nil
+	case *discovery.EndpointSlice:
+		c := &cachedSlice{cachedKey: cachedKey{types.NamespacedName{Namespace: intern(o.Namespace), Name: o.Name}, o.ResourceVersion},
+			service: intern(o.Labels[LabelServiceName])}
+		if _, headless := o.Labels[LabelHeadless]; headless {
+			c.service = ""
 		}
-		conv := t.convertService(svc)
 		t.mu.Lock()
-		t.arrivingServices[svc] = conv
+		cur, known := t.trackedSlice(o)
 		t.mu.Unlock()
-		svc.Spec, svc.Status = v1.ServiceSpec{}, v1.ServiceStatus{}
-	}
-	if s, ok := obj.(*discovery.EndpointSlice); ok {
-		t.mu.Lock()
-		_, again := t.arriving[s]
-		cur, known := t.trackedSlice(s)
-		t.mu.Unlock()
-		if again {
-			return obj, nil
+		if known && cur.unchanged(o) {
+			c.conv = cur.conv
+		} else {
+			c.conv = t.conv.Slice(o)
+			c.trigger, _ = t.triggerTime(o)
 		}
-		if known && unchanged(cur.src, s) {
-			s.Annotations, s.Endpoints = nil, nil
-			return Slim(obj)
-		}
-		a := arrival{conv: t.conv.Slice(s)}
-		a.trigger, _ = t.triggerTime(s)
-		t.mu.Lock()
-		t.arriving[s] = a
-		t.mu.Unlock()
-		s.Annotations, s.Endpoints = nil, nil
+		return c, nil
 	}
 	return Slim(obj)
 }
 
-// unchanged tells whether got is the object the tracker has (have): the
-// same one, or one at the same resource version (sources without versions,
+// OnTransformed records an informer's event (added or updated, or deleted)
+// for an object Transform returned. A Service or an EndpointSlice that was
+// not transformed is recorded as by OnService and OnEndpointSlice.
+func (t *Tracker) OnTransformed(obj any, deleted bool) {
+	switch o := obj.(type) {
+	case *cachedService:
+		t.recordService(o.key, o.conv, deleted)
+	case *cachedSlice:
+		t.recordSlice(o.service, o.key, trackedSlice{version: o.version, conv: o.conv}, o.trigger, deleted)
+	case *v1.Service:
+		t.OnService(o, deleted)
+	case *discovery.EndpointSlice:
+		t.OnEndpointSlice(o, deleted)
+	default:
+		panic(fmt.Sprintf("informer delivered %T", obj))
+	}
+}
+
+// unchanged tells whether got is what the tracker converted: the same
+// object, or one at the same resource version (sources without versions,
 // as manifests, give none: then only the same object is).
-func unchanged(have, got metav1.Object) bool {
-	return have == got || got.GetResourceVersion() != "" && got.GetResourceVersion() == have.GetResourceVersion()
+func (s *trackedService) unchanged(got *v1.Service) bool {
+	return s.src == got || got.ResourceVersion != "" && got.ResourceVersion == s.version
+}
+
+func (s trackedSlice) unchanged(got *discovery.EndpointSlice) bool {
+	return s.src == got || got.ResourceVersion != "" && got.ResourceVersion == s.version
 }
 
 // trackedSlice finds s's service and the tracker's record of s in it.
@@ -154,29 +164,40 @@ func (t *Tracker) notify() {
 	}
 }
 
-func (t *Tracker) convertService(svc *v1.Service) trackedService {
+func (t *Tracker) convertService(svc *v1.Service) *trackedService {
 	ports, err := t.conv.ServicePorts(svc)
-	return trackedService{src: svc, ports: ports, err: err}
+	return &trackedService{version: svc.ResourceVersion, src: svc, ports: ports, err: err}
 }
 
 // OnService records a Service added or updated (svc) or deleted (svc with
 // deleted true).
 func (t *Tracker) OnService(svc *v1.Service, deleted bool) {
 	key := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	var conv *trackedService
+	if !deleted {
+		t.mu.Lock()
+		cur := t.services[key]
+		t.mu.Unlock()
+		if cur != nil && cur.unchanged(svc) {
+			return // a resync of what the tracker has
+		}
+		conv = t.convertService(svc)
+	}
+	t.recordService(key, conv, deleted)
+}
+
+// recordService records key's conversion (none when deleted); the
+// conversion the tracker has is no change.
+func (t *Tracker) recordService(key types.NamespacedName, conv *trackedService, deleted bool) {
 	t.mu.Lock()
-	arrived, transformed := t.arrivingServices[svc]
-	delete(t.arrivingServices, svc)
-	switch cur, known := t.services[key]; {
+	switch cur := t.services[key]; {
 	case deleted:
 		delete(t.services, key)
-	case !transformed && known && unchanged(cur.src, svc):
-		// A resync of what the tracker has (see OnEndpointSlice).
+	case cur == conv:
 		t.mu.Unlock()
 		return
-	case transformed:
-		t.services[key] = arrived
 	default:
-		t.services[key] = t.convertService(svc)
+		t.services[key] = conv
 	}
 	t.changed[key] = true
 	t.serviceEvents++
@@ -187,48 +208,60 @@ func (t *Tracker) OnService(svc *v1.Service, deleted bool) {
 // OnEndpointSlice records a slice added, updated or deleted. Headless slices
 // and slices without a service name are ignored.
 func (t *Tracker) OnEndpointSlice(s *discovery.EndpointSlice, deleted bool) {
-	t.mu.Lock()
-	arrived, transformed := t.arriving[s]
-	delete(t.arriving, s)
 	svcName := s.Labels[LabelServiceName]
-	if _, headless := s.Labels[LabelHeadless]; svcName == "" || headless { // the label's value is usually empty
+	if _, headless := s.Labels[LabelHeadless]; headless { // the label's value is usually empty
+		svcName = ""
+	}
+	tracked := trackedSlice{version: s.ResourceVersion, src: s}
+	var trigger time.Time
+	if !deleted && svcName != "" {
+		t.mu.Lock()
+		cur, known := t.trackedSlice(s)
 		t.mu.Unlock()
+		if known && cur.unchanged(s) {
+			return // a resync of what the tracker has
+		}
+		tracked.conv = t.conv.Slice(s)
+		trigger, _ = t.triggerTime(s)
+	}
+	t.recordSlice(svcName, types.NamespacedName{Namespace: s.Namespace, Name: s.Name}, tracked, trigger, deleted)
+}
+
+// recordSlice records the slice key (its name in key.Name) of service
+// svcName (none: ignored): its conversion, or its deletion. The conversion
+// the tracker has is no change.
+func (t *Tracker) recordSlice(svcName string, key types.NamespacedName, tracked trackedSlice, trigger time.Time, deleted bool) {
+	if svcName == "" {
 		return
 	}
-	key := types.NamespacedName{Namespace: s.Namespace, Name: svcName}
-	list := t.slices[key]
-	i := slices.IndexFunc(list, func(o trackedSlice) bool { return o.conv.name == s.Name })
+	svc := types.NamespacedName{Namespace: key.Namespace, Name: svcName}
+	t.mu.Lock()
+	list := t.slices[svc]
+	i := slices.IndexFunc(list, func(o trackedSlice) bool { return o.conv.name == key.Name })
 	switch {
 	case deleted:
 		if i >= 0 {
 			list = slices.Delete(list, i, i+1)
 		}
 		if len(list) == 0 {
-			delete(t.slices, key)
+			delete(t.slices, svc)
 		} else {
-			t.slices[key] = list
+			t.slices[svc] = list
 		}
-	case !transformed && i >= 0 && unchanged(list[i].src, s):
-		// A resync of what the tracker has: nothing changed (and the
-		// cache's copy has no endpoints left to convert).
+	case i >= 0 && list[i].conv == tracked.conv:
 		t.mu.Unlock()
 		return
 	default:
-		if !transformed {
-			arrived.conv = t.conv.Slice(s)
-			arrived.trigger, _ = t.triggerTime(s)
-		}
-		tracked := trackedSlice{src: s, conv: arrived.conv}
 		if i >= 0 {
 			list[i] = tracked
 		} else {
-			t.slices[key] = append(list, tracked)
+			t.slices[svc] = append(list, tracked)
 		}
-		if !arrived.trigger.IsZero() {
-			t.triggerTimes = append(t.triggerTimes, arrived.trigger)
+		if !trigger.IsZero() {
+			t.triggerTimes = append(t.triggerTimes, trigger)
 		}
 	}
-	t.changed[key] = true
+	t.changed[svc] = true
 	t.sliceEvents++
 	t.mu.Unlock()
 	t.notify()
@@ -259,8 +292,10 @@ func (t *Tracker) TakeChanges() Changes {
 	c := Changes{Services: make(map[types.NamespacedName]ServiceChange, len(t.changed)),
 		TriggerTimes: t.triggerTimes, ServiceEvents: t.serviceEvents, SliceEvents: t.sliceEvents}
 	for key := range t.changed {
-		svc := t.services[key]
-		sc := ServiceChange{Ports: svc.ports, Err: svc.err}
+		var sc ServiceChange
+		if svc := t.services[key]; svc != nil {
+			sc.Ports, sc.Err = svc.ports, svc.err
+		}
 		for _, s := range t.slices[key] {
 			sc.Slices = append(sc.Slices, s.conv)
 		}

@@ -2,6 +2,7 @@ package kubeproxy_test
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -10,14 +11,17 @@ import (
 	"github.com/sluice-net/sluice/kubeproxy"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 )
 
 // The tracker keeps each service's slices by name, and counts the trigger
 // time of a slice's change once, whether the slice came through an informer
-// (Transform takes the time off it before the cache keeps it) or straight
-// from a source; as kube-proxy, a time before the tracker started (the
-// initial list's) does not count.
+// (Transform converts it and puts what the cache keeps in its place) or
+// straight from a source; as kube-proxy, a time before the tracker started
+// (the initial list's) does not count.
 func TestTrackerKeepsSlicesAndCountsTriggerTimesOfChanges(t *testing.T) {
 	tr := kubeproxy.NewTracker(nil)
 	withTrigger := func(s *discovery.EndpointSlice, at time.Time) *discovery.EndpointSlice {
@@ -40,7 +44,7 @@ func TestTrackerKeepsSlicesAndCountsTriggerTimesOfChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr.OnEndpointSlice(old.(*discovery.EndpointSlice), false)
+	tr.OnTransformed(old, false)
 	c := tr.TakeChanges()
 	if got := names(c.Services[web]); !slices.Equal(got, []string{"web-1=10.2.0.1:8080", "web-2=10.2.0.2:8080"}) {
 		t.Fatalf("slices %v", got)
@@ -55,14 +59,11 @@ func TestTrackerKeepsSlicesAndCountsTriggerTimesOfChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	changed := obj.(*discovery.EndpointSlice)
-	if changed.Annotations != nil || changed.Endpoints != nil || changed.Labels[kubeproxy.LabelServiceName] != "web" || len(changed.Ports) != 1 {
-		t.Fatalf("the transform left %+v", changed)
-	}
-	if again, err := tr.Transform(changed); err != nil || again != changed || changed.Annotations != nil { // idempotent
+	checkCached(t, obj, "default/web-2")
+	if again, err := tr.Transform(obj); err != nil || again != obj { // idempotent
 		t.Fatalf("transform again: %v %v", again, err)
 	}
-	tr.OnEndpointSlice(changed, false)
+	tr.OnTransformed(obj, false)
 	tr.OnEndpointSlice(withTrigger(endpointSlice("web", "web-3", "10.2.0.4"), at.Add(time.Second)), false)
 	c = tr.TakeChanges()
 	if got := names(c.Services[web]); !slices.Equal(got, []string{"web-1=10.2.0.1:8080", "web-2=10.2.0.3:8080", "web-3=10.2.0.4:8080"}) {
@@ -71,9 +72,9 @@ func TestTrackerKeepsSlicesAndCountsTriggerTimesOfChanges(t *testing.T) {
 	if !slices.EqualFunc(c.TriggerTimes, []time.Time{at, at.Add(time.Second)}, time.Time.Equal) {
 		t.Fatalf("trigger times %v, want %v and a second later", c.TriggerTimes, at)
 	}
-	// An informer's resync hands back the cache's copy, its endpoints
-	// taken off: not a change, and the endpoints stay.
-	tr.OnEndpointSlice(changed, false)
+	// An informer's resync hands back what its cache keeps: not a change,
+	// and the endpoints stay.
+	tr.OnTransformed(obj, false)
 	if c := tr.TakeChanges(); len(c.Services) != 0 {
 		t.Fatalf("a resync changed %v", c.Services)
 	}
@@ -91,9 +92,9 @@ func TestTrackerKeepsSlicesAndCountsTriggerTimesOfChanges(t *testing.T) {
 }
 
 // A Service is kept converted too: through an informer the transform
-// converts it and takes its spec and status off; a resync of the cache's
-// copy is no change; a malformed Service reports its error and has no
-// ports; a deleted one has none either.
+// converts it and the cache keeps only its key, version and conversion; a
+// resync of what the cache keeps is no change; a malformed Service reports
+// its error and has no ports; a deleted one has none either.
 func TestTrackerKeepsServicesConverted(t *testing.T) {
 	tr := kubeproxy.NewTracker(nil)
 	web := types.NamespacedName{Namespace: "default", Name: "web"}
@@ -109,16 +110,13 @@ func TestTrackerKeepsServicesConverted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cached := obj.(*v1.Service)
-	if cached.Spec.ClusterIP != "" || cached.Spec.Ports != nil || cached.Name != "web" {
-		t.Fatalf("the transform left %+v", cached)
-	}
-	tr.OnService(cached, false)
+	checkCached(t, obj, "default/web")
+	tr.OnTransformed(obj, false)
 	c := tr.TakeChanges().Services[web]
 	if got := ports(c); !slices.Equal(got, []string{"http 10.96.0.10:80"}) || c.Err != nil {
 		t.Fatalf("ports %v, error %v", got, c.Err)
 	}
-	tr.OnService(cached, false) // resync
+	tr.OnTransformed(obj, false) // resync
 	if c := tr.TakeChanges(); len(c.Services) != 0 {
 		t.Fatalf("a resync changed %v", c.Services)
 	}
@@ -133,7 +131,7 @@ func TestTrackerKeepsServicesConverted(t *testing.T) {
 	if got := ports(tr.TakeChanges().Services[web]); !slices.Equal(got, []string{"http 10.96.0.11:80"}) {
 		t.Fatalf("fixed: ports %v", got)
 	}
-	tr.OnService(cached, true)
+	tr.OnTransformed(obj, true)
 	if c, ok := tr.TakeChanges().Services[web]; !ok || c.Ports != nil || c.Err != nil {
 		t.Fatalf("deleted: %v %+v", ok, c)
 	}
@@ -141,8 +139,8 @@ func TestTrackerKeepsServicesConverted(t *testing.T) {
 
 // A relist hands every object to the transform again, and the informer
 // tells the tracker of an unchanged one (same resource version) only at
-// its next resync, with the cache's stripped copy: the tracker keeps what
-// it converted, and an object at a new version is converted again.
+// its next resync, with what its cache keeps: the tracker keeps what it
+// converted, and an object at a new version is converted again.
 func TestTrackerKeepsConversionsAcrossARelist(t *testing.T) {
 	tr := kubeproxy.NewTracker(nil)
 	web := types.NamespacedName{Namespace: "default", Name: "web"}
@@ -152,12 +150,7 @@ func TestTrackerKeepsConversionsAcrossARelist(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		switch o := out.(type) {
-		case *v1.Service:
-			tr.OnService(o, false)
-		case *discovery.EndpointSlice:
-			tr.OnEndpointSlice(o, false)
-		}
+		tr.OnTransformed(out, false)
 	}
 	at := func(rv string, o interface{ SetResourceVersion(string) }) { o.SetResourceVersion(rv) }
 	s5, sl5 := svc("web", "10.96.0.10"), endpointSlice("web", "web-1", "10.2.0.1")
@@ -190,5 +183,32 @@ func TestTrackerKeepsConversionsAcrossARelist(t *testing.T) {
 	c = tr.TakeChanges().Services[web]
 	if got := c.Slices[0].Endpoints(); c.Slices[0].Name() != "web-1" || len(got) != 1 || got[0].Addr.String() != "10.2.0.3:8080" {
 		t.Fatalf("version 6: %v", got)
+	}
+}
+
+// checkCached checks what Transform put in an object's place: not the
+// object, a few dozen bytes, and still an object the informer can key,
+// version and tell the kind of.
+func checkCached(t *testing.T, obj any, key string) {
+	t.Helper()
+	switch obj.(type) {
+	case *v1.Service, *discovery.EndpointSlice:
+		t.Fatalf("the cache keeps the whole object")
+	}
+	if size := reflect.TypeOf(obj).Elem().Size(); size > 96 {
+		t.Errorf("the cache keeps %d bytes per object", size)
+	}
+	ro, ok := obj.(runtime.Object)
+	if !ok {
+		t.Fatalf("%T is not a runtime.Object", obj)
+	}
+	if got, err := cache.MetaNamespaceKeyFunc(ro); err != nil || got != key {
+		t.Fatalf("key %q (%v), want %q", got, err, key)
+	}
+	if m, err := meta.Accessor(ro.DeepCopyObject()); err != nil || m.GetNamespace()+"/"+m.GetName() != key {
+		t.Fatalf("a copy's metadata: %v %v", m, err)
+	}
+	if ro.GetObjectKind() == nil {
+		t.Fatal("no object kind")
 	}
 }
