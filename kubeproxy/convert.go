@@ -388,20 +388,22 @@ func (c *Converter) sliceEndpoints(s *discovery.EndpointSlice) ([]nat.Endpoint, 
 			Serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
 			Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
 		}
+		// Node and zone names are interned: a cluster has a few, and each
+		// decoded endpoint has its own copy.
 		if e.NodeName != nil {
-			ep.NodeName = *e.NodeName
+			ep.NodeName = intern(*e.NodeName)
 			ep.Local = *e.NodeName == c.NodeName
 		}
 		if e.Zone != nil {
-			ep.Zone = *e.Zone
+			ep.Zone = intern(*e.Zone)
 		}
 		if h := e.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
 			ep.Hints = &nat.Hints{}
 			for _, z := range h.ForZones {
-				ep.Hints.Zones = append(ep.Hints.Zones, z.Name)
+				ep.Hints.Zones = append(ep.Hints.Zones, intern(z.Name))
 			}
 			for _, n := range h.ForNodes {
-				ep.Hints.Nodes = append(ep.Hints.Nodes, n.Name)
+				ep.Hints.Nodes = append(ep.Hints.Nodes, intern(n.Name))
 			}
 		}
 		out = append(out, ep)
