@@ -3,9 +3,11 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,20 +54,28 @@ func BenchmarkAgentMemory(b *testing.B) {
 	for _, n := range sizes {
 		for _, proxy := range []string{"sluice", "nftables"} {
 			b.Run(fmt.Sprintf("services=%d/%s", n, proxy), func(b *testing.B) {
-				var rss float64
+				var rss residentMemory
 				measured := false
 				for b.Loop() {
 					if !measured { // once: b.N's growth reuses it
 						rss, measured = memoryAt(b, proxy, n, sluice, kubeProxy), true
 					}
 				}
-				b.ReportMetric(rss, "rss-MB")
+				b.ReportMetric(rss.total, "rss-MB")
+				// What the process allocated, and the pages of its binary
+				// it touched (the same for every size: code and tables).
+				b.ReportMetric(rss.anon, "anon-MB")
+				b.ReportMetric(rss.file, "file-MB")
 			})
 		}
 	}
 }
 
-func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) float64 {
+// residentMemory is a process's resident set (VmRSS) and its two parts,
+// anonymous (RssAnon) and file-backed (RssFile), in MB.
+type residentMemory struct{ total, anon, file float64 }
+
+func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) residentMemory {
 	e := newBaselineEnv(b)
 	e.createServicesWithEndpoints(b, n, 10)
 	profiles := os.Getenv("SLUICE_BENCH_HEAP_PROFILE")
@@ -87,14 +97,22 @@ func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) float
 	if err != nil {
 		b.Fatal(err)
 	}
+	var m residentMemory
+	fields := map[string]*float64{"VmRSS:": &m.total, "RssAnon:": &m.anon, "RssFile:": &m.file}
 	for line := range strings.Lines(string(status)) {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.Atoi(f[1])
-			return float64(kb) / 1024
+		if f := strings.Fields(line); len(f) >= 2 && fields[f[0]] != nil {
+			kb, err := strconv.Atoi(f[1])
+			if err != nil {
+				b.Fatalf("/proc status: %q: %v", line, err)
+			}
+			*fields[f[0]] = float64(kb) / 1024
+			delete(fields, f[0])
 		}
 	}
-	b.Fatal("no VmRSS in /proc status")
-	return 0
+	if len(fields) != 0 {
+		b.Fatalf("/proc status lacks %v", slices.Collect(maps.Keys(fields)))
+	}
+	return m
 }
 
 // createServicesWithEndpoints creates n Services with perService endpoints
