@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
@@ -20,14 +22,20 @@ import (
 // when Config.Routes is set). It returns once
 // the informers have started; they stop with ctx.
 func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, resync time.Duration) error {
-	noProxyName := informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.LabelSelector = "!" + LabelServiceProxyName
-	})
+	// Services and slices have informers of their own, without the
+	// namespace index a factory's informers keep for listers: the proxier
+	// lists nothing, and the index held every object's key once more.
+	noIndexes := cache.Indexers{}
+	svcInf := coreinformers.NewFilteredServiceInformer(client, metav1.NamespaceAll, resync, noIndexes,
+		func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelServiceProxyName })
+	sliceInf := discoveryinformers.NewFilteredEndpointSliceInformer(client, metav1.NamespaceAll, resync, noIndexes,
+		func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless })
+	for _, inf := range []cache.SharedIndexInformer{svcInf, sliceInf} {
+		if err := inf.SetTransform(p.Tracker().Transform); err != nil {
+			return err
+		}
+	}
 	slim := informers.WithTransform(Slim)
-	convert := informers.WithTransform(p.Tracker().Transform)
-	svcFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, noProxyName, convert)
-	sliceFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, convert,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless }))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, slim,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.cfg.NodeName).String()
@@ -38,11 +46,11 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 	// an informer has synced once its cache holds the initial list, while
 	// its handler may still be receiving it. A first sync of part of the
 	// list would delete what a restarted agent adopted for the rest.
-	svcs, err := svcFactory.Core().V1().Services().Informer().AddEventHandler(handler(t.OnTransformed))
+	svcs, err := svcInf.AddEventHandler(handler(t.OnTransformed))
 	if err != nil {
 		return err
 	}
-	slices, err := sliceFactory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(handler(t.OnTransformed))
+	slices, err := sliceInf.AddEventHandler(handler(t.OnTransformed))
 	if err != nil {
 		return err
 	}
@@ -56,7 +64,7 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 	})); err != nil {
 		return err
 	}
-	factories := []informers.SharedInformerFactory{svcFactory, sliceFactory, nodeFactory}
+	factories := []informers.SharedInformerFactory{nodeFactory}
 	if routes := p.cfg.Routes; routes != nil {
 		// Every Node, for the route lookup (the factory above sees this
 		// node only).
@@ -69,6 +77,8 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 	for _, f := range factories {
 		f.Start(ctx.Done())
 	}
+	go svcInf.Run(ctx.Done())
+	go sliceInf.Run(ctx.Done())
 	go func() {
 		if cache.WaitForCacheSync(ctx.Done(), svcs.HasSynced) {
 			p.OnServicesSynced()
