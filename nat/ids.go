@@ -60,15 +60,17 @@ func (s *Syncer) ServiceIDs() map[ServicePortName][]uint32 {
 // node has had at once: the datapath counts traffic per service in an array
 // indexed by id (sl_svcstats_v1).
 type idAllocator struct {
-	byKey   map[idKey]uint32
-	used    map[uint32]idKey
+	byKey map[idKey]uint32
+	// used are the ids handed out (a set: a release names its key, and at
+	// 10,000 services a key per id was a tenth of the syncer's memory).
+	used    map[uint32]struct{}
 	next    uint32   // the lowest id never handed out
 	free    idHeap   // ids released before, lowest first
 	pending []uint32 // released in this Apply
 }
 
 func newIDAllocator() *idAllocator {
-	return &idAllocator{byKey: map[idKey]uint32{}, used: map[uint32]idKey{}, next: 1}
+	return &idAllocator{byKey: map[idKey]uint32{}, used: map[uint32]struct{}{}, next: 1}
 }
 
 func (a *idAllocator) get(k idKey) (uint32, bool) {
@@ -81,7 +83,7 @@ func (a *idAllocator) adopt(k idKey, id uint32) bool {
 	if _, taken := a.used[id]; taken {
 		return false
 	}
-	a.byKey[k], a.used[id] = id, k
+	a.byKey[k], a.used[id] = id, struct{}{}
 	return true
 }
 
@@ -89,7 +91,7 @@ func (a *idAllocator) alloc(k idKey) uint32 {
 	for a.free.Len() > 0 {
 		id := heap.Pop(&a.free).(uint32)
 		if _, taken := a.used[id]; !taken {
-			a.byKey[k], a.used[id] = id, k
+			a.byKey[k], a.used[id] = id, struct{}{}
 			return id
 		}
 	}
@@ -100,16 +102,18 @@ func (a *idAllocator) alloc(k idKey) uint32 {
 			a.next = 1
 		}
 		if _, taken := a.used[id]; !taken && id != 0 {
-			a.byKey[k], a.used[id] = id, k
+			a.byKey[k], a.used[id] = id, struct{}{}
 			return id
 		}
 	}
 }
 
-// release forgets the key of id now and frees the id after the Apply.
-func (a *idAllocator) release(id uint32) {
-	if k, ok := a.used[id]; ok {
-		delete(a.byKey, k)
+// release forgets k's id now and frees the id after the Apply.
+func (a *idAllocator) release(k idKey, id uint32) {
+	if _, ok := a.used[id]; ok {
+		if a.byKey[k] == id {
+			delete(a.byKey, k)
+		}
 		a.pending = append(a.pending, id)
 	}
 }

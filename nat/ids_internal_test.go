@@ -18,7 +18,13 @@ func TestIDsAreReusedLowestFirst(t *testing.T) {
 		}
 	}
 	for i := 10; i < 60; i++ {
-		a.release(uint32(i + 1))
+		a.release(key(i), uint32(i+1))
+	}
+	if _, ok := a.get(key(10)); ok {
+		t.Fatal("a released key keeps its id")
+	}
+	if id, ok := a.get(key(9)); !ok || id != 10 {
+		t.Fatalf("a key not released: %d %v", id, ok)
 	}
 	if id := a.alloc(key(1000)); id != 101 {
 		t.Fatalf("an id freed in this Apply was handed out again: %d", id)

@@ -77,7 +77,7 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 			s.affinityDirty[id] = true
 		}
 		if !kept {
-			s.ids.release(id)
+			s.ids.release(idKey{name: name, node: set.node}, id)
 			s.names.DeleteDesired(gen.SluiceSvcnameKey{SvcId: id})
 		}
 	}
