@@ -388,15 +388,9 @@ func (c *Converter) sliceEndpoints(s *discovery.EndpointSlice) ([]nat.Endpoint, 
 			Serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
 			Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
 		}
-		// Node and zone names are interned: a cluster has a few, and each
-		// decoded endpoint has its own copy.
-		if e.NodeName != nil {
-			ep.NodeName = intern(*e.NodeName)
-			ep.Local = *e.NodeName == c.NodeName
-		}
-		if e.Zone != nil {
-			ep.Zone = intern(*e.Zone)
-		}
+		ep.Local = e.NodeName != nil && *e.NodeName == c.NodeName
+		// Hints' names are interned: a cluster has a few zones and nodes,
+		// and each decoded endpoint has its own copy.
 		if h := e.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
 			ep.Hints = &nat.Hints{}
 			for _, z := range h.ForZones {

@@ -208,23 +208,23 @@ func (s *ServicePort) Equal(o *ServicePort) bool {
 }
 
 // Endpoint is one backend address of a service port, with its conditions.
+// It keeps what programming the service reads, as kube-proxy's endpoint
+// info does: whether it is local, not the node's or zone's name. A node
+// holds one per endpoint of the cluster: 48 bytes.
 type Endpoint struct {
 	Addr netip.AddrPort
 	// Ready, Serving and Terminating are the EndpointSlice conditions, already
 	// defaulted (ready and serving unset mean true, terminating unset false).
 	Ready, Serving, Terminating bool
 	// Local: the endpoint runs on this node.
-	Local    bool
-	NodeName string
-	Zone     string
-	// Hints are the endpoint's topology hints; nil for none (most
-	// endpoints: a pointer keeps the record small, and a node holds one
-	// per endpoint of the cluster).
-	Hints *Hints
+	Local bool
 	// Weight is the endpoint's share of a Maglev table against the others
 	// (MaglevOptions); 0 counts as 1, which is what every Kubernetes
 	// endpoint gets. Random picks ignore it.
 	Weight uint32
+	// Hints are the endpoint's topology hints; nil for none (most
+	// endpoints: a pointer keeps the record small).
+	Hints *Hints
 }
 
 // Hints are an EndpointSlice endpoint's hints: the zones (forZones) and
@@ -261,7 +261,7 @@ func NewEndpoint(e Endpoint) (Endpoint, error) {
 // Equal reports whether two endpoints are the same in every field.
 func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.Addr == o.Addr && e.Ready == o.Ready && e.Serving == o.Serving && e.Terminating == o.Terminating &&
-		e.Local == o.Local && e.NodeName == o.NodeName && e.Zone == o.Zone &&
+		e.Local == o.Local &&
 		slices.Equal(e.Hints.zones(), o.Hints.zones()) && slices.Equal(e.Hints.nodes(), o.Hints.nodes()) && e.Weight == o.Weight
 }
 
