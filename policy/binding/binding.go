@@ -45,6 +45,10 @@ type Binder struct {
 	rt      *policy.Runtime
 	ipsets  *maps.CachingMap[gen.SluiceIpsetKey, gen.SluiceIpsetValue]
 	ipsets6 *maps.CachingMap[gen.SluiceIpset6Key, gen.SluiceIpsetValue]
+	// translating: one Update translates at a time, with what the last
+	// one kept (k8s.Translator).
+	translating sync.Mutex
+	translator  *k8s.Translator
 
 	mu      sync.Mutex
 	result  *k8s.Result
@@ -78,7 +82,7 @@ func New(opts Options) (*Binder, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Binder{log: opts.Log, node: opts.Node, rt: rt, ipsets: maps.NewCachingMap(ipsets), ipsets6: maps.NewCachingMap(ipsets6),
+	b := &Binder{log: opts.Log, node: opts.Node, rt: rt, translator: k8s.NewTranslator(opts.Node), ipsets: maps.NewCachingMap(ipsets), ipsets6: maps.NewCachingMap(ipsets6),
 		result: &k8s.Result{Endpoints: map[string]k8s.Endpoint{}}, slots: map[int][2]uint32{},
 		cache: map[string]uint32{}, adopted: map[uint32]bool{}}
 	if b.log == nil {
@@ -121,14 +125,17 @@ func Hash(p *policy.EndpointPolicy) string {
 	return hex.EncodeToString(sum[:12])
 }
 
-// Update translates the cluster's objects for this node, frees the slots
+// Update translates the cluster's objects for this node (objects given are
+// not to be changed afterwards: see k8s.Translator), frees the slots
 // retired since the last Update and writes the IP sets the policies use. It
 // returns the local endpoints (by namespace/name), whose interfaces the
 // caller binds, and whether this was the first Update: the caller then asks
 // again for every interface's slots, since until now each kept its own.
 // Call Finish once the interfaces point to their new slots.
 func (b *Binder) Update(c k8s.Cluster) (endpoints map[string]k8s.Endpoint, first bool) {
-	res := k8s.Translate(c, b.node)
+	b.translating.Lock()
+	res := b.translator.Translate(c)
+	b.translating.Unlock()
 	// Each error is logged once while it lasts, not at every update.
 	errs := map[string]bool{}
 	for _, err := range res.Errors {

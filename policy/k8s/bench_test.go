@@ -58,3 +58,26 @@ func BenchmarkTranslate(b *testing.B) {
 		b.Fatalf("%d endpoints, errors %v", len(res.Endpoints), res.Errors)
 	}
 }
+
+// BenchmarkTranslateChange: what a change costs a Translator that keeps
+// the last translation's index and selectors: each op relabels one pod (a
+// new object, as an informer's update is) and translates the cluster for
+// the node again.
+func BenchmarkTranslateChange(b *testing.B) {
+	c := benchCluster()
+	tr := NewTranslator("node-7")
+	tr.Translate(c)
+	var res *Result
+	i := 0
+	for b.Loop() {
+		i++
+		n := i * 7919 % len(c.Pods)
+		p := c.Pods[n].DeepCopy()
+		p.Labels["app"] = fmt.Sprintf("app%d", i%20)
+		c.Pods[n] = p
+		res = tr.Translate(c)
+	}
+	if len(res.Endpoints) != 100 || len(res.Errors) != 0 {
+		b.Fatalf("%d endpoints, errors %v", len(res.Endpoints), res.Errors)
+	}
+}

@@ -58,7 +58,7 @@ func sortedCNPs(all []*npa.ClusterNetworkPolicy, tier npa.Tier) []*npa.ClusterNe
 
 // selector parses a label selector; an invalid one is an error naming where.
 func (t *translator) selector(where string, s *metav1.LabelSelector) (labels.Selector, bool) {
-	sel, err := metav1.LabelSelectorAsSelector(s)
+	sel, err := t.parse(s)
 	if err != nil {
 		t.err(fmt.Errorf("%s: %w", where, err))
 		return nil, false
@@ -315,12 +315,12 @@ func (t *translator) cnpNamedPort(cond policy.Rule, name string, pod *v1.Pod, pe
 	var pods []*v1.Pod
 	switch {
 	case peer.namespaces != nil:
-		if ns, err := metav1.LabelSelectorAsSelector(peer.namespaces); err == nil {
+		if ns, err := t.parse(peer.namespaces); err == nil {
 			pods = t.namespacedPods(ns, nil)
 		}
 	case peer.pods != nil:
-		ns, err1 := metav1.LabelSelectorAsSelector(&peer.pods.NamespaceSelector)
-		ps, err2 := metav1.LabelSelectorAsSelector(&peer.pods.PodSelector)
+		ns, err1 := t.parse(&peer.pods.NamespaceSelector)
+		ps, err2 := t.parse(&peer.pods.PodSelector)
 		if err1 == nil && err2 == nil {
 			pods = t.namespacedPods(ns, ps)
 		}

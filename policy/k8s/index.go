@@ -1,25 +1,60 @@
 package k8s
 
 import (
+	"slices"
+
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 )
 
 // podIndex finds the pods a selector can match without looking at every pod:
-// by namespace, and by label (key, then value). A translation builds it
-// once; each peer selector then checks only the pods of its narrowest
-// equality requirement instead of the whole cluster, which made a node's
-// translation cost (pods with policy) x (all pods).
+// by namespace, and by label (key, then value). Each peer selector then
+// checks only the pods of its narrowest equality requirement instead of
+// the whole cluster, which made a node's translation cost (pods with
+// policy) x (all pods). A Translator keeps it from one translation to the
+// next and updates it for the pods that changed (update).
 type podIndex struct {
 	all     []*v1.Pod
 	byNS    map[string][]*v1.Pod
 	byLabel map[string]map[string][]*v1.Pod
+	// seen are the indexed pods, by the update that last saw them.
+	seen       map[*v1.Pod]uint64
+	generation uint64
 }
 
-func newPodIndex(pods []*v1.Pod) *podIndex {
-	x := &podIndex{all: pods, byNS: map[string][]*v1.Pod{}, byLabel: map[string]map[string][]*v1.Pod{}}
+// update makes x the index of pods. A pod is the pod indexed while its
+// object is the same one: objects are not changed in place (an informer's
+// update is a new object). Only the pods added and removed since the last
+// update are indexed and unindexed, unless they are most of them.
+func (x *podIndex) update(pods []*v1.Pod) {
+	x.all = pods
+	x.generation++
+	var added []*v1.Pod
 	for _, p := range pods {
+		if _, ok := x.seen[p]; ok {
+			x.seen[p] = x.generation
+		} else {
+			added = append(added, p)
+		}
+	}
+	kept := len(pods) - len(added)
+	if gone := len(x.seen) - kept; x.seen == nil || len(added)+gone > len(pods)/2 {
+		x.byNS, x.byLabel, x.seen = map[string][]*v1.Pod{}, map[string]map[string][]*v1.Pod{}, make(map[*v1.Pod]uint64, len(pods))
+		added = pods
+	} else if gone > 0 {
+		for p, g := range x.seen {
+			if g != x.generation {
+				x.remove(p)
+				delete(x.seen, p)
+			}
+		}
+	}
+	for _, p := range added {
+		if _, dup := x.seen[p]; dup && x.seen[p] == x.generation {
+			continue // listed twice
+		}
+		x.seen[p] = x.generation
 		x.byNS[p.Namespace] = append(x.byNS[p.Namespace], p)
 		for k, v := range p.Labels {
 			if x.byLabel[k] == nil {
@@ -28,7 +63,32 @@ func newPodIndex(pods []*v1.Pod) *podIndex {
 			x.byLabel[k][v] = append(x.byLabel[k][v], p)
 		}
 	}
-	return x
+}
+
+// remove unindexes p. The lists are not in any order: the last pod takes
+// p's place.
+func (x *podIndex) remove(p *v1.Pod) {
+	unlist := func(list []*v1.Pod) []*v1.Pod {
+		i := slices.Index(list, p)
+		if i < 0 {
+			return list
+		}
+		list[i] = list[len(list)-1]
+		list[len(list)-1] = nil
+		return list[:len(list)-1]
+	}
+	if list := unlist(x.byNS[p.Namespace]); len(list) > 0 {
+		x.byNS[p.Namespace] = list
+	} else {
+		delete(x.byNS, p.Namespace)
+	}
+	for k, v := range p.Labels {
+		if list := unlist(x.byLabel[k][v]); len(list) > 0 {
+			x.byLabel[k][v] = list
+		} else if delete(x.byLabel[k], v); len(x.byLabel[k]) == 0 {
+			delete(x.byLabel, k)
+		}
+	}
 }
 
 // candidates returns pods among which are all the pods sel matches (in

@@ -108,12 +108,88 @@ type translator struct {
 	peerSets map[string]uint32
 	res      *Result
 	setIDs   map[string]uint32
+	parsed   *selectorCache
 }
 
 // Translate computes the policies of the pods on node (every pod if node is
 // "") with an address; a pod's policy judges both of its families.
-func Translate(c Cluster, node string) *Result {
-	t := &translator{c: c, pods: newPodIndex(c.Pods), nsLabel: map[string]labels.Set{}, setIDs: map[string]uint32{}, peerSets: map[string]uint32{},
+func Translate(c Cluster, node string) *Result { return NewTranslator(node).Translate(c) }
+
+// Translator translates a node's policies from one state of the cluster
+// after another, and keeps between translations what the objects it was
+// given still determine: the pod index, updated for the pods that changed
+// (pods added, removed or updated: not every pod of the cluster), and each
+// label selector parsed. Its translation of a state is Translate's.
+//
+// The objects given must not be changed afterwards (an informer's never
+// are: an update is a new object). Not safe for concurrent use.
+type Translator struct {
+	node   string
+	pods   *podIndex
+	parsed *selectorCache
+}
+
+// NewTranslator returns a Translator for node ("" for every pod).
+func NewTranslator(node string) *Translator {
+	return &Translator{node: node, pods: &podIndex{}, parsed: &selectorCache{m: map[*metav1.LabelSelector]parsedSelector{}}}
+}
+
+// selectorCache keeps label selectors parsed, by the selector object; a
+// selector no translation used is forgotten after it.
+type selectorCache struct {
+	m          map[*metav1.LabelSelector]parsedSelector
+	generation uint64
+}
+
+type parsedSelector struct {
+	sel        labels.Selector
+	err        error
+	text       string // its content, spelt out (text)
+	generation uint64
+}
+
+// get returns s's entry, made once per selector object.
+func (c *selectorCache) get(s *metav1.LabelSelector) parsedSelector {
+	p, ok := c.m[s]
+	if !ok {
+		p.sel, p.err = metav1.LabelSelectorAsSelector(s)
+		p.text = s.String()
+	}
+	if !ok || p.generation != c.generation {
+		p.generation = c.generation
+		c.m[s] = p
+	}
+	return p
+}
+
+// parse is metav1.LabelSelectorAsSelector, once per selector object.
+func (t *translator) parse(s *metav1.LabelSelector) (labels.Selector, error) {
+	p := t.parsed.get(s)
+	return p.sel, p.err
+}
+
+// text spells out a selector's content (what tells equal selectors of
+// different objects alike), once per selector object; "nil" for none.
+func (t *translator) text(s *metav1.LabelSelector) string {
+	if s == nil {
+		return "nil"
+	}
+	return t.parsed.get(s).text
+}
+
+// Translate computes the policies of the Translator's node for c.
+func (tr *Translator) Translate(c Cluster) *Result {
+	tr.pods.update(c.Pods)
+	tr.parsed.generation++
+	defer func() {
+		for s, p := range tr.parsed.m {
+			if p.generation != tr.parsed.generation {
+				delete(tr.parsed.m, s)
+			}
+		}
+	}()
+	node := tr.node
+	t := &translator{c: c, pods: tr.pods, parsed: tr.parsed, nsLabel: map[string]labels.Set{}, setIDs: map[string]uint32{}, peerSets: map[string]uint32{},
 		res: &Result{Endpoints: map[string]Endpoint{}, IPSets: policy.IPSets{}, Rules: map[uint32]RuleInfo{}}}
 	for _, ns := range c.Namespaces {
 		t.nsLabel[ns.Name] = labels.Set(ns.Labels)
@@ -129,6 +205,11 @@ func Translate(c Cluster, node string) *Result {
 	slices.SortFunc(pols, func(a, b *netv1.NetworkPolicy) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
+	// A pod's NetworkPolicies are its namespace's.
+	polsIn := map[string][]*netv1.NetworkPolicy{}
+	for _, np := range pols {
+		polsIn[np.Namespace] = append(polsIn[np.Namespace], np)
+	}
 	// In a fixed order, so IP set and rule ids, and so the compiled
 	// programs, do not depend on the order the pods were listed in.
 	// Only this node's pods: sorting every pod of the cluster was a fifth
@@ -148,8 +229,8 @@ func Translate(c Cluster, node string) *Result {
 			continue
 		}
 		ep := Endpoint{Namespace: pod.Namespace, Name: pod.Name, IP: ip}
-		ep.Ingress = t.withAdminTiers(pod, t.direction(pod, pols, netv1.PolicyTypeIngress), true)
-		ep.Egress = t.withAdminTiers(pod, t.direction(pod, pols, netv1.PolicyTypeEgress), false)
+		ep.Ingress = t.withAdminTiers(pod, t.direction(pod, polsIn[pod.Namespace], netv1.PolicyTypeIngress), true)
+		ep.Egress = t.withAdminTiers(pod, t.direction(pod, polsIn[pod.Namespace], netv1.PolicyTypeEgress), false)
 		t.res.Endpoints[pod.Namespace+"/"+pod.Name] = ep
 	}
 	t.hostEndpoints(node)
@@ -169,7 +250,7 @@ func (t *translator) direction(pod *v1.Pod, pols []*netv1.NetworkPolicy, typ net
 		if np.Namespace != pod.Namespace || !hasType(np, typ) {
 			continue
 		}
-		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		sel, err := t.parse(&np.Spec.PodSelector)
 		if err != nil {
 			// Which pods it isolates is unknown: fail closed, as if it
 			// selected every pod of its namespace and allowed nothing.
@@ -320,9 +401,9 @@ func (t *translator) peerMatch(np *netv1.NetworkPolicy, peer netv1.NetworkPolicy
 // the same selectors (in the same namespace, without a namespace selector)
 // name the same pods: the set is made once per translation.
 func (t *translator) peerSet(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer) uint32 {
-	key := fmt.Sprintf("%s|%v|%v", np.Namespace, peer.PodSelector, peer.NamespaceSelector)
+	key := np.Namespace + "|" + t.text(peer.PodSelector) + "|" + t.text(peer.NamespaceSelector)
 	if peer.NamespaceSelector != nil {
-		key = fmt.Sprintf("|%v|%v", peer.PodSelector, peer.NamespaceSelector)
+		key = "|" + t.text(peer.PodSelector) + "|" + t.text(peer.NamespaceSelector)
 	}
 	if id, ok := t.peerSets[key]; ok {
 		return id
@@ -338,7 +419,7 @@ func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolic
 	// A selector that does not parse selects nothing (fail closed): the peer
 	// lets no pod in or out.
 	if peer.PodSelector != nil {
-		s, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+		s, err := t.parse(peer.PodSelector)
 		if err != nil {
 			t.err(fmt.Errorf("networkpolicy %s/%s: peer podSelector: %w (the peer matches no pod until fixed)", np.Namespace, np.Name, err))
 			return nil
@@ -346,7 +427,7 @@ func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolic
 		podSel = s
 	}
 	if peer.NamespaceSelector != nil {
-		s, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
+		s, err := t.parse(peer.NamespaceSelector)
 		if err != nil {
 			t.err(fmt.Errorf("networkpolicy %s/%s: peer namespaceSelector: %w (the peer matches no pod until fixed)", np.Namespace, np.Name, err))
 			return nil
