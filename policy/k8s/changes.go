@@ -5,6 +5,8 @@ import (
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
+	netv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Most updates of a Pod in a live cluster change nothing a translation reads:
@@ -32,4 +34,34 @@ func PodChangeMatters(old, new *v1.Pod) bool {
 // translation: the namespace's name or labels differ.
 func NamespaceChangeMatters(old, new *v1.Namespace) bool {
 	return old.Name != new.Name || !maps.Equal(old.Labels, new.Labels)
+}
+
+// Slim returns what Translate reads of an object, for an informer's
+// transform (the informer's cache then keeps only that): of a Pod, what
+// PodChangeMatters names (its identity, labels, node, host networking, IPs,
+// and each container's name and ports); of a Namespace, its name and
+// labels; a NetworkPolicy without its managed fields and annotations.
+// Other objects are returned as they are. A node's informers hold every
+// Pod of the cluster, and a Pod's spec and status are most of its
+// kilobytes.
+func Slim(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *v1.Pod:
+		out := &v1.Pod{ObjectMeta: slimMeta(o.ObjectMeta),
+			Spec:   v1.PodSpec{NodeName: o.Spec.NodeName, HostNetwork: o.Spec.HostNetwork},
+			Status: v1.PodStatus{PodIP: o.Status.PodIP, PodIPs: o.Status.PodIPs}}
+		for _, c := range o.Spec.Containers {
+			out.Spec.Containers = append(out.Spec.Containers, v1.Container{Name: c.Name, Ports: c.Ports})
+		}
+		return out, nil
+	case *v1.Namespace:
+		return &v1.Namespace{ObjectMeta: slimMeta(o.ObjectMeta)}, nil
+	case *netv1.NetworkPolicy:
+		o.ManagedFields, o.Annotations = nil, nil
+	}
+	return obj, nil
+}
+
+func slimMeta(m metav1.ObjectMeta) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ResourceVersion: m.ResourceVersion, Labels: m.Labels}
 }

@@ -1,7 +1,10 @@
 package k8s
 
 import (
+	"math/rand/v2"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -109,5 +112,73 @@ func TestChangesThatCannotAlterATranslationAreRecognised(t *testing.T) {
 		if differs != c.relevant || matters != c.relevant {
 			t.Errorf("namespace %s: translation changed %v, NamespaceChangeMatters %v; want both %v", c.name, differs, matters, c.relevant)
 		}
+	}
+}
+
+// Slim keeps what a translation reads: a cluster of slimmed objects
+// translates as the whole objects do, PodChangeMatters sees no change
+// between a pod and its slimmed self, and what the informer's cache would
+// keep has lost the rest (status, annotations, managed fields, volumes).
+func TestSlimKeepsWhatTranslateReads(t *testing.T) {
+	r := &randomCluster{rng: rand.New(rand.NewPCG(7, 1))}
+	for i := range 4 {
+		r.c.Namespaces = append(r.c.Namespaces, r.namespace(i))
+	}
+	for range 80 {
+		p := r.pod()
+		p.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 500)}
+		p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}
+		p.Spec.Volumes = []v1.Volume{{Name: "data"}}
+		p.Spec.Containers[0].Image, p.Spec.Containers[0].Env = "registry/app:1", []v1.EnvVar{{Name: "A", Value: "b"}}
+		p.Status.Phase, p.Status.Conditions = v1.PodRunning, []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue}}
+		p.Status.PodIPs = []v1.PodIP{{IP: p.Status.PodIP}, {IP: "fd00::" + strconv.Itoa(len(r.c.Pods)+1)}}
+		r.c.Pods = append(r.c.Pods, p)
+	}
+	for range 15 {
+		np := r.policy()
+		np.Annotations = map[string]string{"note": "x"}
+		r.c.Policies = append(r.c.Policies, np)
+	}
+	slim := Cluster{}
+	for _, p := range r.c.Pods {
+		o, err := Slim(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp := o.(*v1.Pod)
+		if PodChangeMatters(p, sp) {
+			t.Fatalf("slimming pod %s changed what matters", p.Name)
+		}
+		if sp.Annotations != nil || sp.ManagedFields != nil || sp.Spec.Volumes != nil || sp.Spec.Containers[0].Image != "" ||
+			sp.Spec.Containers[0].Env != nil || sp.Status.Phase != "" || sp.Status.Conditions != nil {
+			t.Fatalf("the slimmed pod kept more than the translation reads: %+v", sp)
+		}
+		slim.Pods = append(slim.Pods, sp)
+	}
+	for _, ns := range r.c.Namespaces {
+		o, _ := Slim(ns.DeepCopy())
+		if NamespaceChangeMatters(ns, o.(*v1.Namespace)) {
+			t.Fatalf("slimming namespace %s changed what matters", ns.Name)
+		}
+		slim.Namespaces = append(slim.Namespaces, o.(*v1.Namespace))
+	}
+	for _, np := range r.c.Policies {
+		o, _ := Slim(np.DeepCopy())
+		if o.(*netv1.NetworkPolicy).Annotations != nil {
+			t.Fatal("a slimmed NetworkPolicy kept its annotations")
+		}
+		slim.Policies = append(slim.Policies, o.(*netv1.NetworkPolicy))
+	}
+	for _, node := range []string{"", "node-1"} {
+		got, want := Translate(slim, node), Translate(r.c, node)
+		if !reflect.DeepEqual(comparable(got), comparable(want)) {
+			t.Fatalf("node %q: the slimmed cluster translates differently:\n got %+v\nwant %+v", node, comparable(got), comparable(want))
+		}
+		if len(want.Endpoints) == 0 || len(want.IPSets) == 0 {
+			t.Fatalf("node %q: too little translated to judge", node)
+		}
+	}
+	if o, err := Slim("other"); err != nil || o != "other" {
+		t.Fatalf("another object: %v %v", o, err)
 	}
 }

@@ -122,7 +122,9 @@ func appendConverted[T any](list []*T, u *unstructured.Unstructured) ([]*T, erro
 // shim's bounded-frequency runner (at most every 200 ms, and every 15 minutes
 // anyway).
 func policyInformers(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, log *slog.Logger, update func(k8s.Cluster)) (func() error, error) {
-	f := informers.NewSharedInformerFactory(client, 15*time.Minute)
+	// The caches keep what the translation reads: they hold every Pod of
+	// the cluster.
+	f := informers.NewSharedInformerFactoryWithOptions(client, 15*time.Minute, informers.WithTransform(k8s.Slim))
 	pods, nss, pols := f.Core().V1().Pods(), f.Core().V1().Namespaces(), f.Networking().V1().NetworkPolicies()
 	served, err := servedResources(client.Discovery(), adminPolicyResources)
 	if err != nil {
