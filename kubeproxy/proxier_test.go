@@ -59,8 +59,15 @@ func newEnv(t *testing.T, cfg kubeproxy.Config) *env {
 	p := kubeproxy.NewProxier(cfg, syncer, nil, m, nil)
 	p.SetNodeIPs([]netip.Addr{netip.MustParseAddr("10.0.0.1")})
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go p.Run(ctx)
+	stopped := make(chan struct{})
+	t.Cleanup(func() { // before the maps close: a sync may be writing them
+		cancel()
+		<-stopped
+	})
+	go func() {
+		defer close(stopped)
+		p.Run(ctx)
+	}()
 	return &env{t: t, set: set, p: p, reg: reg, metrics: m}
 }
 
