@@ -17,4 +17,9 @@
 // union. A container port without a protocol is TCP, as the API server
 // defaults it. Translation runs again whenever pods, namespaces or policies
 // change, so names follow the pods.
+//
+// Translate translates one state of the cluster; a Translator translates
+// state after state, keeping between them what unchanged objects determine
+// (the pod index, parsed selectors), as the agent's Binder does. Slim, an
+// informer transform, keeps of each object what a translation reads.
 package k8s
