@@ -96,9 +96,9 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 // the informer's cache keeps it: managed fields (on a small object often
 // most of its bytes), owner references, every annotation but an
 // EndpointSlice's trigger time, each endpoint's target reference (the Pod
-// it names) and deprecated topology, and a Node's image list. An informer
-// holds every Service and EndpointSlice of the cluster, so this is most of
-// the agent's memory at scale.
+// it names) and deprecated topology, and a Node's image list. (The
+// proxier's own Service and EndpointSlice informers keep less still: a
+// record of each conversion, Tracker.Transform.)
 func Slim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Service:

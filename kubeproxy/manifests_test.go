@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -162,7 +163,7 @@ func TestManifestFolderThatVanishesKeepsTheLastState(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, filepath.Join(dir, "web.yaml"), webYAML)
-	var logs bytes.Buffer
+	var logs lockedBuffer
 	runSource(t, e, dir, slog.New(slog.NewTextHandler(&logs, nil)))
 	e.eventually("services from the folder", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 2 })
 
@@ -251,7 +252,7 @@ kind: Service
 metadata: {name: web}
 spec: {clusterIP: 10.96.0.99, ports: [{name: http, port: 80}]}
 `)
-	var logs bytes.Buffer
+	var logs lockedBuffer
 	runSource(t, e, link, slog.New(slog.NewTextHandler(&logs, nil)))
 	e.eventually("the List's Service", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 1 })
 	if _, ok := e.frontends()["10.96.0.99:80/6"]; ok {
@@ -305,7 +306,7 @@ func TestManifestFolderWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var logs bytes.Buffer
+	var logs lockedBuffer
 	runSource(t, e, dir, slog.New(slog.NewTextHandler(&logs, nil)))
 	e.eventually("services from the ConfigMap", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 2 })
 
@@ -337,4 +338,22 @@ func TestManifestFolderWatch(t *testing.T) {
 	if strings.Contains(logs.String(), "defined twice") || strings.Contains(logs.String(), "..2026") {
 		t.Fatalf("hidden ConfigMap entries were read as manifests:\n%s", logs.String())
 	}
+}
+
+// lockedBuffer is a log the source writes while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
