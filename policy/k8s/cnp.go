@@ -67,8 +67,10 @@ func (t *translator) selector(where string, s *metav1.LabelSelector) (labels.Sel
 }
 
 // namespacedPods lists the pods whose namespace matches nsSel and whose
-// labels match podSel (nil: every pod of those namespaces).
-func (t *translator) namespacedPods(nsSel, podSel labels.Selector) []*v1.Pod {
+// labels match podSel (nil: every pod of those namespaces). nsFrom and
+// podFrom are the selectors as written, which name the question.
+func (t *translator) namespacedPods(nsSel, podSel labels.Selector, nsFrom, podFrom *metav1.LabelSelector) []*v1.Pod {
+	t.reads(podQuery{key: "cnp|" + t.text(nsFrom) + "|" + t.text(podFrom), nsSel: nsSel, podSel: podSel})
 	var out []*v1.Pod
 	for _, p := range t.pods.candidates(podSel, "") {
 		if nsSel.Matches(t.nsLabel[p.Namespace]) && (podSel == nil || podSel.Matches(labels.Set(p.Labels))) && !p.Spec.HostNetwork {
@@ -188,7 +190,7 @@ func (t *translator) cnpRules(p *npa.ClusterNetworkPolicy, pod *v1.Pod, ingress 
 					for _, rl := range t.cnpProtocol(where, cond, proto, pod, peer, ingress, action) {
 						rl.Action = action
 						rl.ID = ruleID("cnp", p.Name, dir, ri, pi, qi, ci, rl.Protocol, fmt.Sprint(rl.DstPorts), pod.Namespace, pod.Name)
-						t.res.Rules[rl.ID] = RuleInfo{cnpKey(p), fmt.Sprintf("%s peer %d protocol %d", ruleName, pi, qi)}
+						t.rule(rl.ID, RuleInfo{cnpKey(p), fmt.Sprintf("%s peer %d protocol %d", ruleName, pi, qi)})
 						out.Rules = append(out.Rules, rl)
 					}
 				}
@@ -224,14 +226,14 @@ func (t *translator) cnpPeerMatch(where string, peer cnpPeer, ingress bool, acti
 		if !ok {
 			return failClosed(fmt.Errorf("peer namespaces do not parse"))
 		}
-		return []policy.Rule{set(t.namespacedPods(ns, nil))}, true
+		return []policy.Rule{set(t.namespacedPods(ns, nil, peer.namespaces, nil))}, true
 	case peer.pods != nil:
 		ns, ok1 := t.selector(where+": peer namespaceSelector", &peer.pods.NamespaceSelector)
 		ps, ok2 := t.selector(where+": peer podSelector", &peer.pods.PodSelector)
 		if !ok1 || !ok2 {
 			return failClosed(fmt.Errorf("peer pods do not parse"))
 		}
-		return []policy.Rule{set(t.namespacedPods(ns, ps))}, true
+		return []policy.Rule{set(t.namespacedPods(ns, ps, &peer.pods.NamespaceSelector, &peer.pods.PodSelector))}, true
 	case len(peer.networks) > 0:
 		var nets []netip.Prefix
 		for _, n := range peer.networks {
@@ -316,13 +318,13 @@ func (t *translator) cnpNamedPort(cond policy.Rule, name string, pod *v1.Pod, pe
 	switch {
 	case peer.namespaces != nil:
 		if ns, err := t.parse(peer.namespaces); err == nil {
-			pods = t.namespacedPods(ns, nil)
+			pods = t.namespacedPods(ns, nil, peer.namespaces, nil)
 		}
 	case peer.pods != nil:
 		ns, err1 := t.parse(&peer.pods.NamespaceSelector)
 		ps, err2 := t.parse(&peer.pods.PodSelector)
 		if err1 == nil && err2 == nil {
-			pods = t.namespacedPods(ns, ps)
+			pods = t.namespacedPods(ns, ps, &peer.pods.NamespaceSelector, &peer.pods.PodSelector)
 		}
 	}
 	for _, pr := range protos {
@@ -360,6 +362,6 @@ func (t *translator) withAdminTiers(pod *v1.Pod, np policy.EndpointPolicy, ingre
 	}
 	out.Tiers = append(out.Tiers, policy.Tier{Name: tierDefault, DefaultAction: policy.Deny,
 		Policies: []policy.Policy{{Name: "default-allow", Rules: []policy.Rule{{ID: defaultAllowRule, Action: policy.Allow}}}}})
-	t.res.Rules[defaultAllowRule] = RuleInfo{"default", "allowed: no tier decided"}
+	t.rule(defaultAllowRule, RuleInfo{"default", "allowed: no tier decided"})
 	return out
 }

@@ -18,43 +18,57 @@ type podIndex struct {
 	all     []*v1.Pod
 	byNS    map[string][]*v1.Pod
 	byLabel map[string]map[string][]*v1.Pod
-	// seen are the indexed pods, by the update that last saw them.
-	seen       map[*v1.Pod]uint64
+	// seen are the indexed pods; listed, the entries of the last update's
+	// list, in its order (an entry's generation is the last update that
+	// listed its pod).
+	seen       map[*v1.Pod]*podEntry
+	listed     []*podEntry
+	generation uint64
+}
+
+type podEntry struct {
+	pod        *v1.Pod
 	generation uint64
 }
 
 // update makes x the index of pods. A pod is the pod indexed while its
 // object is the same one: objects are not changed in place (an informer's
 // update is a new object). Only the pods added and removed since the last
-// update are indexed and unindexed, unless they are most of them.
-func (x *podIndex) update(pods []*v1.Pod) {
+// update are indexed and unindexed, unless they are most of them; update
+// returns them, or reindexed when it indexed every pod anew.
+func (x *podIndex) update(pods []*v1.Pod) (added, removed []*v1.Pod, reindexed bool) {
 	x.all = pods
 	x.generation++
-	var added []*v1.Pod
+	listed := make([]*podEntry, 0, len(pods))
 	for _, p := range pods {
-		if _, ok := x.seen[p]; ok {
-			x.seen[p] = x.generation
-		} else {
+		switch e := x.seen[p]; {
+		case e == nil:
 			added = append(added, p)
+		case e.generation != x.generation: // else listed twice
+			e.generation = x.generation
+			listed = append(listed, e)
 		}
 	}
-	kept := len(pods) - len(added)
-	if gone := len(x.seen) - kept; x.seen == nil || len(added)+gone > len(pods)/2 {
-		x.byNS, x.byLabel, x.seen = map[string][]*v1.Pod{}, map[string]map[string][]*v1.Pod{}, make(map[*v1.Pod]uint64, len(pods))
-		added = pods
+	gone := len(x.seen) - len(listed)
+	if x.seen == nil || len(added)+gone > len(pods)/2 {
+		x.byNS, x.byLabel, x.seen = map[string][]*v1.Pod{}, map[string]map[string][]*v1.Pod{}, make(map[*v1.Pod]*podEntry, len(pods))
+		added, listed, reindexed = pods, listed[:0], true
 	} else if gone > 0 {
-		for p, g := range x.seen {
-			if g != x.generation {
-				x.remove(p)
-				delete(x.seen, p)
+		for _, e := range x.listed {
+			if e.generation != x.generation {
+				x.remove(e.pod)
+				delete(x.seen, e.pod)
+				removed = append(removed, e.pod)
 			}
 		}
 	}
 	for _, p := range added {
-		if _, dup := x.seen[p]; dup && x.seen[p] == x.generation {
+		if x.seen[p] != nil {
 			continue // listed twice
 		}
-		x.seen[p] = x.generation
+		e := &podEntry{pod: p, generation: x.generation}
+		x.seen[p] = e
+		listed = append(listed, e)
 		x.byNS[p.Namespace] = append(x.byNS[p.Namespace], p)
 		for k, v := range p.Labels {
 			if x.byLabel[k] == nil {
@@ -63,6 +77,8 @@ func (x *podIndex) update(pods []*v1.Pod) {
 			x.byLabel[k][v] = append(x.byLabel[k][v], p)
 		}
 	}
+	x.listed = listed
+	return added, removed, reindexed
 }
 
 // remove unindexes p. The lists are not in any order: the last pod takes

@@ -105,34 +105,22 @@ type translator struct {
 	pods    *podIndex
 	nsLabel map[string]labels.Set
 	// peerSets: the IP set of each peer selector seen (peerSet).
-	peerSets map[string]uint32
+	peerSets map[string]setUse
 	res      *Result
 	setIDs   map[string]uint32
 	parsed   *selectorCache
+	// rec, while an endpoint is translated, records what its translation
+	// read and wrote besides the endpoint (translator.go).
+	rec *endpointMemo
+	// changedPods changed since the last translation (before and after);
+	// answersChanged tells, by question, whether one of them matches it.
+	changedPods    []*v1.Pod
+	answersChanged map[string]bool
 }
 
 // Translate computes the policies of the pods on node (every pod if node is
 // "") with an address; a pod's policy judges both of its families.
 func Translate(c Cluster, node string) *Result { return NewTranslator(node).Translate(c) }
-
-// Translator translates a node's policies from one state of the cluster
-// after another, and keeps between translations what the objects it was
-// given still determine: the pod index, updated for the pods that changed
-// (pods added, removed or updated: not every pod of the cluster), and each
-// label selector parsed. Its translation of a state is Translate's.
-//
-// The objects given must not be changed afterwards (an informer's never
-// are: an update is a new object). Not safe for concurrent use.
-type Translator struct {
-	node   string
-	pods   *podIndex
-	parsed *selectorCache
-}
-
-// NewTranslator returns a Translator for node ("" for every pod).
-func NewTranslator(node string) *Translator {
-	return &Translator{node: node, pods: &podIndex{}, parsed: &selectorCache{m: map[*metav1.LabelSelector]parsedSelector{}}}
-}
 
 // selectorCache keeps label selectors parsed, by the selector object; a
 // selector no translation used is forgotten after it.
@@ -164,8 +152,17 @@ func (c *selectorCache) get(s *metav1.LabelSelector) parsedSelector {
 
 // parse is metav1.LabelSelectorAsSelector, once per selector object.
 func (t *translator) parse(s *metav1.LabelSelector) (labels.Selector, error) {
-	p := t.parsed.get(s)
+	p := t.cached(s)
 	return p.sel, p.err
+}
+
+// cached is s's entry in the cache, which an endpoint's record notes (a
+// replay keeps it cached).
+func (t *translator) cached(s *metav1.LabelSelector) parsedSelector {
+	if t.rec != nil && !slices.Contains(t.rec.selectors, s) {
+		t.rec.selectors = append(t.rec.selectors, s)
+	}
+	return t.parsed.get(s)
 }
 
 // text spells out a selector's content (what tells equal selectors of
@@ -174,67 +171,7 @@ func (t *translator) text(s *metav1.LabelSelector) string {
 	if s == nil {
 		return "nil"
 	}
-	return t.parsed.get(s).text
-}
-
-// Translate computes the policies of the Translator's node for c.
-func (tr *Translator) Translate(c Cluster) *Result {
-	tr.pods.update(c.Pods)
-	tr.parsed.generation++
-	defer func() {
-		for s, p := range tr.parsed.m {
-			if p.generation != tr.parsed.generation {
-				delete(tr.parsed.m, s)
-			}
-		}
-	}()
-	node := tr.node
-	t := &translator{c: c, pods: tr.pods, parsed: tr.parsed, nsLabel: map[string]labels.Set{}, setIDs: map[string]uint32{}, peerSets: map[string]uint32{},
-		res: &Result{Endpoints: map[string]Endpoint{}, IPSets: policy.IPSets{}, Rules: map[uint32]RuleInfo{}}}
-	for _, ns := range c.Namespaces {
-		t.nsLabel[ns.Name] = labels.Set(ns.Labels)
-	}
-	t.c.ClusterNetworkPolicies = slices.Clone(c.ClusterNetworkPolicies)
-	for _, p := range c.AdminNetworkPolicies {
-		t.c.ClusterNetworkPolicies = append(t.c.ClusterNetworkPolicies, ConvertANP(p))
-	}
-	for _, p := range c.BaselineAdminNetworkPolicies {
-		t.c.ClusterNetworkPolicies = append(t.c.ClusterNetworkPolicies, ConvertBANP(p))
-	}
-	pols := slices.Clone(c.Policies)
-	slices.SortFunc(pols, func(a, b *netv1.NetworkPolicy) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
-	// A pod's NetworkPolicies are its namespace's.
-	polsIn := map[string][]*netv1.NetworkPolicy{}
-	for _, np := range pols {
-		polsIn[np.Namespace] = append(polsIn[np.Namespace], np)
-	}
-	// In a fixed order, so IP set and rule ids, and so the compiled
-	// programs, do not depend on the order the pods were listed in.
-	// Only this node's pods: sorting every pod of the cluster was a fifth
-	// of a translation.
-	var pods []*v1.Pod
-	for _, pod := range c.Pods {
-		if (node == "" || pod.Spec.NodeName == node) && !pod.Spec.HostNetwork {
-			pods = append(pods, pod)
-		}
-	}
-	slices.SortFunc(pods, func(a, b *v1.Pod) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
-	for _, pod := range pods {
-		ip, ok := podIP(pod)
-		if !ok {
-			continue
-		}
-		ep := Endpoint{Namespace: pod.Namespace, Name: pod.Name, IP: ip}
-		ep.Ingress = t.withAdminTiers(pod, t.direction(pod, polsIn[pod.Namespace], netv1.PolicyTypeIngress), true)
-		ep.Egress = t.withAdminTiers(pod, t.direction(pod, polsIn[pod.Namespace], netv1.PolicyTypeEgress), false)
-		t.res.Endpoints[pod.Namespace+"/"+pod.Name] = ep
-	}
-	t.hostEndpoints(node)
-	return t.res
+	return t.cached(s).text
 }
 
 func hasType(p *netv1.NetworkPolicy, typ netv1.PolicyType) bool {
@@ -272,6 +209,9 @@ func (t *translator) direction(pod *v1.Pod, pols []*netv1.NetworkPolicy, typ net
 
 // err records a translation error once, however many pods it concerns.
 func (t *translator) err(err error) {
+	if t.rec != nil {
+		t.rec.errs = append(t.rec.errs, err)
+	}
 	if !slices.ContainsFunc(t.res.Errors, func(e error) bool { return e.Error() == err.Error() }) {
 		t.res.Errors = append(t.res.Errors, err)
 	}
@@ -331,7 +271,7 @@ func (t *translator) rules(pod *v1.Pod, np *netv1.NetworkPolicy, typ netv1.Polic
 					// the peer's pods give the name, each to those pods only.
 					for _, rl := range t.namedEgress(np, peer, port) {
 						rl.ID = ruleID(np.Namespace, np.Name, typ, ri, pi, qi, pod.Namespace, pod.Name, rl.DstPorts[0].First)
-						t.res.Rules[rl.ID] = RuleInfo{kind, fmt.Sprintf("%s (%s=%d)", where, port.Port.StrVal, rl.DstPorts[0].First)}
+						t.rule(rl.ID, RuleInfo{kind, fmt.Sprintf("%s (%s=%d)", where, port.Port.StrVal, rl.DstPorts[0].First)})
 						out.Rules = append(out.Rules, rl)
 					}
 					continue
@@ -342,7 +282,7 @@ func (t *translator) rules(pod *v1.Pod, np *netv1.NetworkPolicy, typ netv1.Polic
 				if !applyPort(&rl, pod, port) {
 					continue
 				}
-				t.res.Rules[rl.ID] = RuleInfo{kind, where}
+				t.rule(rl.ID, RuleInfo{kind, where})
 				out.Rules = append(out.Rules, rl)
 			}
 		}
@@ -401,20 +341,34 @@ func (t *translator) peerMatch(np *netv1.NetworkPolicy, peer netv1.NetworkPolicy
 // the same selectors (in the same namespace, without a namespace selector)
 // name the same pods: the set is made once per translation.
 func (t *translator) peerSet(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer) uint32 {
-	key := np.Namespace + "|" + t.text(peer.PodSelector) + "|" + t.text(peer.NamespaceSelector)
-	if peer.NamespaceSelector != nil {
-		key = "|" + t.text(peer.PodSelector) + "|" + t.text(peer.NamespaceSelector)
+	key := t.peerKey(np, peer)
+	if u, ok := t.peerSets[key]; ok {
+		// What the set was made from is read again here.
+		if u.read.key != "" {
+			t.reads(u.read)
+		}
+		return t.useSet(u)
 	}
-	if id, ok := t.peerSets[key]; ok {
-		return id
-	}
-	id := t.ipSet(members(t.selectPods(np, peer)))
-	t.peerSets[key] = id
-	return id
+	pods, read := t.selectPods(np, peer)
+	u := setOf(members(pods))
+	u.peer, u.read = key, read
+	u.id = t.useSet(u)
+	t.peerSets[key] = u
+	return u.id
 }
 
-// selectPods returns the pods a pod/namespace selector peer names.
-func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer) []*v1.Pod {
+// peerKey names the pods a selector peer names: its selectors, and its
+// policy's namespace unless it has a namespace selector.
+func (t *translator) peerKey(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer) string {
+	if peer.NamespaceSelector != nil {
+		return "|" + t.text(peer.PodSelector) + "|" + t.text(peer.NamespaceSelector)
+	}
+	return np.Namespace + "|" + t.text(peer.PodSelector) + "|" + t.text(peer.NamespaceSelector)
+}
+
+// selectPods returns the pods a pod/namespace selector peer names, and the
+// question it asked of the pods (none when a selector does not parse).
+func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer) ([]*v1.Pod, podQuery) {
 	podSel, nsSel := labels.Everything(), labels.Nothing()
 	// A selector that does not parse selects nothing (fail closed): the peer
 	// lets no pod in or out.
@@ -422,7 +376,7 @@ func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolic
 		s, err := t.parse(peer.PodSelector)
 		if err != nil {
 			t.err(fmt.Errorf("networkpolicy %s/%s: peer podSelector: %w (the peer matches no pod until fixed)", np.Namespace, np.Name, err))
-			return nil
+			return nil, podQuery{}
 		}
 		podSel = s
 	}
@@ -430,17 +384,20 @@ func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolic
 		s, err := t.parse(peer.NamespaceSelector)
 		if err != nil {
 			t.err(fmt.Errorf("networkpolicy %s/%s: peer namespaceSelector: %w (the peer matches no pod until fixed)", np.Namespace, np.Name, err))
-			return nil
+			return nil, podQuery{}
 		}
 		nsSel = s
 	}
 	var out []*v1.Pod
 	var candidates []*v1.Pod
+	read := podQuery{key: t.peerKey(np, peer), ns: np.Namespace, podSel: podSel}
 	if peer.NamespaceSelector == nil {
 		candidates = t.pods.candidates(podSel, np.Namespace) // the policy's own namespace
 	} else {
+		read.ns, read.nsSel = "", nsSel
 		candidates = t.pods.inNamespaces(nsSel, t.c.Namespaces, podSel)
 	}
+	t.reads(read)
 	for _, p := range candidates {
 		inNS := p.Namespace == np.Namespace
 		if peer.NamespaceSelector != nil {
@@ -450,22 +407,54 @@ func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolic
 			out = append(out, p)
 		}
 	}
-	return out
+	return out, read
 }
 
 // ipSet returns the id of the set with these members, creating it once.
 // An empty set is a valid set that matches nothing.
-func (t *translator) ipSet(members []netip.Prefix) uint32 {
+func (t *translator) ipSet(members []netip.Prefix) uint32 { return t.useSet(setOf(members)) }
+
+// setUse is a set an endpoint's rules refer to: its members, sorted, and
+// the text that tells equal sets alike; the id it had; the peer selector
+// it is the set of (peerSet's key) and the question that selected its
+// pods, if any.
+type setUse struct {
+	key     string
+	members []netip.Prefix
+	id      uint32
+	peer    string
+	read    podQuery // what the peer's set was made from
+}
+
+// setOf sorts members and spells them out.
+func setOf(members []netip.Prefix) setUse {
 	slices.SortFunc(members, func(a, b netip.Prefix) int { return cmp.Or(a.Addr().Compare(b.Addr()), a.Bits()-b.Bits()) })
 	members = slices.Compact(members)
-	key := fmt.Sprint(members)
-	if id, ok := t.setIDs[key]; ok {
-		return id
+	return setUse{key: fmt.Sprint(members), members: members}
+}
+
+// useSet returns the id of u's set, numbering sets in the order they are
+// first used, and records the use.
+func (t *translator) useSet(u setUse) uint32 {
+	id, ok := t.setIDs[u.key]
+	if !ok {
+		id = uint32(len(t.setIDs) + 1)
+		t.setIDs[u.key] = id
+		t.res.IPSets[id] = u.members
 	}
-	id := uint32(len(t.setIDs) + 1)
-	t.setIDs[key] = id
-	t.res.IPSets[id] = members
+	if t.rec != nil {
+		u.id = id
+		t.rec.sets = append(t.rec.sets, u)
+	}
 	return id
+}
+
+// rule describes a rule id.
+func (t *translator) rule(id uint32, info RuleInfo) {
+	t.res.Rules[id] = info
+	if t.rec != nil {
+		t.rec.rules = append(t.rec.rules, ruleUse{id, info})
+	}
 }
 
 // portProtocol is a NetworkPolicyPort's protocol number (TCP when unset);
@@ -556,6 +545,7 @@ func (t *translator) namedEgress(np *netv1.NetworkPolicy, peer netv1.NetworkPoli
 				except = append(except, p)
 			}
 		}
+		t.reads(podQuery{key: "*", all: true})
 		for _, p := range t.c.Pods {
 			if slices.ContainsFunc(podIPs(p), func(ip netip.Addr) bool {
 				return cidr.Contains(ip) && !slices.ContainsFunc(except, func(e netip.Prefix) bool { return e.Contains(ip) })
@@ -564,9 +554,10 @@ func (t *translator) namedEgress(np *netv1.NetworkPolicy, peer netv1.NetworkPoli
 			}
 		}
 	case peer.PodSelector == nil && peer.NamespaceSelector == nil:
+		t.reads(podQuery{key: "*", all: true})
 		pods = t.c.Pods
 	default:
-		pods = t.selectPods(np, peer)
+		pods, _ = t.selectPods(np, peer)
 	}
 	byNumber := map[uint16][]netip.Prefix{}
 	for _, p := range pods {
