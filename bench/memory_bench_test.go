@@ -77,7 +77,9 @@ type residentMemory struct{ total, anon, file float64 }
 
 func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) residentMemory {
 	e := newBaselineEnv(b)
+	start := time.Now()
 	e.createServicesWithEndpoints(b, n, 10)
+	b.Logf("created %d Services and their EndpointSlices in %v", n, time.Since(start).Round(time.Second))
 	profiles := os.Getenv("SLUICE_BENCH_HEAP_PROFILE")
 	var extra []string
 	if profiles != "" && proxy == "sluice" {

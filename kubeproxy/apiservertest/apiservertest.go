@@ -131,6 +131,18 @@ func StartProcess(tb testing.TB, ns *bpftest.NetNS, logPath string, args ...stri
 	return cmd.Process // ip netns exec execs the command: this is its process
 }
 
+// etcdDataDir is where etcd keeps its data: in memory (/dev/shm) where the
+// machine has it, as a test's cluster needs no durability and etcd's fsyncs
+// on a disk slow every write; else under the test's own folder.
+func etcdDataDir(tb testing.TB, dir string) string {
+	d, err := os.MkdirTemp("/dev/shm", "sluice-etcd-")
+	if err != nil {
+		return filepath.Join(dir, "etcd")
+	}
+	tb.Cleanup(func() { _ = os.RemoveAll(d) })
+	return d
+}
+
 // Start runs etcd and kube-apiserver on loopback until the test ends.
 func Start(tb testing.TB) *Server { return StartIn(tb, nil) }
 
@@ -143,7 +155,8 @@ func StartIn(tb testing.TB, ns *bpftest.NetNS) *Server {
 	clientPort, peerPort, apiPort := freePort(tb), freePort(tb), freePort(tb)
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(clientPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
-	start(tb, ns, dir, "etcd", etcd, "--data-dir", filepath.Join(dir, "etcd"), "--name", "sluice",
+	etcdDir := etcdDataDir(tb, dir)
+	start(tb, ns, dir, "etcd", etcd, "--data-dir", etcdDir, "--name", "sluice",
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
 		"--initial-cluster", "sluice="+peerURL, "--log-level", "warn")
