@@ -46,11 +46,11 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 	// an informer has synced once its cache holds the initial list, while
 	// its handler may still be receiving it. A first sync of part of the
 	// list would delete what a restarted agent adopted for the rest.
-	svcs, err := svcInf.AddEventHandler(handler(t.OnTransformed))
+	svcs, err := svcInf.AddEventHandler(trackerHandler(t))
 	if err != nil {
 		return err
 	}
-	slices, err := sliceInf.AddEventHandler(handler(t.OnTransformed))
+	slices, err := sliceInf.AddEventHandler(trackerHandler(t))
 	if err != nil {
 		return err
 	}
@@ -117,6 +117,14 @@ func Slim(obj any) (any, error) {
 		o.ManagedFields, o.Annotations, o.Status.Images = nil, nil, nil
 	}
 	return obj, nil
+}
+
+// trackerHandler hands a Tracker its informers' events, with the object
+// before an update.
+func trackerHandler(t *Tracker) cache.ResourceEventHandlerFuncs {
+	h := handler(t.OnTransformed)
+	h.UpdateFunc = t.OnTransformedUpdate
+	return h
 }
 
 // handler adapts typed add/update/delete callbacks, unwrapping tombstones.

@@ -290,7 +290,11 @@ func (m *ManifestSource) Sync(p *Proxier) {
 		case *v1.Service:
 			t.OnService(obj, false)
 		case *discovery.EndpointSlice:
-			t.OnEndpointSlice(obj, false)
+			if old, ok := m.seen[key]; ok {
+				t.OnTransformedUpdate(old.Obj, obj)
+			} else {
+				t.OnEndpointSlice(obj, false)
+			}
 		case *v1.Node:
 			if obj.Name == p.cfg.NodeName {
 				p.OnNode(obj)

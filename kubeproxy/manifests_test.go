@@ -83,6 +83,11 @@ func TestManifestFolderSource(t *testing.T) {
 	// Edit a file: the change is followed.
 	write("web.yaml", webYAML[:len(webYAML)-len("- addresses: [\"10.2.0.2\"]\n---\nthis: is: not: yaml\n")])
 	e.eventually("edited slice followed", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 1 })
+	// A slice relabelled to another service leaves its own; back, it returns.
+	write("dns.json", strings.Replace(dnsJSON, `service-name":"dns"`, `service-name":"dns-old"`, 1))
+	e.eventually("relabelled slice left its service", func() bool { return e.frontends()["10.96.0.53:53/17"].Count == 0 })
+	write("dns.json", dnsJSON)
+	e.eventually("slice labelled back", func() bool { return e.frontends()["10.96.0.53:53/17"].Count == 1 })
 	// Remove a file: its objects go.
 	if err := os.Remove(filepath.Join(dir, "dns.json")); err != nil {
 		t.Fatal(err)

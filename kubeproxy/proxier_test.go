@@ -207,6 +207,20 @@ func TestInformersDriveTheMaps(t *testing.T) {
 		web, ok := e.frontends()["10.96.0.10:80/6"]
 		return ok && web.Count == 0
 	})
+
+	// A slice relabelled in place to another service leaves the one it was
+	// filed under (the informer's update carries the slice before).
+	create(svc("api", "10.96.0.15"))
+	create(endpointSlice("web", "shared-1", "10.2.0.7"))
+	e.eventually("a slice of web", func() bool { return e.frontends()["10.96.0.10:80/6"].Count == 1 })
+	moved := endpointSlice("api", "shared-1", "10.2.0.7")
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, moved, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("the relabelled slice is api's and no longer web's", func() bool {
+		fe := e.frontends()
+		return fe["10.96.0.10:80/6"].Count == 0 && fe["10.96.0.15:80/6"].Count == 1
+	})
 }
 
 func TestTerminatingAndLocalEndpoints(t *testing.T) {

@@ -93,10 +93,7 @@ func (t *Tracker) Transform(obj any) (any, error) {
 		return c, nil
 	case *discovery.EndpointSlice:
 		c := &cachedSlice{cachedKey: cachedKey{types.NamespacedName{Namespace: intern(o.Namespace), Name: o.Name}, o.ResourceVersion},
-			service: intern(o.Labels[LabelServiceName])}
-		if _, headless := o.Labels[LabelHeadless]; headless {
-			c.service = ""
-		}
+			service: intern(sliceService(o))}
 		t.mu.Lock()
 		cur, known := t.trackedSlice(o)
 		t.mu.Unlock()
@@ -129,6 +126,25 @@ func (t *Tracker) OnTransformed(obj any, deleted bool) {
 	}
 }
 
+// OnTransformedUpdate records an informer's update of an object Transform
+// returned, from the object before (old) and after. A slice relabelled to
+// another service, or to none, leaves the service it was filed under: the
+// EndpointSlice controller never does that (it replaces a slice), but
+// another controller, or a person, may.
+func (t *Tracker) OnTransformedUpdate(old, obj any) {
+	switch o := old.(type) {
+	case *cachedSlice:
+		if n, ok := obj.(*cachedSlice); ok && n.service != o.service {
+			t.recordSlice(o.service, o.key, trackedSlice{version: o.version, conv: o.conv}, time.Time{}, true)
+		}
+	case *discovery.EndpointSlice:
+		if n, ok := obj.(*discovery.EndpointSlice); ok && sliceService(n) != sliceService(o) {
+			t.OnEndpointSlice(o, true)
+		}
+	}
+	t.OnTransformed(obj, false)
+}
+
 // unchanged tells whether got is what the tracker converted: the same
 // object, or one at the same resource version (sources without versions,
 // as manifests, give none: then only the same object is).
@@ -142,7 +158,7 @@ func (s trackedSlice) unchanged(got *discovery.EndpointSlice) bool {
 
 // trackedSlice finds s's service and the tracker's record of s in it.
 func (t *Tracker) trackedSlice(s *discovery.EndpointSlice) (trackedSlice, bool) {
-	list := t.slices[types.NamespacedName{Namespace: s.Namespace, Name: s.Labels[LabelServiceName]}]
+	list := t.slices[types.NamespacedName{Namespace: s.Namespace, Name: sliceService(s)}]
 	if i := slices.IndexFunc(list, func(o trackedSlice) bool { return o.conv.name == s.Name }); i >= 0 {
 		return list[i], true
 	}
@@ -205,13 +221,22 @@ func (t *Tracker) recordService(key types.NamespacedName, conv *trackedService, 
 	t.notify()
 }
 
-// OnEndpointSlice records a slice added, updated or deleted. Headless slices
-// and slices without a service name are ignored.
-func (t *Tracker) OnEndpointSlice(s *discovery.EndpointSlice, deleted bool) {
-	svcName := s.Labels[LabelServiceName]
-	if _, headless := s.Labels[LabelHeadless]; headless { // the label's value is usually empty
-		svcName = ""
+// sliceService is the name of the service a slice is filed under: its
+// service name label, or "" for a headless service's slice (the label's
+// value is usually empty).
+func sliceService(s *discovery.EndpointSlice) string {
+	if _, headless := s.Labels[LabelHeadless]; headless {
+		return ""
 	}
+	return s.Labels[LabelServiceName]
+}
+
+// OnEndpointSlice records a slice added, updated or deleted. Headless slices
+// and slices without a service name are ignored. An update of a slice
+// relabelled to another service is its deletion (the slice before) and its
+// addition (after): OnTransformedUpdate.
+func (t *Tracker) OnEndpointSlice(s *discovery.EndpointSlice, deleted bool) {
+	svcName := sliceService(s)
 	tracked := trackedSlice{version: s.ResourceVersion, src: s}
 	var trigger time.Time
 	if !deleted && svcName != "" {
