@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	netv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -79,39 +80,73 @@ func servedResources(d discovery.DiscoveryInterface, resources []schema.GroupVer
 	return out, nil
 }
 
-// addAdminPolicies converts what a dynamic informer holds into c.
+// addAdminPolicies adds what a dynamic informer holds to c: the typed
+// objects typedTransform made. An object still unstructured is converted
+// here, or named in the error when it does not convert.
 func addAdminPolicies(c *k8s.Cluster, r schema.GroupVersionResource, items []any) error {
 	for _, item := range items {
-		u, ok := item.(*unstructured.Unstructured)
-		if !ok {
-			continue
+		if u, ok := item.(*unstructured.Unstructured); ok {
+			typed, err := typedAdminPolicy(r, u)
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", r.Resource, u.GetName(), err)
+			}
+			item = typed
 		}
-		var err error
-		switch r.Resource {
-		case "clusternetworkpolicies":
-			c.ClusterNetworkPolicies, err = appendConverted(c.ClusterNetworkPolicies, u)
-		case "adminnetworkpolicies":
-			c.AdminNetworkPolicies, err = appendConverted(c.AdminNetworkPolicies, u)
-		case "baselineadminnetworkpolicies":
-			c.BaselineAdminNetworkPolicies, err = appendConverted(c.BaselineAdminNetworkPolicies, u)
-		case "hostendpoints":
-			c.HostEndpoints, err = appendConverted(c.HostEndpoints, u)
-		}
-		if err != nil {
-			return fmt.Errorf("%s %s: %w", r.Resource, u.GetName(), err)
+		switch x := item.(type) {
+		case *npav1beta1.ClusterNetworkPolicy:
+			c.ClusterNetworkPolicies = append(c.ClusterNetworkPolicies, x)
+		case *npav1alpha1.AdminNetworkPolicy:
+			c.AdminNetworkPolicies = append(c.AdminNetworkPolicies, x)
+		case *npav1alpha1.BaselineAdminNetworkPolicy:
+			c.BaselineAdminNetworkPolicies = append(c.BaselineAdminNetworkPolicies, x)
+		case *k8s.HostEndpoint:
+			c.HostEndpoints = append(c.HostEndpoints, x)
 		}
 	}
 	return nil
 }
 
-// appendConverted converts an unstructured object to its typed kind T and
-// appends it.
-func appendConverted[T any](list []*T, u *unstructured.Unstructured) ([]*T, error) {
-	obj := new(T)
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {
-		return list, err
+// typedAdminPolicy converts a dynamic informer's object to its typed kind.
+func typedAdminPolicy(r schema.GroupVersionResource, u *unstructured.Unstructured) (any, error) {
+	var obj any
+	switch r.Resource {
+	case "clusternetworkpolicies":
+		obj = &npav1beta1.ClusterNetworkPolicy{}
+	case "adminnetworkpolicies":
+		obj = &npav1alpha1.AdminNetworkPolicy{}
+	case "baselineadminnetworkpolicies":
+		obj = &npav1alpha1.BaselineAdminNetworkPolicy{}
+	case "hostendpoints":
+		obj = &k8s.HostEndpoint{}
+	default:
+		return nil, fmt.Errorf("resource %s is not an admin policy", r.Resource)
 	}
-	return append(list, obj), nil
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {
+		return nil, err
+	}
+	return obj, nil
+}
+
+// typedTransform is a dynamic informer's transform: its cache keeps each
+// object converted once, as it arrives, so that every translation is given
+// the same object while it does not change (the translator keeps its work
+// for the objects it saw before). One that does not convert stays as it
+// is, and addAdminPolicies reports it.
+func typedTransform(r schema.GroupVersionResource) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return obj, nil
+		}
+		typed, err := typedAdminPolicy(r, u)
+		if err != nil {
+			return u, nil
+		}
+		if m, err := meta.Accessor(typed); err == nil {
+			m.SetManagedFields(nil) // the translation never reads them
+		}
+		return typed, nil
+	}
 }
 
 // policyInformers follows Pods, Namespaces, NetworkPolicies and, where the
@@ -137,6 +172,9 @@ func policyInformers(ctx context.Context, client kubernetes.Interface, dyn dynam
 	admin := map[schema.GroupVersionResource]cache.SharedIndexInformer{}
 	for _, r := range served {
 		admin[r] = df.ForResource(r).Informer()
+		if err := admin[r].SetTransform(typedTransform(r)); err != nil {
+			return nil, err
+		}
 		log.Info("following admin network policies", "resource", r.String())
 	}
 	runner := kubeproxy.NewRunner(func() error {

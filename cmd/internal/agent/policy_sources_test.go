@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -101,7 +102,28 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 					c.HostEndpoints[0].Spec.InterfaceName != "*" {
 					t.Fatalf("read back %+v and %+v", cnp.Spec, anp.Spec)
 				}
-				return
+				if len(cnp.ManagedFields) != 0 {
+					t.Errorf("the cache keeps managed fields")
+				}
+				// Another change: the admin policies, unchanged, are the
+				// same objects (the translator keeps its work while they are).
+				if _, err := s.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "later"}}, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				for {
+					select {
+					case next := <-updates:
+						if !slices.ContainsFunc(next.Namespaces, func(ns *v1.Namespace) bool { return ns.Name == "later" }) {
+							continue
+						}
+						if next.ClusterNetworkPolicies[0] != cnp || next.AdminNetworkPolicies[0] != anp || next.HostEndpoints[0] != c.HostEndpoints[0] {
+							t.Fatal("an update hands over new copies of the admin policies that did not change")
+						}
+						return
+					case <-deadline:
+						t.Fatal("the namespace's update never came")
+					}
+				}
 			}
 		case <-deadline:
 			t.Fatal("the informers never delivered the three objects")
