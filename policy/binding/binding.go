@@ -50,6 +50,12 @@ type Binder struct {
 	translating sync.Mutex
 	translator  *k8s.Translator
 
+	// hashes are the policies' Hashes by their tiers; an entry not asked
+	// for since the Update before the last is forgotten.
+	hashMu  sync.Mutex
+	hashes  map[tiersKey]tiersHash
+	updates uint64
+
 	mu      sync.Mutex
 	result  *k8s.Result
 	slots   map[int][2]uint32 // ifindex -> ingress, egress slot in use
@@ -83,7 +89,7 @@ func New(opts Options) (*Binder, error) {
 		return nil, err
 	}
 	b := &Binder{log: opts.Log, node: opts.Node, rt: rt, translator: k8s.NewTranslator(opts.Node), ipsets: maps.NewCachingMap(ipsets), ipsets6: maps.NewCachingMap(ipsets6),
-		result: &k8s.Result{Endpoints: map[string]k8s.Endpoint{}}, slots: map[int][2]uint32{},
+		result: &k8s.Result{Endpoints: map[string]k8s.Endpoint{}}, slots: map[int][2]uint32{}, hashes: map[tiersKey]tiersHash{},
 		cache: map[string]uint32{}, adopted: map[uint32]bool{}}
 	if b.log == nil {
 		b.log = slog.Default()
@@ -114,6 +120,38 @@ func New(opts Options) (*Binder, error) {
 	return b, nil
 }
 
+// Hash is the package's Hash, kept for a policy's tiers while the
+// translations hand over the same ones (k8s.Translator keeps an endpoint's
+// translation while its inputs stand): hashing every local endpoint's
+// policies at every change was a fourth of what a change cost. The tiers
+// must not be changed afterwards (a translation's never are).
+func (b *Binder) Hash(p *policy.EndpointPolicy) string {
+	if len(p.Tiers) == 0 {
+		return Hash(p)
+	}
+	key := tiersKey{&p.Tiers[0], len(p.Tiers)}
+	b.hashMu.Lock()
+	defer b.hashMu.Unlock()
+	h, ok := b.hashes[key]
+	if !ok {
+		h.hash = Hash(p)
+	}
+	h.update = b.updates
+	b.hashes[key] = h
+	return h.hash
+}
+
+// tiersKey names a policy's tiers by where they are.
+type tiersKey struct {
+	first *policy.Tier
+	n     int
+}
+
+type tiersHash struct {
+	hash   string
+	update uint64 // the last Update it was asked for after
+}
+
 // Hash identifies a policy by its content: identical policies hash alike
 // (JSON spells out what pointers point to).
 func Hash(p *policy.EndpointPolicy) string {
@@ -136,6 +174,14 @@ func (b *Binder) Update(c k8s.Cluster) (endpoints map[string]k8s.Endpoint, first
 	b.translating.Lock()
 	res := b.translator.Translate(c)
 	b.translating.Unlock()
+	b.hashMu.Lock()
+	b.updates++
+	for k, h := range b.hashes {
+		if h.update+1 < b.updates {
+			delete(b.hashes, k)
+		}
+	}
+	b.hashMu.Unlock()
 	// Each error is logged once while it lasts, not at every update.
 	errs := map[string]bool{}
 	for _, err := range res.Errors {
@@ -267,7 +313,7 @@ func (b *Binder) slotFor(name string, p *policy.EndpointPolicy, prev uint32) (ui
 	if len(p.Tiers) == 0 {
 		return policy.NoPolicy, nil
 	}
-	key := name + "@" + Hash(p)
+	key := name + "@" + b.Hash(p)
 	if s, ok := b.cache[key]; ok {
 		return s, nil
 	}

@@ -55,7 +55,7 @@ func (f *policyFeed) Update(c k8s.Cluster) {
 	}
 	for id, ep := range endpoints {
 		if ep.Interface != "" {
-			hosts[id] = binding.Hash(&ep.Ingress) + binding.Hash(&ep.Egress)
+			hosts[id] = f.b.Hash(&ep.Ingress) + f.b.Hash(&ep.Egress)
 			continue
 		}
 		if pods == nil {
@@ -69,7 +69,7 @@ func (f *policyFeed) Update(c k8s.Cluster) {
 		}
 		seen[id] = true
 		f.ifaces.SetWorkloadEndpoint(ifacemgr.WorkloadEndpoint{ID: id, Iface: iface,
-			Policies: []string{binding.Hash(&ep.Ingress), binding.Hash(&ep.Egress)}})
+			Policies: []string{f.b.Hash(&ep.Ingress), f.b.Hash(&ep.Egress)}})
 	}
 	for id := range f.bound {
 		if !seen[id] {
