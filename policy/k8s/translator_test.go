@@ -107,6 +107,16 @@ func (r *randomCluster) adminPolicy() *alpha.AdminNetworkPolicy {
 	}}
 }
 
+// updatePod changes a pod picked at random, as an informer hands over an
+// update: a new object in the old one's place.
+func (r *randomCluster) updatePod(change func(*v1.Pod)) {
+	i := r.rng.IntN(len(r.c.Pods))
+	p := r.c.Pods[i].DeepCopy()
+	change(p)
+	r.c.Pods = slices.Clone(r.c.Pods)
+	r.c.Pods[i] = p
+}
+
 // change makes one change, as an informer would hand it over: a changed
 // object is a new one, the others keep theirs.
 func (r *randomCluster) change() string {
@@ -127,18 +137,10 @@ func (r *randomCluster) change() string {
 		c.Pods = slices.Delete(slices.Clone(c.Pods), i, i+1)
 		return "pod deleted"
 	case k <= 4 && len(c.Pods) > 0:
-		i := r.rng.IntN(len(c.Pods))
-		p := c.Pods[i].DeepCopy()
-		p.Labels["app"] = fmt.Sprintf("app%d", r.rng.IntN(6))
-		c.Pods = slices.Clone(c.Pods)
-		c.Pods[i] = p
+		r.updatePod(func(p *v1.Pod) { p.Labels["app"] = fmt.Sprintf("app%d", r.rng.IntN(6)) })
 		return "pod relabelled"
 	case k == 5 && len(c.Pods) > 0:
-		i := r.rng.IntN(len(c.Pods))
-		p := c.Pods[i].DeepCopy()
-		p.Status.PodIP = fmt.Sprintf("10.2.%d.%d", r.rng.IntN(250), r.rng.IntN(250))
-		c.Pods = slices.Clone(c.Pods)
-		c.Pods[i] = p
+		r.updatePod(func(p *v1.Pod) { p.Status.PodIP = fmt.Sprintf("10.2.%d.%d", r.rng.IntN(250), r.rng.IntN(250)) })
 		return "pod readdressed"
 	case k == 6:
 		i := r.rng.IntN(len(c.Namespaces))
@@ -151,18 +153,10 @@ func (r *randomCluster) change() string {
 		c.Policies[i] = r.policy()
 		return "policy replaced"
 	case k == 8 && len(c.Pods) > 0:
-		i := r.rng.IntN(len(c.Pods))
-		p := c.Pods[i].DeepCopy()
-		p.Spec.Containers[0].Ports[0].ContainerPort = int32(8000 + r.rng.IntN(3))
-		c.Pods = slices.Clone(c.Pods)
-		c.Pods[i] = p
+		r.updatePod(func(p *v1.Pod) { p.Spec.Containers[0].Ports[0].ContainerPort = int32(8000 + r.rng.IntN(3)) })
 		return "pod's named port renumbered"
 	case k == 9 && len(c.Pods) > 0:
-		i := r.rng.IntN(len(c.Pods))
-		p := c.Pods[i].DeepCopy()
-		p.Spec.NodeName = fmt.Sprintf("node-%d", r.rng.IntN(3))
-		c.Pods = slices.Clone(c.Pods)
-		c.Pods[i] = p
+		r.updatePod(func(p *v1.Pod) { p.Spec.NodeName = fmt.Sprintf("node-%d", r.rng.IntN(3)) })
 		return "pod moved to another node"
 	case k == 10 && len(c.ClusterNetworkPolicies) > 0 && r.rng.IntN(2) == 0:
 		i := r.rng.IntN(len(c.ClusterNetworkPolicies))

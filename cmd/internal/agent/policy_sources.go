@@ -32,24 +32,29 @@ import (
 func clusterOf(objs []kubeproxy.Object) k8s.Cluster {
 	var c k8s.Cluster
 	for _, o := range objs {
-		switch x := o.Obj.(type) {
-		case *v1.Pod:
-			c.Pods = append(c.Pods, x)
-		case *v1.Namespace:
-			c.Namespaces = append(c.Namespaces, x)
-		case *netv1.NetworkPolicy:
-			c.Policies = append(c.Policies, x)
-		case *npav1beta1.ClusterNetworkPolicy:
-			c.ClusterNetworkPolicies = append(c.ClusterNetworkPolicies, x)
-		case *npav1alpha1.AdminNetworkPolicy:
-			c.AdminNetworkPolicies = append(c.AdminNetworkPolicies, x)
-		case *npav1alpha1.BaselineAdminNetworkPolicy:
-			c.BaselineAdminNetworkPolicies = append(c.BaselineAdminNetworkPolicies, x)
-		case *k8s.HostEndpoint:
-			c.HostEndpoints = append(c.HostEndpoints, x)
-		}
+		addObject(&c, o.Obj)
 	}
 	return c
+}
+
+// addObject adds obj to c if it is a policy input.
+func addObject(c *k8s.Cluster, obj any) {
+	switch x := obj.(type) {
+	case *v1.Pod:
+		c.Pods = append(c.Pods, x)
+	case *v1.Namespace:
+		c.Namespaces = append(c.Namespaces, x)
+	case *netv1.NetworkPolicy:
+		c.Policies = append(c.Policies, x)
+	case *npav1beta1.ClusterNetworkPolicy:
+		c.ClusterNetworkPolicies = append(c.ClusterNetworkPolicies, x)
+	case *npav1alpha1.AdminNetworkPolicy:
+		c.AdminNetworkPolicies = append(c.AdminNetworkPolicies, x)
+	case *npav1alpha1.BaselineAdminNetworkPolicy:
+		c.BaselineAdminNetworkPolicies = append(c.BaselineAdminNetworkPolicies, x)
+	case *k8s.HostEndpoint:
+		c.HostEndpoints = append(c.HostEndpoints, x)
+	}
 }
 
 // adminPolicyResources are the network policy API's kinds and Sluice's
@@ -92,16 +97,7 @@ func addAdminPolicies(c *k8s.Cluster, r schema.GroupVersionResource, items []any
 			}
 			item = typed
 		}
-		switch x := item.(type) {
-		case *npav1beta1.ClusterNetworkPolicy:
-			c.ClusterNetworkPolicies = append(c.ClusterNetworkPolicies, x)
-		case *npav1alpha1.AdminNetworkPolicy:
-			c.AdminNetworkPolicies = append(c.AdminNetworkPolicies, x)
-		case *npav1alpha1.BaselineAdminNetworkPolicy:
-			c.BaselineAdminNetworkPolicies = append(c.BaselineAdminNetworkPolicies, x)
-		case *k8s.HostEndpoint:
-			c.HostEndpoints = append(c.HostEndpoints, x)
-		}
+		addObject(c, item)
 	}
 	return nil
 }
