@@ -343,15 +343,24 @@ func (t *translator) peerMatch(np *netv1.NetworkPolicy, peer netv1.NetworkPolicy
 func (t *translator) peerSet(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer) uint32 {
 	key := t.peerKey(np, peer)
 	if u, ok := t.peerSets[key]; ok {
-		// What the set was made from is read again here.
+		// What the set was made from is read, and its error found, again
+		// here: the endpoint's record must hold them without the one that
+		// made the set.
 		if u.read.key != "" {
 			t.reads(u.read)
 		}
+		if u.err != nil { // this policy's own: a selector that does not parse
+			_, _, err := t.selectPods(np, peer)
+			t.err(err)
+		}
 		return t.useSet(u)
 	}
-	pods, read := t.selectPods(np, peer)
+	pods, read, err := t.selectPods(np, peer)
+	if err != nil {
+		t.err(err)
+	}
 	u := setOf(members(pods))
-	u.peer, u.read = key, read
+	u.peer, u.read, u.err = key, read, err
 	u.id = t.useSet(u)
 	t.peerSets[key] = u
 	return u.id
@@ -366,25 +375,24 @@ func (t *translator) peerKey(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPe
 	return np.Namespace + "|" + t.text(peer.PodSelector) + "|" + t.text(peer.NamespaceSelector)
 }
 
-// selectPods returns the pods a pod/namespace selector peer names, and the
-// question it asked of the pods (none when a selector does not parse).
-func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer) ([]*v1.Pod, podQuery) {
+// selectPods returns the pods a pod/namespace selector peer names and the
+// question it asked of the pods, or none and the error of a selector that
+// does not parse.
+func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolicyPeer) ([]*v1.Pod, podQuery, error) {
 	podSel, nsSel := labels.Everything(), labels.Nothing()
 	// A selector that does not parse selects nothing (fail closed): the peer
 	// lets no pod in or out.
 	if peer.PodSelector != nil {
 		s, err := t.parse(peer.PodSelector)
 		if err != nil {
-			t.err(fmt.Errorf("networkpolicy %s/%s: peer podSelector: %w (the peer matches no pod until fixed)", np.Namespace, np.Name, err))
-			return nil, podQuery{}
+			return nil, podQuery{}, fmt.Errorf("networkpolicy %s/%s: peer podSelector: %w (the peer matches no pod until fixed)", np.Namespace, np.Name, err)
 		}
 		podSel = s
 	}
 	if peer.NamespaceSelector != nil {
 		s, err := t.parse(peer.NamespaceSelector)
 		if err != nil {
-			t.err(fmt.Errorf("networkpolicy %s/%s: peer namespaceSelector: %w (the peer matches no pod until fixed)", np.Namespace, np.Name, err))
-			return nil, podQuery{}
+			return nil, podQuery{}, fmt.Errorf("networkpolicy %s/%s: peer namespaceSelector: %w (the peer matches no pod until fixed)", np.Namespace, np.Name, err)
 		}
 		nsSel = s
 	}
@@ -407,7 +415,7 @@ func (t *translator) selectPods(np *netv1.NetworkPolicy, peer netv1.NetworkPolic
 			out = append(out, p)
 		}
 	}
-	return out, read
+	return out, read, nil
 }
 
 // ipSet returns the id of the set with these members, creating it once.
@@ -424,6 +432,7 @@ type setUse struct {
 	id      uint32
 	peer    string
 	read    podQuery // what the peer's set was made from
+	err     error    // why the peer selects nothing, if it does not parse
 }
 
 // setOf sorts members and spells them out.
@@ -557,7 +566,10 @@ func (t *translator) namedEgress(np *netv1.NetworkPolicy, peer netv1.NetworkPoli
 		t.reads(podQuery{key: "*", all: true})
 		pods = t.c.Pods
 	default:
-		pods, _ = t.selectPods(np, peer)
+		var err error
+		if pods, _, err = t.selectPods(np, peer); err != nil {
+			t.err(err)
+		}
 	}
 	byNumber := map[uint16][]netip.Prefix{}
 	for _, p := range pods {

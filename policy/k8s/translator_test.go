@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -304,5 +305,34 @@ func TestObjectSetTellsTheSameObjects(t *testing.T) {
 	}
 	if len(s.stamp) != 0 {
 		t.Errorf("%d objects still stamped after an empty list", len(s.stamp))
+	}
+}
+
+// A peer selector that does not parse is reported for each policy that
+// has it, though policies with the same peer share its (empty) set, and
+// for each endpoint such a policy isolates: when the first of them goes,
+// the next one's kept translation still reports it.
+func TestTranslatorKeepsAPeersErrorWithEachEndpoint(t *testing.T) {
+	bad := netv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "bad value!"}}}
+	np := func(name, app string) *netv1.NetworkPolicy {
+		return &netv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}, Spec: netv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}},
+			Ingress:     []netv1.NetworkPolicyIngressRule{{From: []netv1.NetworkPolicyPeer{bad}}}}}
+	}
+	c := Cluster{Pods: []*v1.Pod{pod("ns", "a", "10.1.0.1", map[string]string{"app": "a"}), pod("ns", "a2", "10.1.0.2", map[string]string{"app": "a"}),
+		pod("ns", "b", "10.1.0.3", map[string]string{"app": "b"})},
+		Policies: []*netv1.NetworkPolicy{np("np-a", "a"), np("np-b", "b")}}
+	for i := range 8 { // others, so that a's deletion is a change, not a new list
+		c.Pods = append(c.Pods, pod("other", fmt.Sprintf("p%d", i), fmt.Sprintf("10.1.1.%d", i), nil))
+	}
+	tr := NewTranslator("")
+	res := tr.Translate(c)
+	if len(res.Errors) != 2 || !strings.Contains(res.Errors[0].Error(), "ns/np-a") || !strings.Contains(res.Errors[1].Error(), "ns/np-b") {
+		t.Fatalf("errors %v, want np-a's and np-b's", res.Errors)
+	}
+	c.Pods = c.Pods[1:]
+	got, want := tr.Translate(c), Translate(c, "")
+	if diff := difference(got, want); diff != "" || len(got.Errors) != 2 {
+		t.Fatalf("pod a deleted: %s (errors %v)", diff, got.Errors)
 	}
 }
