@@ -59,14 +59,17 @@ func (x *podIndex) update(pods []*v1.Pod) (added, removed []*v1.Pod, reindexed b
 				x.remove(e.pod)
 				delete(x.seen, e.pod)
 				removed = append(removed, e.pod)
+				e.pod = nil // its block may outlive it: not the pod
 			}
 		}
 	}
-	for _, p := range added {
+	block := make([]podEntry, len(added)) // one allocation for them all
+	for i, p := range added {
 		if x.seen[p] != nil {
 			continue // listed twice
 		}
-		e := &podEntry{pod: p, generation: x.generation}
+		e := &block[i]
+		*e = podEntry{pod: p, generation: x.generation}
 		x.seen[p] = e
 		listed = append(listed, e)
 		x.byNS[p.Namespace] = append(x.byNS[p.Namespace], p)

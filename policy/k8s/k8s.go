@@ -120,7 +120,11 @@ type translator struct {
 
 // Translate computes the policies of the pods on node (every pod if node is
 // "") with an address; a pod's policy judges both of its families.
-func Translate(c Cluster, node string) *Result { return NewTranslator(node).Translate(c) }
+func Translate(c Cluster, node string) *Result {
+	tr := NewTranslator(node)
+	tr.once = true
+	return tr.Translate(c)
+}
 
 // selectorCache keeps label selectors parsed, by the selector object; a
 // selector no translation used is forgotten after it.

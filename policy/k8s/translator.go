@@ -34,6 +34,7 @@ import (
 // what did not change. Not safe for concurrent use.
 type Translator struct {
 	node   string
+	once   bool // Translate's: nothing to keep for a next translation
 	pods   *podIndex
 	parsed *selectorCache
 	// converted holds the ClusterNetworkPolicy each AdminNetworkPolicy
@@ -305,13 +306,17 @@ func (tr *Translator) Translate(c Cluster) *Result {
 			t.res.Endpoints[key] = m.ep
 			continue
 		}
-		t.rec = &endpointMemo{pod: pod, pols: nsPols}
+		if !tr.once {
+			t.rec = &endpointMemo{pod: pod, pols: nsPols}
+		}
 		ep := Endpoint{Namespace: pod.Namespace, Name: pod.Name, IP: ip}
 		ep.Ingress = t.withAdminTiers(pod, t.direction(pod, nsPols, netv1.PolicyTypeIngress), true)
 		ep.Egress = t.withAdminTiers(pod, t.direction(pod, nsPols, netv1.PolicyTypeEgress), false)
-		t.rec.ep = ep
-		memos[key] = t.rec
-		t.rec = nil
+		if t.rec != nil {
+			t.rec.ep = ep
+			memos[key] = t.rec
+			t.rec = nil
+		}
 		t.res.Endpoints[key] = ep
 	}
 	tr.memos = memos
