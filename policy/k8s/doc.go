@@ -20,6 +20,9 @@
 //
 // Translate translates one state of the cluster; a Translator translates
 // state after state, keeping between them what unchanged objects determine
-// (the pod index, parsed selectors), as the agent's Binder does. Slim, an
-// informer transform, keeps of each object what a translation reads.
+// (the pod index, parsed selectors, and each endpoint's translation while
+// its pod, its namespace's policies and the pods its peers select stay
+// the same), as the agent's Binder does. Its result is always Translate's.
+// Slim, an informer transform, keeps of each object what a translation
+// reads.
 package k8s
