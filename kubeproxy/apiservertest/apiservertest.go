@@ -132,9 +132,14 @@ func StartProcess(tb testing.TB, ns *bpftest.NetNS, logPath string, args ...stri
 }
 
 // etcdDataDir is where etcd keeps its data: in memory (/dev/shm) where the
-// machine has it, as a test's cluster needs no durability and etcd's fsyncs
-// on a disk slow every write; else under the test's own folder.
+// machine has room there (etcd preallocates 64 MB write-ahead log files),
+// as a test's cluster needs no durability and etcd's fsyncs on a disk slow
+// every write; else under the test's own folder.
 func etcdDataDir(tb testing.TB, dir string) string {
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs("/dev/shm", &fs); err != nil || fs.Bavail*uint64(fs.Bsize) < 1<<30 {
+		return filepath.Join(dir, "etcd")
+	}
 	d, err := os.MkdirTemp("/dev/shm", "sluice-etcd-")
 	if err != nil {
 		return filepath.Join(dir, "etcd")
