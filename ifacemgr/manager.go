@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-net/sluice/policy"
@@ -123,7 +124,19 @@ type Manager struct {
 	dirty  map[int]bool
 	eps    endpoints
 	now    func() time.Time
+
+	// routing counts what may have moved a pod's address to another
+	// interface: link and route events, lost events, resyncs (Run).
+	routing atomic.Uint64
 }
+
+// RoutingGeneration changes whenever the node's links or routes may have
+// changed: at each link or route event Run follows, when events may have
+// been lost, and at every resync (so at least every ResyncInterval). It is
+// 0 until Run follows them: then nothing can be known to stand. What a
+// caller derived from the routes (which interface a pod's address is
+// routed through) holds while it returns the same.
+func (m *Manager) RoutingGeneration() uint64 { return m.routing.Load() }
 
 // New opens a netlink handle in the namespace and reads its interfaces. It
 // does not attach anything until Apply.

@@ -428,3 +428,43 @@ func TestRemovedLinkPinIsRepaired(t *testing.T) {
 		return err == nil && slices.Contains(e.progIDs(v.Name, ebpf.AttachTCXIngress), fromWl)
 	})
 }
+
+// The routing generation is 0 until Run follows the node's routes, then
+// moves with every route change (a pod's address routed elsewhere), so that
+// what was derived from the routes is known to stand while it does not.
+func TestRoutingGenerationMovesWithRoutes(t *testing.T) {
+	e := newMgrEnv(t)
+	// No resync within the test: only events move the generation.
+	m, err := ifacemgr.New(ifacemgr.Options{Netns: e.node.Path(), PinDir: e.pinDir, Programs: e.programs(e.d.Objs), IfState: e.ifstate,
+		Classifier: ifacemgr.Classifier{WorkloadPrefixes: []string{"slv"}}, ResyncInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	if g := m.RoutingGeneration(); g != 0 {
+		t.Fatalf("generation %d before Run follows anything", g)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go m.Run(ctx)
+	eventually(t, "Run following the routes", func() bool { return m.RoutingGeneration() != 0 })
+	pod := bpftest.NewNetNS(t)
+	v := bpftest.NewVeth(t, e.node, pod)
+	e.node.Run("ip", "link", "set", v.Name, "up")
+	eventually(t, "the new interface handled", func() bool { return e.hasIfState(e.ifindex(v.Name)) })
+	// The new link's own routes (IPv6 link-local, after address
+	// detection) come and go for a while: wait until nothing moves it.
+	before := m.RoutingGeneration()
+	eventually(t, "the routes settled", func() bool {
+		time.Sleep(300 * time.Millisecond)
+		now := m.RoutingGeneration()
+		settled := now == before
+		before = now
+		return settled
+	})
+	e.node.Run("ip", "route", "add", "10.250.0.7/32", "dev", v.Name)
+	eventually(t, "a route added moves the generation", func() bool { return m.RoutingGeneration() != before })
+	before = m.RoutingGeneration()
+	e.node.Run("ip", "route", "del", "10.250.0.7/32", "dev", v.Name)
+	eventually(t, "a route deleted moves the generation", func() bool { return m.RoutingGeneration() != before })
+}

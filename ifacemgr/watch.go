@@ -117,7 +117,7 @@ func (m *Manager) verifyAttachments() {
 	}
 }
 
-// Run follows netlink link and address updates, resyncs periodically and
+// Run follows netlink link and route updates, resyncs periodically and
 // applies until ctx ends.
 func (m *Manager) Run(ctx context.Context) error {
 	h, err := m.nsHandle()
@@ -128,9 +128,20 @@ func (m *Manager) Run(ctx context.Context) error {
 	linkCh := make(chan netlink.LinkUpdate, 64)
 	done := make(chan struct{})
 	defer close(done)
-	if err := netlink.LinkSubscribeWithOptions(linkCh, done, netlink.LinkSubscribeOptions{Namespace: &h}); err != nil {
+	lost := func(err error) {
+		m.routing.Add(1)
+		m.log.Warn("netlink events lost; routing is taken to have changed", "err", err)
+	}
+	if err := netlink.LinkSubscribeWithOptions(linkCh, done, netlink.LinkSubscribeOptions{Namespace: &h, ErrorCallback: lost}); err != nil {
 		return fmt.Errorf("ifacemgr: subscribe to links: %w", err)
 	}
+	// Routes only move the routing generation (RoutingGeneration): a
+	// route that changes is where a pod's address may now lead.
+	routeCh := make(chan netlink.RouteUpdate, 64)
+	if err := netlink.RouteSubscribeWithOptions(routeCh, done, netlink.RouteSubscribeOptions{Namespace: &h, ErrorCallback: lost}); err != nil {
+		return fmt.Errorf("ifacemgr: subscribe to routes: %w", err)
+	}
+	m.routing.Add(1) // followed from now on
 	if _, err := m.CleanupStale(); err != nil {
 		m.log.Warn("clean-up of stale pins failed", "err", err)
 	}
@@ -142,10 +153,23 @@ func (m *Manager) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case u := <-linkCh:
-			a := u.Attrs()
-			m.LinkChanged(a, u.Header.Type == 17 /* RTM_DELLINK */)
+		case u, ok := <-linkCh:
+			m.routing.Add(1)
+			if !ok { // the subscription ended (its error was reported): resyncs only
+				m.log.Warn("link events ended; interfaces are followed by resyncs only")
+				linkCh = nil
+				continue
+			}
+			m.LinkChanged(u.Attrs(), u.Header.Type == 17 /* RTM_DELLINK */)
+		case _, ok := <-routeCh:
+			m.routing.Add(1)
+			if !ok {
+				m.log.Warn("route events ended; routing changes are noticed at resyncs only")
+				routeCh = nil
+			}
+			continue // nothing to apply
 		case <-resync.C:
+			m.routing.Add(1)
 			if err := m.Resync(); err != nil {
 				m.log.Warn("resync failed", "err", err)
 			}
