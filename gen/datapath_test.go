@@ -675,3 +675,68 @@ func TestSessionAffinityIsRefreshedByEachNewFlow(t *testing.T) {
 		})
 	}
 }
+
+// onesSum is the ones'-complement sum of b as 16-bit words, plus initial.
+func onesSum(b []byte, initial uint32) uint16 {
+	sum := initial
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return uint16(sum)
+}
+
+// A UDP checksum of 0 means the sender computed none: translated, it stays
+// 0. A checksum that comes out as 0 is sent as 0xffff (RFC 768), which the
+// datapath must do itself now that it computes the checksum (rewrite_tuple).
+func TestUDPChecksumZeroRules(t *testing.T) {
+	d := newDP(t)
+	dns := netip.MustParseAddrPort("10.96.0.53:53")
+	be := netip.MustParseAddrPort("10.2.0.9:5353")
+	d.AddService(bpftest.Service{ID: 2, Front: dns, Proto: protoUDP, Backends: []bpftest.Backend{{AP: be}}})
+	const udpCheck = 14 + 20 + 6
+
+	t.Run("no checksum stays none", func(t *testing.T) {
+		frame := bpftest.UDPPacket(clientAP, dns, []byte("query"))
+		frame[udpCheck], frame[udpCheck+1] = 0, 0
+		out := d.RunOK(d.Objs.SlFromWl, frame)
+		wantAP(t, "destination", out.Dst, be)
+		if out.UDP.Checksum != 0 {
+			t.Fatalf("UDP checksum %#04x after translation, want 0 (none)", out.UDP.Checksum)
+		}
+	})
+
+	t.Run("a computed 0 is sent as 0xffff", func(t *testing.T) {
+		// The payload's last word makes the translated datagram sum to
+		// 0xffff, so that its checksum is 0.
+		payload := []byte("query\x00\x00\x00")
+		client := clientAP
+		client = netip.AddrPortFrom(client.Addr(), client.Port()+1) // a flow of its own
+		src, dst := client.Addr().As4(), be.Addr().As4()
+		udpLen := 8 + len(payload)
+		var pseudo uint32
+		pseudo += uint32(binary.BigEndian.Uint16(src[:2])) + uint32(binary.BigEndian.Uint16(src[2:]))
+		pseudo += uint32(binary.BigEndian.Uint16(dst[:2])) + uint32(binary.BigEndian.Uint16(dst[2:]))
+		pseudo += 17 + uint32(udpLen)
+		hdr := make([]byte, 8)
+		binary.BigEndian.PutUint16(hdr[0:], client.Port())
+		binary.BigEndian.PutUint16(hdr[2:], be.Port())
+		binary.BigEndian.PutUint16(hdr[4:], uint16(udpLen))
+		s := onesSum(append(hdr, payload...), pseudo)
+		binary.BigEndian.PutUint16(payload[len(payload)-2:], 0xffff-s)
+		if got := onesSum(append(hdr, payload...), pseudo); got != 0xffff {
+			t.Fatalf("test payload sums to %#04x, want 0xffff", got)
+		}
+
+		out := d.RunOK(d.Objs.SlFromWl, bpftest.UDPPacket(client, dns, payload))
+		wantAP(t, "destination", out.Dst, be)
+		if out.UDP.Checksum != 0xffff {
+			t.Fatalf("UDP checksum %#04x after translation, want 0xffff (a computed 0)", out.UDP.Checksum)
+		}
+	})
+}

@@ -118,3 +118,89 @@ func TestRealTrafficThroughTheDatapath(t *testing.T) {
 		}
 	})
 }
+
+// csumErrors reads the TCP and UDP checksum errors a namespace's stack has
+// counted (/proc/net/snmp: InCsumErrors).
+func csumErrors(t *testing.T, ns *bpftest.NetNS) map[string]string {
+	t.Helper()
+	out := ns.Run("cat", "/proc/net/snmp")
+	errs := map[string]string{}
+	var header []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || (f[0] != "Tcp:" && f[0] != "Udp:") {
+			continue
+		}
+		if header == nil || header[0] != f[0] {
+			header = f
+			continue
+		}
+		for i, name := range header {
+			if name == "InCsumErrors" && i < len(f) {
+				errs[f[0]] = f[i]
+			}
+		}
+		header = nil
+	}
+	if len(errs) != 2 {
+		t.Fatalf("no InCsumErrors for TCP and UDP in /proc/net/snmp of %s", ns.Name)
+	}
+	return errs
+}
+
+// The datapath computes the L4 checksum of a translated packet itself
+// (rewrite_tuple), from what the checksum field holds: the pseudo header's
+// sum alone when the sender left it to the device (CHECKSUM_PARTIAL), the
+// checksum itself when the sender computed it. Between veths nothing checks
+// either: the node's devices here complete partial checksums in software
+// before sending, and the pods' devices no longer take received packets as
+// verified, so a wrong checksum in either form is a dropped packet and a
+// counted error. Both directions of TCP and UDP flows are translated
+// (ClusterIP forward, reverse NAT on the replies).
+func TestTranslatedChecksumsAsTheReceiverVerifiesThem(t *testing.T) {
+	d := newDP(t)
+	topo := bpftest.NewTopology(t, d, "client", "b1")
+	b1 := netip.AddrPortFrom(topo.PodIP["b1"], 8080)
+	bpftest.ServeTCP(t, topo.Pods["b1"], "b1", ":8080")
+	bpftest.ServeUDPEcho(t, topo.Pods["b1"], "b1", ":5353")
+	vip := netip.MustParseAddrPort("10.96.0.10:80")
+	d.AddService(bpftest.Service{ID: 1, Front: vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: b1, Local: true}}})
+	dns := netip.MustParseAddrPort("10.96.0.10:53")
+	d.AddService(bpftest.Service{ID: 2, Front: dns, Proto: protoUDP, Backends: []bpftest.Backend{{AP: netip.AddrPortFrom(topo.PodIP["b1"], 5353), Local: true}}})
+	for _, name := range []string{"client", "b1"} {
+		topo.Node.SetChecksumOffload(t, topo.PodIface[name], false, false)
+	}
+
+	for _, sender := range []struct {
+		name string
+		tx   bool // the pods' transmit offload: on, they leave the checksum partial
+	}{{"partial checksums (offloaded by the sender)", true}, {"full checksums (computed by the sender)", false}} {
+		t.Run(sender.name, func(t *testing.T) {
+			for _, name := range []string{"client", "b1"} {
+				topo.Pods[name].SetChecksumOffload(t, "eth0", sender.tx, false)
+			}
+			before := map[string]map[string]string{"client": csumErrors(t, topo.Pods["client"]), "b1": csumErrors(t, topo.Pods["b1"])}
+			for i := range 3 {
+				msg := fmt.Sprintf("hello-%d", i)
+				answer, err := bpftest.Exchange(topo.Pods["client"], "tcp4", vip.String(), msg)
+				if err != nil {
+					t.Fatalf("TCP through the ClusterIP: %v (checksum errors: client %v, backend %v)", err,
+						csumErrors(t, topo.Pods["client"]), csumErrors(t, topo.Pods["b1"]))
+				}
+				if f := strings.Fields(answer); len(f) != 3 || f[0] != "b1" || f[2] != msg {
+					t.Fatalf("TCP answer %q", answer)
+				}
+				answer, err = bpftest.Exchange(topo.Pods["client"], "udp4", dns.String(), msg)
+				if err != nil || answer != "b1 "+msg {
+					t.Fatalf("UDP through the ClusterIP: %q, %v (checksum errors: client %v, backend %v)", answer, err,
+						csumErrors(t, topo.Pods["client"]), csumErrors(t, topo.Pods["b1"]))
+				}
+			}
+			for name, was := range before {
+				if now := csumErrors(t, topo.Pods[name]); fmt.Sprint(now) != fmt.Sprint(was) {
+					t.Errorf("%s counted checksum errors: %v, before %v", name, now, was)
+				}
+			}
+		})
+	}
+}

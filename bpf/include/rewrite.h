@@ -13,6 +13,8 @@
  * every later packet of either direction. */
 #pragma once
 
+#include <bpf/bpf_core_read.h>
+
 #include "common.h"
 #include "config.h"
 #include "conntrack.h"
@@ -102,18 +104,6 @@ static __always_inline int rewrite_src(struct __sk_buff *skb, struct packet *p, 
 	return 0;
 }
 
-/* nat_bytes: an IPv4 packet with a 20-byte header, from its header checksum
- * to its destination port: every byte a translation changes but the L4
- * checksum, so that one store writes them all. */
-struct nat_bytes {
-	__sum16 check;
-	__be32 saddr;
-	__be32 daddr;
-	__be16 sport;
-	__be16 dport;
-} __attribute__((packed));
-_Static_assert(sizeof(struct nat_bytes) == 14, "nat_bytes: the bytes from the IPv4 check to the destination port");
-
 /* word_diff: the ones'-complement sum that turns old into new within a
  * checksum, as bpf_csum_diff computes it (32-bit words as they lie in the
  * packet); fold32 folds sums of such to the 32 bits a checksum helper takes. */
@@ -135,27 +125,87 @@ static __always_inline __u32 tuple_ports(__be16 sport, __be16 dport)
 	return (__u32)sport | (__u32)dport << 16;
 }
 
-/* rewrite_tuple translates a TCP or UDP packet to the addresses and ports
- * given (any may be the packet's own; ports as tuple_ports packs them). It
- * costs three helper calls whatever it changes, where a call per field and
- * checksum cost five for a destination and ten with the source:
- *  - the IPv4 header checksum is computed here;
- *  - a 20-byte header puts that checksum, both addresses and both ports in
- *    one run of bytes, which one store writes;
- *  - the L4 checksum takes one difference for the addresses (its pseudo
- *    header, BPF_F_PSEUDO_HDR) and one for the ports. The two stay apart:
- *    with CHECKSUM_PARTIAL the checksum field holds the pseudo header's sum
- *    alone, which the ports are not part of.
- * A header with options takes a field at a time. A subprogram, so that the
- * store's bytes stay off its callers' frames, which are deep enough. No
- * direct packet write: one anywhere in a program makes the verifier unclone
- * every packet it sees (TCP's are clones), translated or not. */
-__subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 saddr, __be32 daddr, __u32 ports)
+/* nat_bytes: an IPv4 packet with a 20-byte header, from its header checksum
+ * to its destination port: every byte a translation changes but the L4
+ * checksum, so that one store writes them all. */
+struct nat_bytes {
+	__sum16 check;
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+} __attribute__((packed));
+_Static_assert(sizeof(struct nat_bytes) == 14, "nat_bytes: the bytes from the IPv4 check to the destination port");
+
+/* nat_span: the bytes from the IPv4 header checksum (a 20-byte header) to
+ * the end of the L4 checksum, 28 for TCP (its sequence numbers, flags and
+ * window lie between the ports and the checksum, and are written back as
+ * they are) and 18 for UDP: one store writes a whole translation. As 16-bit
+ * words, in packet order: [0] the IPv4 checksum, [1..4] the addresses,
+ * [5..6] the ports, then the L4 header up to its checksum. */
+struct nat_span {
+	__u16 w[14];
+};
+#define NAT_SPAN_TCP	28
+#define NAT_SPAN_UDP	18
+#define NAT_SPAN_OFF	offsetof(struct iphdr, check)
+
+/* The kernel's sk_buff, as much of it as is read here: CO-RE relocates the
+ * field to where this kernel has it. ip_summed says what the L4 checksum
+ * field holds (include/linux/skbuff.h). */
+struct sk_buff {
+	__u8 ip_summed:2;
+} __attribute__((preserve_access_index));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+enum skb_csum : __u8 {
+	SKB_CHECKSUM_NONE = 0,
+	SKB_CHECKSUM_UNNECESSARY = 1,
+	SKB_CHECKSUM_COMPLETE = 2,	/* skb->csum sums the packet: a helper must follow the change */
+	SKB_CHECKSUM_PARTIAL = 3,	/* the L4 field holds the pseudo header's sum alone */
+};
+
+/* skb_csum reads how the packet's checksums stand. The cast is the
+ * verifier's (no call is made); the read, one byte. */
+static __always_inline enum skb_csum skb_csum(struct __sk_buff *skb)
+{
+	struct sk_buff *k = bpf_cast_to_kern_ctx(skb);
+
+	return (enum skb_csum)BPF_CORE_READ_BITFIELD(k, ip_summed);
+}
+
+/* l4_check_updated is the L4 checksum field after the pseudo header changed
+ * by addrs and the L4 header by ports (ones'-complement differences, as
+ * word_diff makes them), as bpf_l4_csum_replace would leave it:
+ *  - CHECKSUM_PARTIAL: the field holds the pseudo header's sum, not
+ *    complemented; the ports are summed later with the rest of the segment;
+ *  - otherwise it holds the checksum itself, which both change.
+ * A UDP checksum of 0 means "none" and stays 0; a computed 0 is sent as
+ * 0xffff (BPF_F_MARK_MANGLED_0). */
+static __always_inline __u16 l4_check_updated(__u16 check, enum skb_csum csum, __u8 proto, __u64 addrs, __u64 ports)
+{
+	__u16 updated;
+
+	if (proto == IPPROTO_UDP && !check)
+		return 0;
+	if (csum == SKB_CHECKSUM_PARTIAL)
+		updated = ~csum_fold((__u64)check + addrs);
+	else
+		updated = csum_fold((__u64)(__u32)~(__u32)check + addrs + ports);
+	return proto == IPPROTO_UDP && !updated ? 0xffff : updated;
+}
+
+/* rewrite_tuple_helpers writes a translation with the checksum helpers:
+ * for a header with options, and for CHECKSUM_COMPLETE, whose skb->csum
+ * the helpers keep. A field at a time with options; else one store of
+ * nat_bytes and the L4 checksum's two differences, kept apart because
+ * BPF_F_PSEUDO_HDR moves skb->csum and a port change does not. */
+static __always_inline int rewrite_tuple_helpers(struct __sk_buff *skb, struct packet *p, __be32 saddr,
+						 __be32 daddr, __u32 ports)
 {
 	__be16 sport = ports, dport = ports >> 16;
 
-	if (saddr == p->saddr && daddr == p->daddr && sport == p->sport && dport == p->dport)
-		return 0; /* a tracked flow that is not translated */
 	if (p->l4_off - p->l3_off != sizeof(struct iphdr)) {
 		if (rewrite_dst(skb, p, daddr, dport))
 			return -1;
@@ -167,24 +217,99 @@ __subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 sadd
 	if ((void *)(ip + 1) > data_end)
 		return -1;
 	__u64 addrs = word_diff(p->saddr, saddr) + word_diff(p->daddr, daddr);
-	__u64 port_diff = word_diff((__u32)p->sport | (__u32)p->dport << 16, ports);
 	struct nat_bytes nb = {
 		.check = csum_fold((__u16)~ip->check + addrs),
 		.saddr = saddr, .daddr = daddr, .sport = sport, .dport = dport,
 	};
 
-	if (bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, check), &nb, sizeof(nb), 0))
+	if (bpf_skb_store_bytes(skb, p->l3_off + NAT_SPAN_OFF, &nb, sizeof(nb), 0))
 		return -1;
 	if ((p->saddr != saddr || p->daddr != daddr) &&
 	    bpf_l4_csum_replace(skb, l4_csum_off(p), 0, fold32(addrs), l4_csum_flags(p, 1)))
 		return -1;
 	if ((p->sport != sport || p->dport != dport) &&
-	    bpf_l4_csum_replace(skb, l4_csum_off(p), 0, fold32(port_diff), l4_csum_flags(p, 0)))
+	    bpf_l4_csum_replace(skb, l4_csum_off(p), 0,
+				fold32(word_diff((__u32)p->sport | (__u32)p->dport << 16, ports)), l4_csum_flags(p, 0)))
 		return -1;
 	p->saddr = saddr;
 	p->sport = sport;
 	p->daddr = daddr;
 	p->dport = dport;
+	return 0;
+}
+
+/* rewrite_tuple translates a TCP or UDP packet to the addresses and ports
+ * given (any may be the packet's own; ports as tuple_ports packs them). A
+ * translation is one helper call, where a call per field and checksum cost
+ * five for a destination and ten with the source, and three until
+ * 2026-12-02: the IPv4 header checksum and the L4 checksum are computed
+ * here, and with a 20-byte header both, the addresses and the ports lie in
+ * one run of bytes (nat_span), which one store writes. A helper call costs
+ * tens of ns on a kernel whose returns go through thunks (against SRSO, as
+ * here). The L4 checksum needs to know what its field holds (skb_csum);
+ * CHECKSUM_COMPLETE, and a header with options, take the helpers
+ * (rewrite_tuple_helpers). IPv6 translations (rewrite6.h) still take a
+ * helper per field. A subprogram, so that its bytes stay off its callers'
+ * frames, which are deep enough; both checksums the field may need are
+ * computed before the kernel's type is read, and the new tuple is read
+ * back from the span after, so that few values live across what the
+ * compiler takes for a call and the frame stays small. No direct packet write: one anywhere in a program makes the
+ * verifier unclone every packet it sees (TCP's are clones), translated or
+ * not; reads are free. */
+__subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 saddr, __be32 daddr, __u32 ports)
+{
+	if (saddr == p->saddr && daddr == p->daddr && ports == tuple_ports(p->sport, p->dport))
+		return 0; /* a tracked flow that is not translated */
+	if (p->l4_off - p->l3_off != sizeof(struct iphdr))
+		return rewrite_tuple_helpers(skb, p, saddr, daddr, ports);
+
+	/* The span as it is, then what changes. The parser pulled the whole
+	 * L4 header into the linear data. */
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	void *from = data + (p->l3_off & 0xff) + NAT_SPAN_OFF;
+	struct nat_span span = {};
+	__u32 check_word;
+	if (p->proto == IPPROTO_TCP) {
+		if (from + NAT_SPAN_TCP > data_end)
+			return -1;
+		__builtin_memcpy(&span, from, NAT_SPAN_TCP);
+		check_word = NAT_SPAN_TCP / 2 - 1;
+	} else {
+		if (from + NAT_SPAN_UDP > data_end)
+			return -1;
+		__builtin_memcpy(&span, from, NAT_SPAN_UDP);
+		check_word = NAT_SPAN_UDP / 2 - 1;
+	}
+	__u64 addrs = word_diff(p->saddr, saddr) + word_diff(p->daddr, daddr);
+	__u16 l4_check = span.w[check_word];
+	/* Both possible L4 checksums, before the kernel's type is read: the
+	 * read is a call to the compiler, and across it the frame keeps only
+	 * these and the span. */
+	__u32 checks = l4_check_updated(l4_check, SKB_CHECKSUM_PARTIAL, p->proto, addrs, 0) |
+		       (__u32)l4_check_updated(l4_check, SKB_CHECKSUM_NONE, p->proto, addrs,
+					       word_diff(tuple_ports(p->sport, p->dport), ports)) << 16;
+	span.w[0] = csum_fold((__u16)~span.w[0] + addrs);
+	__builtin_memcpy(&span.w[1], &saddr, 4);
+	__builtin_memcpy(&span.w[3], &daddr, 4);
+	__builtin_memcpy(&span.w[5], &ports, 4);
+
+	enum skb_csum csum = skb_csum(skb);
+	__be32 new_saddr, new_daddr;
+	__u32 new_ports;
+	__builtin_memcpy(&new_saddr, &span.w[1], 4);
+	__builtin_memcpy(&new_daddr, &span.w[3], 4);
+	__builtin_memcpy(&new_ports, &span.w[5], 4);
+	if (csum == SKB_CHECKSUM_COMPLETE)
+		return rewrite_tuple_helpers(skb, p, new_saddr, new_daddr, new_ports);
+	__u32 len = p->proto == IPPROTO_TCP ? NAT_SPAN_TCP : NAT_SPAN_UDP;
+	span.w[len / 2 - 1] = csum == SKB_CHECKSUM_PARTIAL ? (__u16)checks : (__u16)(checks >> 16);
+	if (bpf_skb_store_bytes(skb, p->l3_off + NAT_SPAN_OFF, &span, len, 0))
+		return -1;
+	p->saddr = new_saddr;
+	p->daddr = new_daddr;
+	p->sport = new_ports;
+	p->dport = new_ports >> 16;
 	return 0;
 }
 
