@@ -29,9 +29,10 @@ func PutCString(dst []int8, s string) {
 }
 
 // Monotonic is the kernel's monotonic clock, which the datapath reads at the
-// tick's resolution (sl_now in bpf/include/common.h): the clock of every
-// timestamp in the maps (conntrack, affinity, fragments). An entry's stamp
-// may be up to a tick (a few ms) behind a Monotonic read taken just before.
+// tick's resolution (sl_now and sl_now_tick in bpf/include/common.h): the
+// clock of every timestamp in the maps (conntrack, affinity, fragments). An
+// entry's stamp may be up to two ticks (a few ms) behind a Monotonic read
+// taken just before.
 func Monotonic() time.Duration {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)

@@ -72,5 +72,37 @@ static __always_inline __u64 sl_now(void)
 	return bpf_ktime_get_coarse_ns();
 }
 
+/* sl_now_tick is sl_now for the established path, which reads the clock
+ * on every packet (ct_touch): the coarse clock only moves at a tick, so its
+ * value is read once a tick (a jiffy) and kept in sl_clock. The jiffies
+ * counter is one load (the verifier inlines bpf_jiffies64), where the call
+ * of bpf_ktime_get_coarse_ns cost 40-50 ns a packet on a kernel whose
+ * returns go through thunks (this machine's, against SRSO). A CPU that sees
+ * the jiffy move before the tick has moved the coarse clock keeps the older
+ * value for that jiffy: this clock lags the precise one by at most two
+ * ticks. Every CPU shares sl_clock: it is written once a tick, by the
+ * first CPU to see the jiffy (the value before the jiffy, so a reader that
+ * sees the jiffy sees its value or a newer one). The new-flow paths keep
+ * sl_now: their frames are at the verifier's bound, and a clock read there
+ * is a small part of their cost. */
+struct sl_clock {
+	__u64 jiffies;
+	__u64 ns;
+};
+
+static volatile struct sl_clock sl_clock;
+
+static __always_inline __u64 sl_now_tick(void)
+{
+	__u64 j = bpf_jiffies64();
+
+	if (sl_clock.jiffies == j)
+		return sl_clock.ns;
+	__u64 ns = bpf_ktime_get_coarse_ns();
+	sl_clock.ns = ns;
+	sl_clock.jiffies = j;
+	return ns;
+}
+
 /* Layout guard: a key or value whose size drifts from what Go expects fails to build. */
 #define ASSERT_SIZE(type, size) _Static_assert(sizeof(type) == (size), #type " layout changed: bump the map version")

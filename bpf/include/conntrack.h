@@ -140,7 +140,7 @@ static __always_inline struct ct_value *ct_lookup_reversed(const struct packet *
 /* ct_touch records a packet on its entry: cheap enough for every packet. */
 static __always_inline void ct_touch(struct ct_value *v, const struct packet *p)
 {
-	__u64 now = sl_now();
+	__u64 now = sl_now_tick();
 
 	if (now - v->last_seen > CT_REFRESH_NS)
 		v->last_seen = now;
