@@ -142,8 +142,13 @@ func csumErrors(t *testing.T, ns *bpftest.NetNS) map[string]string {
 		}
 		header = nil
 	}
-	if len(errs) != 2 {
-		t.Fatalf("no InCsumErrors for TCP and UDP in /proc/net/snmp of %s", ns.Name)
+	for _, line := range strings.Split(ns.Run("cat", "/proc/net/snmp6"), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "Udp6InCsumErrors" {
+			errs["Udp6:"] = f[1]
+		}
+	}
+	if len(errs) != 3 {
+		t.Fatalf("InCsumErrors of TCP, UDP and UDPv6 missing from /proc/net/snmp{,6} of %s: %v", ns.Name, errs)
 	}
 	return errs
 }
@@ -156,17 +161,27 @@ func csumErrors(t *testing.T, ns *bpftest.NetNS) map[string]string {
 // before sending, and the pods' devices no longer take received packets as
 // verified, so a wrong checksum in either form is a dropped packet and a
 // counted error. Both directions of TCP and UDP flows are translated
-// (ClusterIP forward, reverse NAT on the replies).
+// (ClusterIP forward, reverse NAT on the replies), over IPv4 and IPv6.
 func TestTranslatedChecksumsAsTheReceiverVerifiesThem(t *testing.T) {
 	d := newDP(t)
 	topo := bpftest.NewTopology(t, d, "client", "b1")
-	b1 := netip.AddrPortFrom(topo.PodIP["b1"], 8080)
-	bpftest.ServeTCP(t, topo.Pods["b1"], "b1", ":8080")
-	bpftest.ServeUDPEcho(t, topo.Pods["b1"], "b1", ":5353")
-	vip := netip.MustParseAddrPort("10.96.0.10:80")
-	d.AddService(bpftest.Service{ID: 1, Front: vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: b1, Local: true}}})
-	dns := netip.MustParseAddrPort("10.96.0.10:53")
-	d.AddService(bpftest.Service{ID: 2, Front: dns, Proto: protoUDP, Backends: []bpftest.Backend{{AP: netip.AddrPortFrom(topo.PodIP["b1"], 5353), Local: true}}})
+	topo.EnableIPv6(t)
+	for _, any := range []string{"", "[::]"} {
+		bpftest.ServeTCP(t, topo.Pods["b1"], "b1", any+":8080")
+		bpftest.ServeUDPEcho(t, topo.Pods["b1"], "b1", any+":5353")
+	}
+	families := []struct {
+		tcp, udp, vip, dns string
+	}{
+		{"tcp4", "udp4", "10.96.0.10:80", "10.96.0.10:53"},
+		{"tcp6", "udp6", "[fd00:96::10]:80", "[fd00:96::10]:53"},
+	}
+	for i, backend := range []netip.Addr{topo.PodIP["b1"], topo.PodIP6["b1"]} {
+		d.AddService(bpftest.Service{ID: uint32(2*i + 1), Front: netip.MustParseAddrPort(families[i].vip), Proto: protoTCP,
+			Backends: []bpftest.Backend{{AP: netip.AddrPortFrom(backend, 8080), Local: true}}})
+		d.AddService(bpftest.Service{ID: uint32(2*i + 2), Front: netip.MustParseAddrPort(families[i].dns), Proto: protoUDP,
+			Backends: []bpftest.Backend{{AP: netip.AddrPortFrom(backend, 5353), Local: true}}})
+	}
 	for _, name := range []string{"client", "b1"} {
 		topo.Node.SetChecksumOffload(t, topo.PodIface[name], false, false)
 	}
@@ -180,20 +195,22 @@ func TestTranslatedChecksumsAsTheReceiverVerifiesThem(t *testing.T) {
 				topo.Pods[name].SetChecksumOffload(t, "eth0", sender.tx, false)
 			}
 			before := map[string]map[string]string{"client": csumErrors(t, topo.Pods["client"]), "b1": csumErrors(t, topo.Pods["b1"])}
-			for i := range 3 {
-				msg := fmt.Sprintf("hello-%d", i)
-				answer, err := bpftest.Exchange(topo.Pods["client"], "tcp4", vip.String(), msg)
-				if err != nil {
-					t.Fatalf("TCP through the ClusterIP: %v (checksum errors: client %v, backend %v)", err,
-						csumErrors(t, topo.Pods["client"]), csumErrors(t, topo.Pods["b1"]))
-				}
-				if f := strings.Fields(answer); len(f) != 3 || f[0] != "b1" || f[2] != msg {
-					t.Fatalf("TCP answer %q", answer)
-				}
-				answer, err = bpftest.Exchange(topo.Pods["client"], "udp4", dns.String(), msg)
-				if err != nil || answer != "b1 "+msg {
-					t.Fatalf("UDP through the ClusterIP: %q, %v (checksum errors: client %v, backend %v)", answer, err,
-						csumErrors(t, topo.Pods["client"]), csumErrors(t, topo.Pods["b1"]))
+			for _, f := range families {
+				for i := range 3 {
+					msg := fmt.Sprintf("hello-%d", i)
+					answer, err := bpftest.Exchange(topo.Pods["client"], f.tcp, f.vip, msg)
+					if err != nil {
+						t.Fatalf("%s through the ClusterIP: %v (checksum errors: client %v, backend %v)", f.tcp, err,
+							csumErrors(t, topo.Pods["client"]), csumErrors(t, topo.Pods["b1"]))
+					}
+					if fs := strings.Fields(answer); len(fs) != 3 || fs[0] != "b1" || fs[2] != msg {
+						t.Fatalf("%s answer %q", f.tcp, answer)
+					}
+					answer, err = bpftest.Exchange(topo.Pods["client"], f.udp, f.dns, msg)
+					if err != nil || answer != "b1 "+msg {
+						t.Fatalf("%s through the ClusterIP: %q, %v (checksum errors: client %v, backend %v)", f.udp, answer, err,
+							csumErrors(t, topo.Pods["client"]), csumErrors(t, topo.Pods["b1"]))
+					}
 				}
 			}
 			for name, was := range before {

@@ -94,14 +94,15 @@ static volatile struct sl_clock sl_clock;
 
 static __always_inline __u64 sl_now_tick(void)
 {
-	__u64 j = bpf_jiffies64();
-
-	if (sl_clock.jiffies == j)
-		return sl_clock.ns;
-	__u64 ns = bpf_ktime_get_coarse_ns();
-	sl_clock.ns = ns;
-	sl_clock.jiffies = j;
-	return ns;
+	if (sl_clock.jiffies != bpf_jiffies64()) {
+		/* The jiffy is read again rather than kept across the call:
+		 * fewer values live across it, and the callers' frames are
+		 * tight. A jiffy that moved in between gets the value read
+		 * just before it, within the two ticks. */
+		sl_clock.ns = bpf_ktime_get_coarse_ns();
+		sl_clock.jiffies = bpf_jiffies64();
+	}
+	return sl_clock.ns;
 }
 
 /* Layout guard: a key or value whose size drifts from what Go expects fails to build. */

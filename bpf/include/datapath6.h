@@ -315,13 +315,11 @@ static __always_inline int policy_handoff_pre_nat6(struct __sk_buff *skb, const 
 	return JUDGE_BY_POLICY;
 }
 
-/* enforce6: enforce (policy.h) on an IPv6 flow's entry. */
-__subprog int enforce6(struct __sk_buff *skb, const struct packet6 *p6, struct ct6_value *v, __u32 dir)
+/* enforce6_judged: enforce_judged (policy.h) on an IPv6 flow's entry. */
+__subprog int enforce6_judged(struct __sk_buff *skb, const struct packet6 *p6, struct ct6_value *v, __u32 dir)
 {
 	enum pol_verdict pv = dir == POLICY_DIR_EGRESS ? v->pol_egress : v->pol_ingress;
 
-	if (pv == POL_ALLOWED)
-		return TC_ACT_OK;
 	if (pv == POL_DENIED)
 		return drop(CNT_DROP_POLICY);
 	__u32 slot = policy_slot(skb, dir);
@@ -333,6 +331,14 @@ __subprog int enforce6(struct __sk_buff *skb, const struct packet6 *p6, struct c
 		return TC_ACT_OK;
 	}
 	return policy_handoff6(skb, p6, dir, slot);
+}
+
+/* enforce6: enforce (policy.h), the allowed flow's check inline. */
+static __always_inline int enforce6(struct __sk_buff *skb, const struct packet6 *p6, struct ct6_value *v, __u32 dir)
+{
+	if ((dir == POLICY_DIR_EGRESS ? v->pol_egress : v->pol_ingress) == POL_ALLOWED)
+		return TC_ACT_OK;
+	return enforce6_judged(skb, p6, v, dir);
 }
 
 /* judge_stateless6: judge_stateless (policy.h) for an IPv6 packet. */
