@@ -108,7 +108,7 @@ __subprog enum ct_seen fin_first6(const struct ct6_key *peer)
 /* ct6_touch: ct_touch (conntrack.h). */
 static __always_inline void ct6_touch(struct ct6_value *v, const struct packet *p)
 {
-	__u64 now = sl_now();
+	__u64 now = sl_now_tick();
 
 	if (now - v->last_seen > CT_REFRESH_NS)
 		v->last_seen = now;

@@ -728,7 +728,6 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		if ((p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) && v->svc_id &&
 		    !(v->tcp_seen & (TCP_FLAG_FIN | TCP_FLAG_RST)) && ev_flow_events())
 			ev_flow_end6(skb, &p6, hook, v);
-		ct6_touch(v, p);
 		if (v->svc_id)
 			svcstats_count(v->svc_id, p, v->type == CT_REVERSE, 0);
 		/* A UDP flow's datagrams carry the DSR option where they can
@@ -736,7 +735,7 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		if (hook == HOOK_FROM_HOST && (v->flags & (CT_DSR | CT_BACKEND_LOCAL)) == CT_DSR &&
 		    p->proto == IPPROTO_UDP && v->type == CT_FORWARD && dsr6_fits(p))
 			dsr6_push(skb, &p6, &key);
-		if (ct6_apply(skb, &p6, v))
+		if (ct6_follow(skb, &p6, v))
 			return drop(CNT_DROP_MALFORMED);
 		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
 			return hairpin_verdict(skb, v->type == CT_FORWARD ? enforce6(skb, &p6, v, POLICY_DIR_EGRESS) : TC_ACT_OK);

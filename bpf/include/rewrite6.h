@@ -110,9 +110,8 @@ static __always_inline __u64 addr6_diff(const __u16 *old, const __u8 *new)
  * both addresses, the ports and the L4 checksum lie in one run of bytes.
  * Where a field at a time took five helper calls (a destination: the
  * address's checksum difference, its checksum update and store, the port's
- * update and store), it takes one. The span lives in this subprogram's
- * frame, off the pipeline's. */
-__subprog int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_value *v)
+ * update and store), it takes one. */
+static __always_inline int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_value *v)
 {
 	struct packet *p = &p6->p;
 
@@ -171,6 +170,16 @@ __subprog int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, const struct 
 	p->sport = span.w[16];
 	p->dport = span.w[17];
 	return 0;
+}
+
+/* ct6_follow: an established packet of an IPv6 flow, recorded on its entry
+ * (ct6_touch) and translated (ct6_apply), in one subprogram: the span lives
+ * in its frame, and the clock read (sl_now_tick) too, off the pipeline's,
+ * which is at the verifier's bound on its deepest chain. */
+__subprog int ct6_follow(struct __sk_buff *skb, struct packet6 *p6, struct ct6_value *v)
+{
+	ct6_touch(v, &p6->p);
+	return ct6_apply(skb, p6, v);
 }
 
 /* cluster_local6: cluster_local (rewrite.h) with the IPv6 pod CIDR. */
