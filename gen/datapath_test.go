@@ -676,21 +676,6 @@ func TestSessionAffinityIsRefreshedByEachNewFlow(t *testing.T) {
 	}
 }
 
-// onesSum is the ones'-complement sum of b as 16-bit words, plus initial.
-func onesSum(b []byte, initial uint32) uint16 {
-	sum := initial
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	return uint16(sum)
-}
-
 // A UDP checksum of 0 means the sender computed none: translated, it stays
 // 0. A checksum that comes out as 0 is sent as 0xffff (RFC 768), which the
 // datapath must do itself now that it computes the checksum (rewrite_tuple).
@@ -727,9 +712,9 @@ func TestUDPChecksumZeroRules(t *testing.T) {
 		binary.BigEndian.PutUint16(hdr[0:], client.Port())
 		binary.BigEndian.PutUint16(hdr[2:], be.Port())
 		binary.BigEndian.PutUint16(hdr[4:], uint16(udpLen))
-		s := onesSum(append(hdr, payload...), pseudo)
+		s := bpftest.OnesSum(append(hdr, payload...), pseudo)
 		binary.BigEndian.PutUint16(payload[len(payload)-2:], 0xffff-s)
-		if got := onesSum(append(hdr, payload...), pseudo); got != 0xffff {
+		if got := bpftest.OnesSum(append(hdr, payload...), pseudo); got != 0xffff {
 			t.Fatalf("test payload sums to %#04x, want 0xffff", got)
 		}
 

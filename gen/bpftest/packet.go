@@ -199,7 +199,11 @@ func VerifyChecksums(frame []byte) error {
 
 // checksum returns the ones' complement of the ones' complement sum of b plus
 // initial; zero means the data carries a valid checksum.
-func checksum(b []byte, initial uint32) uint16 {
+func checksum(b []byte, initial uint32) uint16 { return ^OnesSum(b, initial) }
+
+// OnesSum is the ones' complement sum of b as 16-bit big-endian words (an
+// odd last byte padded with zero), plus initial, folded to 16 bits.
+func OnesSum(b []byte, initial uint32) uint16 {
 	sum := initial
 	for i := 0; i+1 < len(b); i += 2 {
 		sum += uint32(binary.BigEndian.Uint16(b[i:]))
@@ -210,7 +214,7 @@ func checksum(b []byte, initial uint32) uint16 {
 	for sum > 0xffff {
 		sum = sum&0xffff + sum>>16
 	}
-	return ^uint16(sum)
+	return uint16(sum)
 }
 
 // Fragment splits an Ethernet/IPv4 frame into IPv4 fragments whose IP payloads
