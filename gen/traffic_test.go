@@ -1,8 +1,10 @@
 package gen_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -212,6 +214,14 @@ func TestTranslatedChecksumsAsTheReceiverVerifiesThem(t *testing.T) {
 							csumErrors(t, topo.Pods["client"]), csumErrors(t, topo.Pods["b1"]))
 					}
 				}
+				// A datagram above the MTU: its first fragment carries
+				// the whole datagram's checksum, both ways.
+				query := bytes.Repeat([]byte("fragmented "), 300)
+				answer, err := exchangeDatagram(topo.Pods["client"], f.udp, f.dns, query)
+				if err != nil || !bytes.Equal(answer, append([]byte("b1 "), query...)) {
+					t.Fatalf("%d-byte %s datagram through the ClusterIP: %d bytes back, %v (checksum errors: client %v, backend %v)",
+						len(query), f.udp, len(answer), err, csumErrors(t, topo.Pods["client"]), csumErrors(t, topo.Pods["b1"]))
+				}
 			}
 			for name, was := range before {
 				if now := csumErrors(t, topo.Pods[name]); fmt.Sprint(now) != fmt.Sprint(was) {
@@ -220,4 +230,25 @@ func TestTranslatedChecksumsAsTheReceiverVerifiesThem(t *testing.T) {
 			}
 		})
 	}
+}
+
+// exchangeDatagram sends one datagram from ns to addr and returns the answer.
+func exchangeDatagram(ns *bpftest.NetNS, network, addr string, payload []byte) ([]byte, error) {
+	var answer []byte
+	err := ns.Do(func() error {
+		c, err := net.Dial(network, addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Write(payload); err != nil {
+			return err
+		}
+		buf := make([]byte, 65536)
+		n, err := c.Read(buf)
+		answer = buf[:n]
+		return err
+	})
+	return answer, err
 }
