@@ -20,9 +20,11 @@ type ethtoolValue struct {
 	data uint32
 }
 
+// ifreqData is struct ifreq with its data pointer (as golang.org/x/sys/unix
+// has it): a pointer the garbage collector and a moving stack see.
 type ifreqData struct {
 	name [unix.IFNAMSIZ]byte
-	data uintptr
+	data unsafe.Pointer
 	_    [16]byte // the rest of struct ifreq's union
 }
 
@@ -48,9 +50,8 @@ func (ns *NetNS) SetChecksumOffload(tb testing.TB, iface string, tx, rx bool) {
 			if set.on {
 				v.data = 1
 			}
-			var req ifreqData
+			req := ifreqData{data: unsafe.Pointer(&v)}
 			copy(req.name[:], iface)
-			req.data = uintptr(unsafe.Pointer(&v))
 			if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&req))); errno != 0 {
 				return fmt.Errorf("ethtool command %#x on %s: %w", set.cmd, iface, errno)
 			}
