@@ -2,10 +2,8 @@ package gen_test
 
 import (
 	"bytes"
-	"net"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
@@ -25,22 +23,7 @@ func TestRealFragmentedUDPThroughAClusterIP(t *testing.T) {
 
 	for _, size := range []int{3000, 5000, 8000} {
 		query := bytes.Repeat([]byte{byte(size / 1000)}, size)
-		var answer []byte
-		err := topo.Pods["client"].Do(func() error {
-			c, err := net.Dial("udp4", dns.String())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(3 * time.Second))
-			if _, err := c.Write(query); err != nil {
-				return err
-			}
-			buf := make([]byte, 65536)
-			n, err := c.Read(buf)
-			answer = buf[:n]
-			return err
-		})
+		answer, err := exchangeDatagram(topo.Pods["client"], "udp4", dns.String(), query)
 		if err != nil {
 			logCounters(t, d)
 			t.Fatalf("%d-byte datagram through the ClusterIP: %v", size, err)

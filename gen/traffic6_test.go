@@ -79,26 +79,10 @@ func TestRealIPv6TrafficThroughTheDatapath(t *testing.T) {
 		// backend's answer comes back in fragments too.
 		big := bytes.Repeat([]byte("0123456789abcdef"), 250)
 		before := d.Counter(gen.SluiceCounterCNT_FRAGMENT_TRANSLATED)
-		err = client.Do(func() error {
-			c, err := net.Dial("udp6", dns.String())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(3 * time.Second))
-			if _, err := c.Write(big); err != nil {
-				return err
-			}
-			buf := make([]byte, 8192)
-			n, err := c.Read(buf)
-			if err != nil {
-				return err
-			}
-			if !bytes.Equal(buf[:n], append([]byte("b1 "), big...)) {
-				return fmt.Errorf("answer of %d bytes differs", n)
-			}
-			return nil
-		})
+		answer6, err := exchangeDatagram(client, "udp6", dns.String(), big)
+		if err == nil && !bytes.Equal(answer6, append([]byte("b1 "), big...)) {
+			err = fmt.Errorf("answer of %d bytes differs", len(answer6))
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
