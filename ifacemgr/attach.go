@@ -67,24 +67,31 @@ func sameProgram(id ebpf.ProgramID, ours *ebpf.ProgramInfo) bool {
 	if !ok1 || !ok2 {
 		return false
 	}
-	theirs, mine = slices.DeleteFunc(theirs, constants), slices.DeleteFunc(mine, constants)
+	theirs, mine = slices.DeleteFunc(theirs, perLoad), slices.DeleteFunc(mine, perLoad)
 	slices.Sort(theirs)
 	slices.Sort(mine)
 	return slices.Equal(theirs, mine)
 }
 
-// constants tells a program's read-only data (its .rodata: load-time
-// constants such as the Maglev table size) from the maps it shares: every
-// load makes its own, so it never matches another load's. Its contents are
-// the load's options, which show in the maps they size (the Maglev tables'
-// pin is replaced when its size changes).
-func constants(id ebpf.MapID) bool {
+// perLoad tells a map that every load of a program makes its own from the
+// maps it shares, so that it never matches another load's:
+//   - its read-only data (.rodata: load-time constants such as the Maglev
+//     table size). Its contents are the load's options, which show in the
+//     maps they size (the Maglev tables' pin is replaced when its size
+//     changes);
+//   - its global variables (.bss): the datapath's clock cache (sl_clock,
+//     bpf/include/common.h), which a load fills again within a tick.
+func perLoad(id ebpf.MapID) bool {
 	m, err := ebpf.NewMapFromID(id)
 	if err != nil {
 		return false
 	}
 	defer m.Close()
-	return m.Flags()&unix.BPF_F_RDONLY_PROG != 0
+	if m.Flags()&unix.BPF_F_RDONLY_PROG != 0 {
+		return true
+	}
+	info, err := m.Info()
+	return err == nil && info.Name == ".bss"
 }
 
 // ensure makes prog run on the hook. It returns whether it changed anything.
