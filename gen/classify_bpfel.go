@@ -111,6 +111,7 @@ const (
 	ClassifyMapSlPortcrowdV1     = "sl_portcrowd_v1"
 	ClassifyMapSlRulectrV1       = "sl_rulectr_v1"
 	ClassifyMapSlScratch6V1      = "sl_scratch6_v1"
+	ClassifyMapSlSpanV1          = "sl_span_v1"
 	ClassifyMapSlSrcrange6V1     = "sl_srcrange6_v1"
 	ClassifyMapSlSrcrangeV1      = "sl_srcrange_v1"
 	ClassifyMapSlSvcnameV1       = "sl_svcname_v1"
@@ -200,6 +201,7 @@ type ClassifyMapSpecs struct {
 	SlPortcrowdV1 *ebpf.MapSpec `ebpf:"sl_portcrowd_v1"`
 	SlRulectrV1   *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1  *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
+	SlSpanV1      *ebpf.MapSpec `ebpf:"sl_span_v1"`
 	SlSrcrange6V1 *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1  *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1   *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
@@ -265,6 +267,7 @@ type ClassifyMaps struct {
 	SlPortcrowdV1 *ebpf.Map `ebpf:"sl_portcrowd_v1"`
 	SlRulectrV1   *ebpf.Map `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1  *ebpf.Map `ebpf:"sl_scratch6_v1"`
+	SlSpanV1      *ebpf.Map `ebpf:"sl_span_v1"`
 	SlSrcrange6V1 *ebpf.Map `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1  *ebpf.Map `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1   *ebpf.Map `ebpf:"sl_svcname_v1"`
@@ -304,6 +307,7 @@ func (m *ClassifyMaps) Close() error {
 		m.SlPortcrowdV1,
 		m.SlRulectrV1,
 		m.SlScratch6V1,
+		m.SlSpanV1,
 		m.SlSrcrange6V1,
 		m.SlSrcrangeV1,
 		m.SlSvcnameV1,

@@ -395,6 +395,12 @@ type SluiceIpsetValue struct {
 	Flags uint32
 }
 
+type SluiceNatSpan struct {
+	_ structs.HostLayout
+	W [14]uint16
+	_ [4]byte
+}
+
 type SluicePolVerdict uint8
 
 const (
@@ -545,6 +551,7 @@ const (
 	SluiceMapSlScratch6V1     = "sl_scratch6_v1"
 	SluiceMapSlSock6V1        = "sl_sock6_v1"
 	SluiceMapSlSockV1         = "sl_sock_v1"
+	SluiceMapSlSpanV1         = "sl_span_v1"
 	SluiceMapSlSrcrange6V1    = "sl_srcrange6_v1"
 	SluiceMapSlSrcrangeV1     = "sl_srcrange_v1"
 	SluiceMapSlSvcnameV1      = "sl_svcname_v1"
@@ -665,6 +672,7 @@ type SluiceMapSpecs struct {
 	SlScratch6V1   *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
 	SlSock6V1      *ebpf.MapSpec `ebpf:"sl_sock6_v1"`
 	SlSockV1       *ebpf.MapSpec `ebpf:"sl_sock_v1"`
+	SlSpanV1       *ebpf.MapSpec `ebpf:"sl_span_v1"`
 	SlSrcrange6V1  *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1   *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1    *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
@@ -729,6 +737,7 @@ type SluiceMaps struct {
 	SlScratch6V1   *ebpf.Map `ebpf:"sl_scratch6_v1"`
 	SlSock6V1      *ebpf.Map `ebpf:"sl_sock6_v1"`
 	SlSockV1       *ebpf.Map `ebpf:"sl_sock_v1"`
+	SlSpanV1       *ebpf.Map `ebpf:"sl_span_v1"`
 	SlSrcrange6V1  *ebpf.Map `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1   *ebpf.Map `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1    *ebpf.Map `ebpf:"sl_svcname_v1"`
@@ -767,6 +776,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlScratch6V1,
 		m.SlSock6V1,
 		m.SlSockV1,
+		m.SlSpanV1,
 		m.SlSrcrange6V1,
 		m.SlSrcrangeV1,
 		m.SlSvcnameV1,

@@ -112,6 +112,7 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.Prefilter6.Name:      roundTripPrefilter6,
 	maps.IPSets6.Name:         roundTripIPSets6,
 	gen.SluiceMapSlScratch6V1: checkScratch,
+	gen.SluiceMapSlSpanV1:     checkSpan,
 }
 
 func roundTripIPSets6(t *testing.T, s *maps.Set) {
@@ -182,6 +183,18 @@ func checkScratch(t *testing.T, s *maps.Set) {
 	var sc gen.SluiceCt6Key
 	if m.Type() != ebpf.PerCPUArray || m.MaxEntries() != 1 || m.ValueSize() < uint32(binary.Size(sc)) {
 		t.Fatalf("scratch map: %v, %d entries, value %d bytes", m.Type(), m.MaxEntries(), m.ValueSize())
+	}
+}
+
+// The IPv4 span map is the datapath's own too: one per-CPU slot that holds
+// a translation's bytes (a TCP one, the longest, is 28).
+func checkSpan(t *testing.T, s *maps.Set) {
+	m := s.Map(gen.SluiceMapSlSpanV1)
+	if m == nil {
+		t.Fatal("not open")
+	}
+	if m.Type() != ebpf.PerCPUArray || m.MaxEntries() != 1 || m.ValueSize() < 28 {
+		t.Fatalf("span map: %v, %d entries, value %d bytes", m.Type(), m.MaxEntries(), m.ValueSize())
 	}
 }
 

@@ -7,14 +7,15 @@
 // (gen.LoadOptions.DryRun) on the live maps that the datapath only reads
 // (frontends, backends, Maglev tables, interfaces, policy programs, IP sets)
 // and on copies of the maps it writes (conntrack, affinity, fragments,
-// counters, per-service counters, events). The packet runs with
-// BPF_PROG_TEST_RUN on the interface's program. A policy hand-off reaches
-// the agent's own policy programs and verdict program through the live
-// policy program array; the dry run's mark (POLICY_DRY_RUN) makes the
-// verdict program return its verdict and write nothing, and the rule comes
-// back in the run's context. The one live map written is the per-CPU IPv6
-// scratch (sl_scratch6_v1), where an IPv6 hand-off leaves its addresses for
-// the policy program: it holds nothing from one packet to the next.
+// counters, per-service counters, events, the IPv4 translation's scratch).
+// The packet runs with BPF_PROG_TEST_RUN on the interface's program. A
+// policy hand-off reaches the agent's own policy programs and verdict
+// program through the live policy program array; the dry run's mark
+// (POLICY_DRY_RUN) makes the verdict program return its verdict and write
+// nothing, and the rule comes back in the run's context. The one live map
+// written is the per-CPU IPv6 scratch (sl_scratch6_v1), where an IPv6
+// hand-off leaves its addresses for the policy program: it holds nothing
+// from one packet to the next.
 package trace
 
 import (
@@ -78,7 +79,7 @@ var (
 	copiedWithEntries = []string{gen.SluiceMapSlCtV2, gen.SluiceMapSlCt6V1, gen.SluiceMapSlAffV1, gen.SluiceMapSlAff6V1,
 		gen.SluiceMapSlFragV1, gen.SluiceMapSlFrag6V1, gen.SluiceMapSlSockV1, gen.SluiceMapSlSock6V1}
 	copiedEmpty = []string{gen.SluiceMapSlCountersV4, gen.SluiceMapSlSvcstatsV1, gen.SluiceMapSlEventsV1,
-		gen.SluiceMapSlEvcpuV1, gen.SluiceMapSlRulectrV1, gen.SluiceMapSlPortcrowdV1}
+		gen.SluiceMapSlEvcpuV1, gen.SluiceMapSlRulectrV1, gen.SluiceMapSlPortcrowdV1, gen.SluiceMapSlSpanV1}
 )
 
 // POLICY_* bits of cb[3] (bpf/include/policy.h).

@@ -59,6 +59,11 @@ struct icmphdr {
  * locals does not add to the stack of the common path it branches from. */
 #define __subprog static __attribute__((noinline))
 
+/* sl_slot0 is the key of a one-slot per-CPU map (scratch space), as a
+ * constant: a key on the stack would cost a frame 8 bytes, and frames on
+ * the verifier's deepest call chains have none to spare. */
+static const __u32 sl_slot0 = 0;
+
 /* sl_now is the datapath's clock: CLOCK_MONOTONIC at the kernel tick's
  * resolution (a few ms), the clock of every timestamp in the maps
  * (conntrack, affinity, fragments, socket translations, events). Their

@@ -106,14 +106,28 @@ struct {
 	__type(value, struct ct_value);
 } sl_ct_v2 SEC(".maps");
 
+/* proto_word is a key's last 32-bit word: the protocol, then 3 bytes of 0. */
+static __always_inline __u32 proto_word(__u8 proto)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	return proto;
+#else
+	return (__u32)proto << 24;
+#endif
+}
+
+/* ct_key_of writes a packet's key a 32-bit word at a time, from words the
+ * parser wrote whole: the map's hash reads the key in words, and a CPU
+ * cannot forward a word from two smaller stores to a load (it stalls until
+ * they reach its cache). */
 static __always_inline void ct_key_of(const struct packet *p, struct ct_key *k)
 {
-	__builtin_memset(k, 0, sizeof(*k));
+	__u32 last = proto_word(p->proto);
+
 	k->saddr = p->saddr;
 	k->daddr = p->daddr;
-	k->sport = p->sport;
-	k->dport = p->dport;
-	k->proto = p->proto;
+	__builtin_memcpy(&k->sport, &p->sport, 4);
+	__builtin_memcpy(&k->proto, &last, 4);
 }
 
 /* fin_first tells whether the first FIN of an entry's direction is the flow's

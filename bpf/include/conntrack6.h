@@ -81,12 +81,13 @@ struct {
 
 static __always_inline void ct6_key_of(const struct packet6 *p6, struct ct6_key *k)
 {
-	__builtin_memset(k, 0, sizeof(*k));
+	__u32 last = proto_word(p6->p.proto);
+
+	/* A word at a time, as ct_key_of (conntrack.h) writes its key. */
 	addr6_copy(k->saddr, p6->saddr);
 	addr6_copy(k->daddr, p6->daddr);
-	k->sport = p6->p.sport;
-	k->dport = p6->p.dport;
-	k->proto = p6->p.proto;
+	__builtin_memcpy(&k->sport, &p6->p.sport, 4);
+	__builtin_memcpy(&k->proto, &last, 4);
 }
 
 static __always_inline struct ct6_value *ct6_lookup_reversed(const struct packet6 *p6)

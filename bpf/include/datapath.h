@@ -446,7 +446,7 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 			if (room > 0)
 				return dsr_too_big(skb, &p, room);
 		}
-		if (ct_apply(skb, &p, v))
+		if (hook == HOOK_TO_WL || hook == HOOK_TO_HOST ? ct_apply_framed(skb, &p, v) : ct_apply(skb, &p, v))
 			return drop(CNT_DROP_MALFORMED);
 		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
 			return hairpin_verdict(skb, v->type == CT_FORWARD ? enforce(skb, &p, v, POLICY_DIR_EGRESS) : TC_ACT_OK);

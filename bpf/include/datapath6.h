@@ -223,10 +223,19 @@ __subprog int icmp6_error_rnat(struct __sk_buff *skb, struct packet6 *p6)
 	if (q.nexthdr != IPPROTO_TCP && q.nexthdr != IPPROTO_UDP)
 		return 0;
 
-	struct ct6_key key = { .sport = qports[1], .dport = qports[0], .proto = q.nexthdr };
-	addr6_copy(key.saddr, q.daddr);
-	addr6_copy(key.daddr, q.saddr);
-	struct ct6_value *v = bpf_map_lookup_elem(&sl_ct6_v1, &key);
+	/* The key in the scratch map: this frame is the last of one of the
+	 * verifier's deepest chains (pipeline6, handle_icmp6, here). */
+	struct ct6_scratch *sc = bpf_map_lookup_elem(&sl_scratch6_v1, &sl_slot0);
+	if (!sc)
+		return 0;
+	struct ct6_key *key = &sc->rev_key;
+	__builtin_memset(key, 0, sizeof(*key));
+	key->sport = qports[1];
+	key->dport = qports[0];
+	key->proto = q.nexthdr;
+	addr6_copy(key->saddr, q.daddr);
+	addr6_copy(key->daddr, q.saddr);
+	struct ct6_value *v = bpf_map_lookup_elem(&sl_ct6_v1, key);
 	if (!v)
 		return 0;
 

@@ -70,6 +70,10 @@ static __always_inline int pull(struct __sk_buff *skb, __u32 len)
 	return bpf_skb_pull_data(skb, len);
 }
 
+/* ports_of copies a TCP or UDP header's ports, which lead both headers, as
+ * one word: the conntrack key reads them so (ct_key_of). */
+#define ports_of(p, l4) __builtin_memcpy(&(p)->sport, (l4), 4)
+
 static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 {
 	void *data, *data_end;
@@ -88,8 +92,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 			return PARSE_MALFORMED;
 		if (tcp->doff < 5)
 			return PARSE_MALFORMED;
-		p->sport = tcp->source;
-		p->dport = tcp->dest;
+		ports_of(p, tcp);
 		p->tcp_flags = ((__u8 *)tcp)[13];
 		return PARSE_OK;
 	}
@@ -101,8 +104,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 		struct udphdr *udp = data + p->l4_off;
 		if ((void *)(udp + 1) > data_end)
 			return PARSE_MALFORMED;
-		p->sport = udp->source;
-		p->dport = udp->dest;
+		ports_of(p, udp);
 		return PARSE_OK;
 	}
 	case IPPROTO_ICMP: {

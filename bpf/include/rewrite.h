@@ -145,7 +145,7 @@ _Static_assert(sizeof(struct nat_bytes) == 14, "nat_bytes: the bytes from the IP
  * [5..6] the ports, then the L4 header up to its checksum. */
 struct nat_span {
 	__u16 w[14];
-};
+} __attribute__((aligned(8)));
 #define NAT_SPAN_TCP	28
 #define NAT_SPAN_UDP	18
 #define NAT_SPAN_OFF	offsetof(struct iphdr, check)
@@ -200,9 +200,11 @@ static __always_inline __u16 l4_check_updated(__u16 check, enum skb_csum csum, _
  * for a header with options, and for CHECKSUM_COMPLETE, whose skb->csum
  * the helpers keep. A field at a time with options; else one store of
  * nat_bytes and the L4 checksum's two differences, kept apart because
- * BPF_F_PSEUDO_HDR moves skb->csum and a port change does not. */
-static __always_inline int rewrite_tuple_helpers(struct __sk_buff *skb, struct packet *p, __be32 saddr,
-						 __be32 daddr, __u32 ports)
+ * BPF_F_PSEUDO_HDR moves skb->csum and a port change does not. A
+ * subprogram: inline, what it keeps across its calls would take room on
+ * the pipeline's frame, for packets that seldom come this way. */
+__subprog int rewrite_tuple_helpers(struct __sk_buff *skb, struct packet *p, __be32 saddr,
+				 __be32 daddr, __u32 ports)
 {
 	__be16 sport = ports, dport = ports >> 16;
 
@@ -238,29 +240,33 @@ static __always_inline int rewrite_tuple_helpers(struct __sk_buff *skb, struct p
 	return 0;
 }
 
-/* rewrite_tuple translates a TCP or UDP packet to the addresses and ports
- * given (any may be the packet's own; ports as tuple_ports packs them). A
- * translation is one helper call, where a call per field and checksum cost
- * five for a destination and ten with the source, and three until
- * 2026-12-02: the IPv4 header checksum and the L4 checksum are computed
- * here, and with a 20-byte header both, the addresses and the ports lie in
- * one run of bytes (nat_span), which one store writes. A helper call costs
- * tens of ns on a kernel whose returns go through thunks (against SRSO, as
- * here). The L4 checksum needs to know what its field holds (skb_csum);
- * CHECKSUM_COMPLETE, and a header with options, take the helpers
- * (rewrite_tuple_helpers). IPv6 translations (rewrite6.h) still take a
- * helper per field. A subprogram, so that its bytes stay off its callers'
- * frames, which are deep enough; both checksums the field may need are
- * computed before the kernel's type is read, and the new tuple is read
- * back from the span after, so that few values live across what the
- * compiler takes for a call and the frame stays small. No direct packet write: one anywhere in a program makes the
- * verifier unclone every packet it sees (TCP's are clones), translated or
- * not; reads are free. */
-__subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 saddr, __be32 daddr, __u32 ports)
+/* span_load copies a span of the packet, at from, into a buffer of 8-byte
+ * words: in 8-byte loads, where the compiler, which cannot know a packet
+ * pointer's alignment, would load it byte by byte. The verifier lets such a
+ * load through where the CPU reads unaligned words at full speed
+ * (CONFIG_HAVE_EFFICIENT_UNALIGNED_ACCESS: x86-64, arm64, ppc64le, s390x). */
+#define span_load(to, from, len) __builtin_memcpy((to), __builtin_assume_aligned((from), 8), (len))
+
+/* rewrite_tuple_in translates a TCP or UDP packet to the addresses and ports
+ * given (any may be the packet's own; ports as tuple_ports packs them),
+ * building the new bytes in span; csum is what the packet's L4 checksum
+ * field holds (skb_csum). A translation is one helper call, where a call per
+ * field and checksum cost five for a destination and ten with the source,
+ * and three until 2026-12-02: the IPv4 header checksum and the L4 checksum
+ * are computed here, and with a 20-byte header both, the addresses and the
+ * ports lie in one run of bytes (nat_span), which one store writes. A helper
+ * call costs tens of ns on a kernel whose returns go through thunks (against
+ * SRSO, as here). CHECKSUM_COMPLETE, and a header with options, take the
+ * helpers (rewrite_tuple_helpers). The new tuple is read back from the span
+ * after the store, so that nothing but the span lives across it. No direct
+ * packet write: one anywhere in a program makes the verifier unclone every
+ * packet it sees (TCP's are clones), translated or not; reads are free. */
+static __always_inline int rewrite_tuple_in(struct __sk_buff *skb, struct packet *p, __be32 saddr, __be32 daddr,
+					    __u32 ports, struct nat_span *span, enum skb_csum csum)
 {
 	if (saddr == p->saddr && daddr == p->daddr && ports == tuple_ports(p->sport, p->dport))
 		return 0; /* a tracked flow that is not translated */
-	if (p->l4_off - p->l3_off != sizeof(struct iphdr))
+	if (p->l4_off - p->l3_off != sizeof(struct iphdr) || csum == SKB_CHECKSUM_COMPLETE)
 		return rewrite_tuple_helpers(skb, p, saddr, daddr, ports);
 
 	/* The span as it is, then what changes. The parser pulled the whole
@@ -268,50 +274,54 @@ __subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 sadd
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	void *from = data + (p->l3_off & 0xff) + NAT_SPAN_OFF;
-	struct nat_span span = {};
-	__u32 check_word;
+	__u32 len;
 	if (p->proto == IPPROTO_TCP) {
 		if (from + NAT_SPAN_TCP > data_end)
 			return -1;
-		__builtin_memcpy(&span, from, NAT_SPAN_TCP);
-		check_word = NAT_SPAN_TCP / 2 - 1;
+		span_load(span, from, NAT_SPAN_TCP);
+		len = NAT_SPAN_TCP;
 	} else {
 		if (from + NAT_SPAN_UDP > data_end)
 			return -1;
-		__builtin_memcpy(&span, from, NAT_SPAN_UDP);
-		check_word = NAT_SPAN_UDP / 2 - 1;
+		span_load(span, from, NAT_SPAN_UDP);
+		len = NAT_SPAN_UDP;
 	}
 	__u64 addrs = word_diff(p->saddr, saddr) + word_diff(p->daddr, daddr);
-	__u16 l4_check = span.w[check_word];
-	/* Both possible L4 checksums, before the kernel's type is read: the
-	 * read is a call to the compiler, and across it the frame keeps only
-	 * these and the span. */
-	__u32 checks = l4_check_updated(l4_check, SKB_CHECKSUM_PARTIAL, p->proto, addrs, 0) |
-		       (__u32)l4_check_updated(l4_check, SKB_CHECKSUM_NONE, p->proto, addrs,
-					       word_diff(tuple_ports(p->sport, p->dport), ports)) << 16;
-	span.w[0] = csum_fold((__u16)~span.w[0] + addrs);
-	__builtin_memcpy(&span.w[1], &saddr, 4);
-	__builtin_memcpy(&span.w[3], &daddr, 4);
-	__builtin_memcpy(&span.w[5], &ports, 4);
-
-	enum skb_csum csum = skb_csum(skb);
-	__be32 new_saddr, new_daddr;
-	__u32 new_ports;
-	__builtin_memcpy(&new_saddr, &span.w[1], 4);
-	__builtin_memcpy(&new_daddr, &span.w[3], 4);
-	__builtin_memcpy(&new_ports, &span.w[5], 4);
-	if (csum == SKB_CHECKSUM_COMPLETE)
-		return rewrite_tuple_helpers(skb, p, new_saddr, new_daddr, new_ports);
-	__u32 len = p->proto == IPPROTO_TCP ? NAT_SPAN_TCP : NAT_SPAN_UDP;
-	span.w[len / 2 - 1] = csum == SKB_CHECKSUM_PARTIAL ? (__u16)checks : (__u16)(checks >> 16);
-	if (bpf_skb_store_bytes(skb, p->l3_off + NAT_SPAN_OFF, &span, len, 0))
+	__u64 port_diff = csum == SKB_CHECKSUM_PARTIAL ? 0 : word_diff(tuple_ports(p->sport, p->dport), ports);
+	span->w[len / 2 - 1] = l4_check_updated(span->w[len / 2 - 1], csum, p->proto, addrs, port_diff);
+	span->w[0] = csum_fold((__u16)~span->w[0] + addrs);
+	__builtin_memcpy(&span->w[1], &saddr, 4);
+	__builtin_memcpy(&span->w[3], &daddr, 4);
+	__builtin_memcpy(&span->w[5], &ports, 4);
+	if (bpf_skb_store_bytes(skb, p->l3_off + NAT_SPAN_OFF, span, len, 0))
 		return -1;
-	p->saddr = new_saddr;
-	p->daddr = new_daddr;
-	p->sport = new_ports;
-	p->dport = new_ports >> 16;
+	__builtin_memcpy(&p->saddr, &span->w[1], 4);
+	__builtin_memcpy(&p->daddr, &span->w[3], 4);
+	p->sport = span->w[5];
+	p->dport = span->w[6];
 	return 0;
 }
+
+/* rewrite_tuple: rewrite_tuple_in with its span on its own frame, for a
+ * new flow's first packet: a subprogram, so that its bytes stay off its
+ * callers' frames, which are deep enough. */
+__subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 saddr, __be32 daddr, __u32 ports)
+{
+	struct nat_span span;
+
+	return rewrite_tuple_in(skb, p, saddr, daddr, ports, &span, skb_csum(skb));
+}
+
+/* A CPU's span for established packets (ct_apply): off the pipeline's frame,
+ * which is on the verifier's deepest chains. A packet's program runs to its
+ * end on one CPU with bottom halves off, so no other packet's translation
+ * comes between. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nat_span);
+} sl_span_v1 SEC(".maps");
 
 /* ---- Replaying a flow's translation (conntrack.h records it) ---- */
 
@@ -345,12 +355,28 @@ static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, con
 {
 	if (p->l4_absent)
 		return ct_apply_fragment(skb, p, v);
+	/* The calls first (to the compiler both are calls), while little
+	 * else is live. */
+	struct nat_span *span = bpf_map_lookup_elem(&sl_span_v1, &sl_slot0);
+	if (!span)
+		return -1;
+	enum skb_csum csum = skb_csum(skb);
 	int snat = v->flags & CT_SNAT;
 	if (v->type == CT_FORWARD)
-		return rewrite_tuple(skb, p, snat ? v->snat_addr : p->saddr, v->nat_addr,
-				     tuple_ports(snat ? v->snat_port : p->sport, v->nat_port));
-	return rewrite_tuple(skb, p, v->nat_addr, snat ? v->snat_addr : p->daddr,
-			     tuple_ports(v->nat_port, snat ? v->snat_port : p->dport));
+		return rewrite_tuple_in(skb, p, snat ? v->snat_addr : p->saddr, v->nat_addr,
+					tuple_ports(snat ? v->snat_port : p->sport, v->nat_port), span, csum);
+	return rewrite_tuple_in(skb, p, v->nat_addr, snat ? v->snat_addr : p->daddr,
+				tuple_ports(v->nat_port, snat ? v->snat_port : p->dport), span, csum);
+}
+
+/* ct_apply_framed is ct_apply in a frame of its own, for the hooks where
+ * traffic leaves toward a workload or the node (HOOK_TO_WL, HOOK_TO_HOST):
+ * their entry frames start the verifier's deepest chains, and the inline
+ * translation's registers would take them over its bound. The hooks where
+ * traffic enters, which translate most packets, take it inline. */
+__subprog int ct_apply_framed(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
+{
+	return ct_apply(skb, p, v);
 }
 
 /* swap_eth swaps an Ethernet frame's source and destination addresses, for

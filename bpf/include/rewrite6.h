@@ -91,7 +91,7 @@ static __always_inline int ct6_apply_helpers(struct __sk_buff *skb, struct packe
  * [16..17] the ports, then the L4 header up to its checksum. */
 struct nat6_span {
 	__u16 w[25];
-};
+} __attribute__((aligned(8)));
 #define NAT6_SPAN_TCP	50
 #define NAT6_SPAN_UDP	40
 
@@ -125,12 +125,12 @@ static __always_inline int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, 
 	if (p->proto == IPPROTO_TCP) {
 		if (from + NAT6_SPAN_TCP > data_end)
 			return -1;
-		__builtin_memcpy(&span, from, NAT6_SPAN_TCP);
+		span_load(&span, from, NAT6_SPAN_TCP);
 		check_word = NAT6_SPAN_TCP / 2 - 1;
 	} else {
 		if (from + NAT6_SPAN_UDP > data_end)
 			return -1;
-		__builtin_memcpy(&span, from, NAT6_SPAN_UDP);
+		span_load(&span, from, NAT6_SPAN_UDP);
 		check_word = NAT6_SPAN_UDP / 2 - 1;
 	}
 	/* The forward direction's destination and a reply's source are the
