@@ -395,6 +395,12 @@ type SluiceIpsetValue struct {
 	Flags uint32
 }
 
+type SluiceNatSpan struct {
+	_ structs.HostLayout
+	W [14]uint16
+	_ [4]byte
+}
+
 type SluicePolVerdict uint8
 
 const (
@@ -471,16 +477,6 @@ type SluiceSockValue struct {
 	Pad          uint16
 	SvcId        uint32
 	Ordinal      uint32
-}
-
-type SluiceSpan struct {
-	_  structs.HostLayout
-	V4 struct {
-		_ structs.HostLayout
-		W [14]uint16
-		_ [4]byte
-	}
-	_ [24]byte
 }
 
 type SluiceSrcrange6Key struct {

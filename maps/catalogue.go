@@ -125,7 +125,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlPrefilter6V1: "XDP prefilter: LPM deny list of IPv6 source CIDRs",
 	gen.SluiceMapSlSock6V1:      "socket LB of IPv6 sockets: {socket cookie, backend} -> service address to give back (LRU)",
 	gen.SluiceMapSlScratch6V1:   "per-CPU scratch space where the datapath builds IPv6 conntrack entries and hands an IPv6 tuple to the policy programs; holds nothing between packets",
-	gen.SluiceMapSlSpanV1:       "per-CPU scratch space where the datapath builds the translated bytes of an established packet (IPv4 or IPv6) before one store writes them; holds nothing between packets",
+	gen.SluiceMapSlSpanV1:       "per-CPU scratch space where the datapath builds the translated bytes of an established IPv4 packet before one store writes them; holds nothing between packets",
 	gen.SluiceMapSlIpset6V1:     "policy IP sets, IPv6 members: LPM {set id, address}",
 	gen.SluiceMapSlMaglevV1:     "Maglev tables: service id -> inner array map holding the table (slot -> backend ordinal); replaced whole",
 	gen.SluiceMapSlEventsV1:     "flow events ring buffer: drops, and service flows starting and ending (read by sluice monitor)",

@@ -7,7 +7,7 @@
 // (gen.LoadOptions.DryRun) on the live maps that the datapath only reads
 // (frontends, backends, Maglev tables, interfaces, policy programs, IP sets)
 // and on copies of the maps it writes (conntrack, affinity, fragments,
-// counters, per-service counters, events, the translations' scratch).
+// counters, per-service counters, events, the IPv4 translation's scratch).
 // The packet runs with BPF_PROG_TEST_RUN on the interface's program. A
 // policy hand-off reaches the agent's own policy programs and verdict
 // program through the live policy program array; the dry run's mark

@@ -150,32 +150,6 @@ struct nat_span {
 #define NAT_SPAN_UDP	18
 #define NAT_SPAN_OFF	offsetof(struct iphdr, check)
 
-/* nat6_span: nat_span for IPv6 (rewrite6.h): the bytes from the source
- * address to the end of the L4 checksum, 50 for TCP and 40 for UDP, as
- * 16-bit words: [0..7] the source, [8..15] the destination, [16..17] the
- * ports, then the L4 header up to its checksum. */
-struct nat6_span {
-	__u16 w[25];
-} __attribute__((aligned(8)));
-#define NAT6_SPAN_TCP	50
-#define NAT6_SPAN_UDP	40
-
-/* A CPU's span, where a translation's bytes are built off the stack frames,
- * which are on the verifier's deepest chains. A packet's program runs to its
- * end on one CPU with bottom halves off, so no other packet's translation
- * comes between. */
-union span {
-	struct nat_span v4;
-	struct nat6_span v6;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, union span);
-} sl_span_v1 SEC(".maps");
-
 /* The kernel's sk_buff, as much of it as is read here: CO-RE relocates the
  * field to where this kernel has it. ip_summed says what the L4 checksum
  * field holds (include/linux/skbuff.h). */
@@ -338,6 +312,17 @@ __subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 sadd
 	return rewrite_tuple_in(skb, p, saddr, daddr, ports, &span, skb_csum(skb));
 }
 
+/* A CPU's span for established packets (ct_apply): off the pipeline's frame,
+ * which is on the verifier's deepest chains. A packet's program runs to its
+ * end on one CPU with bottom halves off, so no other packet's translation
+ * comes between. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nat_span);
+} sl_span_v1 SEC(".maps");
+
 /* ---- Replaying a flow's translation (conntrack.h records it) ---- */
 
 /* ct_apply_fragment translates a non-first fragment: its IP header only. */
@@ -372,16 +357,16 @@ static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, con
 		return ct_apply_fragment(skb, p, v);
 	/* The calls first (to the compiler both are calls), while little
 	 * else is live. */
-	union span *span = bpf_map_lookup_elem(&sl_span_v1, &sl_slot0);
+	struct nat_span *span = bpf_map_lookup_elem(&sl_span_v1, &sl_slot0);
 	if (!span)
 		return -1;
 	enum skb_csum csum = skb_csum(skb);
 	int snat = v->flags & CT_SNAT;
 	if (v->type == CT_FORWARD)
 		return rewrite_tuple_in(skb, p, snat ? v->snat_addr : p->saddr, v->nat_addr,
-					tuple_ports(snat ? v->snat_port : p->sport, v->nat_port), &span->v4, csum);
+					tuple_ports(snat ? v->snat_port : p->sport, v->nat_port), span, csum);
 	return rewrite_tuple_in(skb, p, v->nat_addr, snat ? v->snat_addr : p->daddr,
-				tuple_ports(v->nat_port, snat ? v->snat_port : p->dport), &span->v4, csum);
+				tuple_ports(v->nat_port, snat ? v->snat_port : p->dport), span, csum);
 }
 
 /* ct_apply_framed is ct_apply in a frame of its own, for the hooks where

@@ -85,6 +85,16 @@ static __always_inline int ct6_apply_helpers(struct __sk_buff *skb, struct packe
 	return 0;
 }
 
+/* nat6_span: rewrite_tuple's nat_span (rewrite.h) for IPv6: the bytes from
+ * the source address to the end of the L4 checksum, 50 for TCP and 40 for
+ * UDP, as 16-bit words: [0..7] the source, [8..15] the destination,
+ * [16..17] the ports, then the L4 header up to its checksum. */
+struct nat6_span {
+	__u16 w[25];
+} __attribute__((aligned(8)));
+#define NAT6_SPAN_TCP	50
+#define NAT6_SPAN_UDP	40
+
 /* addr6_diff: word_diff (rewrite.h) over a 16-byte address. */
 static __always_inline __u64 addr6_diff(const __u16 *old, const __u8 *new)
 {
@@ -100,72 +110,72 @@ static __always_inline __u64 addr6_diff(const __u16 *old, const __u8 *new)
  * both addresses, the ports and the L4 checksum lie in one run of bytes.
  * Where a field at a time took five helper calls (a destination: the
  * address's checksum difference, its checksum update and store, the port's
- * update and store), it takes one. The span is the CPU's (sl_span_v1). */
+ * update and store), it takes one. */
 static __always_inline int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_value *v)
 {
 	struct packet *p = &p6->p;
 
 	if (p->l4_absent || p->l4_off - p->l3_off != IPV6_HLEN)
 		return ct6_apply_helpers(skb, p6, v);
-	/* The calls first (to the compiler both are calls), while little
-	 * else is live. */
-	union span *sp = bpf_map_lookup_elem(&sl_span_v1, &sl_slot0);
-	if (!sp)
-		return -1;
-	enum skb_csum csum = skb_csum(skb);
-	if (csum == SKB_CHECKSUM_COMPLETE)
-		return ct6_apply_helpers(skb, p6, v);
-	struct nat6_span *span = &sp->v6;
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	void *from = data + (p->l3_off & 0xff) + IP6_SADDR_OFF;
-	__u32 len;
+	struct nat6_span span = {};
+	__u32 check_word;
 	if (p->proto == IPPROTO_TCP) {
 		if (from + NAT6_SPAN_TCP > data_end)
 			return -1;
-		span_load(span, from, NAT6_SPAN_TCP);
-		len = NAT6_SPAN_TCP;
+		span_load(&span, from, NAT6_SPAN_TCP);
+		check_word = NAT6_SPAN_TCP / 2 - 1;
 	} else {
 		if (from + NAT6_SPAN_UDP > data_end)
 			return -1;
-		span_load(span, from, NAT6_SPAN_UDP);
-		len = NAT6_SPAN_UDP;
+		span_load(&span, from, NAT6_SPAN_UDP);
+		check_word = NAT6_SPAN_UDP / 2 - 1;
 	}
 	/* The forward direction's destination and a reply's source are the
 	 * translation's; the other side only with SNAT. */
 	int fwd = v->type == CT_FORWARD, snat = v->flags & CT_SNAT;
 	__u32 nat_word = fwd ? 8 : 0, other_word = fwd ? 0 : 8;
 	__u32 nat_port = fwd ? 17 : 16, other_port = fwd ? 16 : 17;
-	if (addr6_eq((const __u8 *)&span->w[nat_word & 8], v->nat_addr) && span->w[nat_port & 17] == v->nat_port &&
-	    (!snat || (addr6_eq((const __u8 *)&span->w[other_word & 8], v->snat_addr) &&
-		       span->w[other_port & 17] == v->snat_port)))
+	if (addr6_eq((const __u8 *)&span.w[nat_word & 8], v->nat_addr) && span.w[nat_port & 17] == v->nat_port &&
+	    (!snat || (addr6_eq((const __u8 *)&span.w[other_word & 8], v->snat_addr) &&
+		       span.w[other_port & 17] == v->snat_port)))
 		return 0; /* a tracked flow that is not translated */
-	__u64 addrs = addr6_diff(&span->w[nat_word & 8], v->nat_addr);
-	__u64 ports = word_diff(span->w[nat_port & 17], v->nat_port);
+	__u64 addrs = addr6_diff(&span.w[nat_word & 8], v->nat_addr);
+	__u64 ports = word_diff(span.w[nat_port & 17], v->nat_port);
 	if (snat) {
-		addrs += addr6_diff(&span->w[other_word & 8], v->snat_addr);
-		ports += word_diff(span->w[other_port & 17], v->snat_port);
+		addrs += addr6_diff(&span.w[other_word & 8], v->snat_addr);
+		ports += word_diff(span.w[other_port & 17], v->snat_port);
 	}
-	span->w[len / 2 - 1] = l4_check_updated(span->w[len / 2 - 1], csum, p->proto, addrs,
-						csum == SKB_CHECKSUM_PARTIAL ? 0 : ports);
-	__builtin_memcpy(&span->w[nat_word & 8], v->nat_addr, 16);
-	span->w[nat_port & 17] = v->nat_port;
+	__u16 l4_check = span.w[check_word];
+	__u32 checks = l4_check_updated(l4_check, SKB_CHECKSUM_PARTIAL, p->proto, addrs, 0) |
+		       (__u32)l4_check_updated(l4_check, SKB_CHECKSUM_NONE, p->proto, addrs, ports) << 16;
+	__builtin_memcpy(&span.w[nat_word & 8], v->nat_addr, 16);
+	span.w[nat_port & 17] = v->nat_port;
 	if (snat) {
-		__builtin_memcpy(&span->w[other_word & 8], v->snat_addr, 16);
-		span->w[other_port & 17] = v->snat_port;
+		__builtin_memcpy(&span.w[other_word & 8], v->snat_addr, 16);
+		span.w[other_port & 17] = v->snat_port;
 	}
-	if (bpf_skb_store_bytes(skb, p->l3_off + IP6_SADDR_OFF, span, len, 0))
+
+	enum skb_csum csum = skb_csum(skb);
+	if (csum == SKB_CHECKSUM_COMPLETE)
+		return ct6_apply_helpers(skb, p6, v);
+	__u32 len = p->proto == IPPROTO_TCP ? NAT6_SPAN_TCP : NAT6_SPAN_UDP;
+	span.w[len / 2 - 1] = csum == SKB_CHECKSUM_PARTIAL ? (__u16)checks : (__u16)(checks >> 16);
+	if (bpf_skb_store_bytes(skb, p->l3_off + IP6_SADDR_OFF, &span, len, 0))
 		return -1;
-	__builtin_memcpy(p6->saddr, &span->w[0], 16);
-	__builtin_memcpy(p6->daddr, &span->w[8], 16);
-	__builtin_memcpy(&p->sport, &span->w[16], 4);
+	__builtin_memcpy(p6->saddr, &span.w[0], 16);
+	__builtin_memcpy(p6->daddr, &span.w[8], 16);
+	p->sport = span.w[16];
+	p->dport = span.w[17];
 	return 0;
 }
 
 /* ct6_follow: an established packet of an IPv6 flow, recorded on its entry
- * (ct6_touch) and translated (ct6_apply), in one subprogram: the clock read
- * (sl_now_tick) and the translation's registers stay off the pipeline's
- * frame, which is at the verifier's bound on its deepest chain. */
+ * (ct6_touch) and translated (ct6_apply), in one subprogram: the span lives
+ * in its frame, and the clock read (sl_now_tick) too, off the pipeline's,
+ * which is at the verifier's bound on its deepest chain. */
 __subprog int ct6_follow(struct __sk_buff *skb, struct packet6 *p6, struct ct6_value *v)
 {
 	ct6_touch(v, &p6->p);
