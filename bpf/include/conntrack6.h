@@ -62,10 +62,10 @@ ASSERT_SIZE(struct policy6_tuple, 32);
 
 /* Per-CPU scratch space where ct6_create builds a flow's entries (on the
  * stack they would take the IPv6 path over the verifier's 512 bytes: a
- * stage's frame adds to the entry program's and the pipeline's), and where
- * the policy hand-off leaves an IPv6 tuple for the policy program and the
- * verdict program that it tail-calls on the same CPU. It holds nothing from
- * one packet to the next. */
+ * stage's frame adds to the entry program's and the pipeline's), an ICMPv6
+ * error's lookup its key, and the policy hand-off leaves an IPv6 tuple for
+ * the policy program and the verdict program it tail-calls on the same
+ * CPU. It holds nothing from one packet to the next. */
 struct ct6_scratch {
 	struct ct6_key rev_key;
 	struct ct6_value v;
