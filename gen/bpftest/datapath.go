@@ -39,15 +39,31 @@ func NewDatapath(tb testing.TB, nodeIP netip.Addr) *Datapath {
 }
 
 // NewDatapathWithMaps is NewDatapath with some maps given by name (e.g. a
-// small conntrack map, to fill it).
+// small conntrack map, to fill it). Without maps, the datapath may be one an
+// earlier test of the binary used, its maps emptied (pool.go); with maps, it
+// is a new load.
 func NewDatapathWithMaps(tb testing.TB, nodeIP netip.Addr, m map[string]*ebpf.Map) *Datapath {
 	tb.Helper()
 	Require(tb)
-	objs, err := gen.Load(gen.LoadOptions{Maps: m})
+	var objs *gen.SluiceObjects
+	var err error
+	if m == nil {
+		objs, err = acquire()
+	} else {
+		objs, err = gen.Load(gen.LoadOptions{Maps: m})
+	}
 	if err != nil {
 		tb.Fatalf("%+v", err)
 	}
-	tb.Cleanup(func() { objs.Close() })
+	tb.Cleanup(func() {
+		if m != nil {
+			objs.Close()
+			return
+		}
+		if err := release(objs); err != nil {
+			tb.Errorf("datapath left in a state the next test cannot start from: %v", err)
+		}
+	})
 	d := &Datapath{TB: tb, Objs: objs}
 	d.Put(objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP)})
 	d.Put(objs.SlHostipV1, gen.SluiceHostipKey{Addr: gen.NetAddr(nodeIP)}, gen.SluiceHostipValue{})
