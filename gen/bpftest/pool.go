@@ -38,11 +38,15 @@ func acquire() (*gen.SluiceObjects, error) {
 	return gen.Load(gen.LoadOptions{})
 }
 
-// release empties objs' maps and keeps them for the next test; a datapath
-// that cannot be emptied is closed instead, and the error says which map.
+// release empties objs' maps and keeps them for the next test. A datapath
+// whose program array holds programs is closed instead; one that cannot be
+// emptied is closed too, and the error says which map.
 func release(objs *gen.SluiceObjects) error {
 	if err := Empty(&objs.SluiceMaps); err != nil {
 		objs.Close()
+		if errors.Is(err, errNotReusable) {
+			return nil
+		}
 		return err
 	}
 	idle.Lock()
@@ -52,8 +56,9 @@ func release(objs *gen.SluiceObjects) error {
 }
 
 // Empty returns every map of a loaded datapath to the state a load leaves it
-// in: hash, LRU, LPM and map-in-map maps with no entry, arrays all zeros,
-// program arrays with no program and the event ring buffer read to its end.
+// in: hash, LRU, LPM and map-in-map maps with no entry, arrays all zeros and
+// the event ring buffer read to its end. A program array must hold no program
+// (requireNoProgram); the error says so otherwise.
 func Empty(maps *gen.SluiceMaps) error {
 	v := reflect.ValueOf(maps).Elem()
 	for i := range v.NumField() {
@@ -73,18 +78,34 @@ func emptyMap(m *ebpf.Map) error {
 	case ebpf.Array, ebpf.PerCPUArray:
 		return zeroArray(m)
 	case ebpf.ProgramArray:
-		// Every index is a key of a program array; only the set ones delete.
-		for i := range m.MaxEntries() {
-			if err := m.Delete(i); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return err
-			}
-		}
-		return nil
+		return requireNoProgram(m)
 	case ebpf.RingBuf:
 		return drainRing(m)
 	default:
 		return deleteEveryKey(m)
 	}
+}
+
+// errNotReusable: the datapath is closed rather than emptied.
+var errNotReusable = errors.New("not reusable")
+
+// requireNoProgram refuses a program array that holds a program. Deleting
+// them one at a time would re-patch, for each one, every direct tail call of
+// every program still in the array: with the hundreds of programs of a
+// rule-by-rule policy that takes minutes, while closing the datapath
+// releases them at once.
+func requireNoProgram(m *ebpf.Map) error {
+	var id uint32
+	for i := range m.MaxEntries() {
+		err := m.Lookup(i, &id)
+		if err == nil {
+			return fmt.Errorf("%w: index %d holds program %d", errNotReusable, i, id)
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 // zeroArray writes a zero value at every index in one batch.

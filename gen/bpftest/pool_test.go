@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 
 // A datapath a test hands back must reach the next test as a fresh load
 // would: every map written here, of every type, is empty or zero afterwards,
-// and the ring buffer has nothing left to read.
+// and the ring buffer has nothing left to read. One with a program in its
+// program array is not emptied at all.
 func TestEmptyReturnsEveryMapToItsLoadedState(t *testing.T) {
 	node := netip.MustParseAddr("10.0.0.1")
 	client := netip.MustParseAddrPort("10.1.0.5:41234")
@@ -72,6 +74,14 @@ func TestEmptyReturnsEveryMapToItsLoadedState(t *testing.T) {
 		}
 	}
 
+	// A program in the program array makes the datapath one to close, not
+	// to empty (requireNoProgram); without it, emptying succeeds.
+	if err := bpftest.Empty(&objs.SluiceMaps); err == nil || !strings.Contains(err.Error(), "sl_polprog_v1") {
+		t.Fatalf("emptying a datapath with a program in its program array: %v, want an error naming sl_polprog_v1", err)
+	}
+	if err := objs.SlPolprogV1.Delete(uint32(3)); err != nil {
+		t.Fatal(err)
+	}
 	if err := bpftest.Empty(&objs.SluiceMaps); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +106,7 @@ func TestEmptyReturnsEveryMapToItsLoadedState(t *testing.T) {
 		case ebpf.ProgramArray:
 			var id uint32
 			if err := m.Lookup(uint32(3), &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
-				t.Errorf("%s: index 3 still holds a program (id %d, %v)", name, id, err)
+				t.Errorf("%s: index 3 holds a program (id %d, %v)", name, id, err)
 			}
 		case ebpf.Array, ebpf.PerCPUArray:
 			it := m.Iterate()
