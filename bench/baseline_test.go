@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -72,6 +73,7 @@ type baselineEnv struct {
 	backendIPs   []string
 	api          *apiservertest.Server
 	pinDir       string // Sluice's, once started
+	nodeIP       string // the Node object's InternalIP; empty: the first pod's gateway
 }
 
 func newBaselineEnv(b *testing.B) *baselineEnv {
@@ -125,6 +127,7 @@ func (e *baselineEnv) addPod(b *testing.B, i int) (*bpftest.NetNS, string) {
 // startProxy starts a proxy in the node namespace; extra flags are the
 // proxy's own (Sluice's or kube-proxy's).
 func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string, extra ...string) *os.Process {
+	e.registerNode(b)
 	var args []string
 	if name == "sluice" {
 		e.pinDir = filepath.Join(bpftest.PinDir(b), "sluice")
@@ -138,6 +141,21 @@ func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string, e
 			"--iptables-min-sync-period=0s"}
 	}
 	return apiservertest.StartProcess(b, e.node, filepath.Join(b.TempDir(), name+".log"), append(args, extra...)...)
+}
+
+// registerNode creates the proxies' Node object, as a kubelet would have:
+// without it kube-proxy waits 30 s for the Node before it falls back to
+// loopback as the node's IP ("Timed out waiting for node to exist").
+func (e *baselineEnv) registerNode(b *testing.B) {
+	ip := e.nodeIP
+	if ip == "" {
+		ip = "10.200.0.1"
+	}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: ip}}}}
+	if _, err := e.api.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
 }
 
 // createServices creates n Services whose endpoints are backends and

@@ -30,7 +30,7 @@ type clashResult struct {
 var clashCache = map[string]clashResult{}
 
 func runClashBaseline(b *testing.B, proxy, sluice, kubeProxy string) clashResult {
-	e := &baselineEnv{node: bpftest.NewNetNS(b)}
+	e := &baselineEnv{node: bpftest.NewNetNS(b), nodeIP: "10.210.0.1"}
 	e.node.Run("sysctl", "-qw", "net.ipv4.ip_forward=1")
 	e.client, _ = e.addPod(b, 0)
 	for i := 1; i <= 3; i++ {
