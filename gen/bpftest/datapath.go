@@ -47,7 +47,8 @@ func NewDatapathWithMaps(tb testing.TB, nodeIP netip.Addr, m map[string]*ebpf.Ma
 	Require(tb)
 	var objs *gen.SluiceObjects
 	var err error
-	if m == nil {
+	shared := len(m) == 0
+	if shared {
 		objs, err = acquire()
 	} else {
 		objs, err = gen.Load(gen.LoadOptions{Maps: m})
@@ -56,7 +57,7 @@ func NewDatapathWithMaps(tb testing.TB, nodeIP netip.Addr, m map[string]*ebpf.Ma
 		tb.Fatalf("%+v", err)
 	}
 	tb.Cleanup(func() {
-		if m != nil {
+		if !shared {
 			objs.Close()
 			return
 		}
