@@ -53,7 +53,7 @@ func TestEmptyReturnsEveryMapToItsLoadedState(t *testing.T) {
 		case ebpf.ProgramArray:
 			err = m.Put(uint32(3), objs.SlPolicyVerdict)
 		case ebpf.HashOfMaps:
-			inner, ierr := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4 * 16381, MaxEntries: 1})
+			inner, ierr := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4 * gen.MaglevDefaultTableSize, MaxEntries: 1})
 			if ierr != nil {
 				t.Fatal(ierr)
 			}
