@@ -385,7 +385,7 @@ func BenchmarkNewFlowFloor(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer objs.Close()
-	clear := func() { bpftest.ClearMap[gen.SluiceCtKey, gen.SluiceCtValue](b, objs.FloorCt) }
+	clear := func() { bpftest.ClearMap(b, objs.FloorCt) }
 	vip := serviceAddr(5)
 	for _, step := range []struct {
 		name string

@@ -347,23 +347,14 @@ func (d *Datapath) SetMaglevTable(id uint32, table []uint32) {
 // flow had ended and been removed.
 func (d *Datapath) ClearConntrack() {
 	d.TB.Helper()
-	ClearMap[gen.SluiceCtKey, gen.SluiceCtValue](d.TB, d.Objs.SlCtV2)
-	ClearMap[gen.SluiceCt6Key, gen.SluiceCt6Value](d.TB, d.Objs.SlCt6V1)
+	ClearMap(d.TB, d.Objs.SlCtV2)
+	ClearMap(d.TB, d.Objs.SlCt6V1)
 }
 
-// ClearMap deletes every entry of a hash map of K to V.
-func ClearMap[K, V any](tb testing.TB, m *ebpf.Map) {
-	var keys []K
-	var k K
-	var v V
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	if len(keys) == 0 {
-		return
-	}
-	if _, err := m.BatchDelete(keys, nil); err != nil {
+// ClearMap deletes every entry of a hash, LRU or LPM map.
+func ClearMap(tb testing.TB, m *ebpf.Map) {
+	tb.Helper()
+	if err := deleteEveryKey(m); err != nil {
 		tb.Fatal(err)
 	}
 }
