@@ -153,3 +153,199 @@ func TestUnansweredFlowsDroppedFirstUnderPressure(t *testing.T) {
 		t.Fatalf("the next legitimate flow went to %v, want %v", out.Dst, udpBE)
 	}
 }
+
+// smallConntrack is a datapath whose conntrack map holds only entries
+// entries, and a scanner of it whose clock runs ahead by what the test adds
+// to the returned offset.
+func smallConntrack(t *testing.T, entries uint32) (*bpftest.Datapath, *conntrack.Scanner, *atomic.Int64) {
+	t.Helper()
+	spec, err := gen.Spec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := spec.Maps[maps.Conntrack.Name].Copy()
+	ms.MaxEntries = entries
+	raw, err := ebpf.NewMap(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	dp := bpftest.NewDatapathWithMaps(t, nodeIP, map[string]*ebpf.Map{maps.Conntrack.Name: raw})
+	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := new(atomic.Int64)
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct,
+		Clock: func() time.Duration { return conntrack.Monotonic() + time.Duration(clock.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dp, sc, clock
+}
+
+// A client opening connections faster than closed flows expire (they are
+// held 30 s after their FINs) fills the map with flows that are over. Under
+// pressure the scanner drops those, as netfilter's early_drop does, and
+// keeps the live connection, so the next connection gets in instead of
+// every new flow being refused until the closed ones expire.
+func TestEndedFlowsDroppedUnderPressure(t *testing.T) {
+	bpftest.Require(t)
+	dp, sc, clock := smallConntrack(t, 64)
+	dp.AddService(bpftest.Service{ID: 1, Front: vipAP, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
+
+	handshake := func(client netip.AddrPort) uint32 {
+		if ret, _ := dp.Run(dp.Objs.SlFromWl, bpftest.TCPPacket(client, vipAP, bpftest.SYN)); ret == 2 /* TC_ACT_SHOT */ {
+			return ret
+		}
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, client, bpftest.SYN|bpftest.ACK))
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(client, vipAP, bpftest.ACK))
+		return 0
+	}
+	live := netip.AddrPortFrom(clientAP.Addr(), 1000)
+	if handshake(live) != 0 {
+		t.Fatal("the live connection was refused")
+	}
+	// Connections opened and closed by the client first, until the map
+	// refuses one.
+	closed := 0
+	for port := uint16(2000); ; port++ {
+		client := netip.AddrPortFrom(clientAP.Addr(), port)
+		if handshake(client) != 0 {
+			break
+		}
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(client, vipAP, bpftest.FIN|bpftest.ACK))
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, client, bpftest.FIN|bpftest.ACK))
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(client, vipAP, bpftest.ACK))
+		closed++
+	}
+	if closed == 0 || closed > 31 {
+		t.Fatalf("%d connections closed before the map refused one", closed)
+	}
+
+	// The first scan finds the map full but the flows within their
+	// creation grace; the next, past the grace a closed flow gets, drops
+	// them and keeps the live connection.
+	clock.Add(int64(2 * time.Second))
+	if first, err := sc.Scan(); err != nil || first.FillRatio < 0.9 || first.DeletedTotal() != 0 {
+		t.Fatalf("first scan %+v, %v: want a full map and nothing deleted", first, err)
+	}
+	second, err := sc.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := second.Deleted[conntrack.ReasonEarlyDrop]; got != closed {
+		t.Fatalf("early-dropped %d flows, want the %d closed ones (deleted %v)", got, closed, second.Deleted)
+	}
+	if _, ok := dp.CT(bpftest.CtKey(live, vipAP, bpftest.ProtoTCP)); !ok {
+		t.Fatal("the live connection was dropped under pressure")
+	}
+	if handshake(netip.AddrPortFrom(clientAP.Addr(), 3000)) != 0 {
+		t.Fatal("the next connection was refused after the scan")
+	}
+}
+
+// A closed flow that saw a packet within EndedGrace is kept under pressure:
+// a lost last ACK brings the server's FIN again, and it needs the flow's
+// reverse translation to reach the client.
+func TestRecentlyEndedFlowKeptUnderPressure(t *testing.T) {
+	bpftest.Require(t)
+	dp, sc, clock := smallConntrack(t, 2)
+	dp.AddService(bpftest.Service{ID: 1, Front: vipAP, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
+	for _, flags := range []uint8{bpftest.SYN, bpftest.ACK, bpftest.FIN | bpftest.ACK} {
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(clientAP, vipAP, flags))
+		if flags == bpftest.SYN {
+			dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.SYN|bpftest.ACK))
+		}
+	}
+	dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, clientAP, bpftest.FIN|bpftest.ACK))
+	clock.Add(int64(500 * time.Millisecond))
+	for range 2 {
+		st, err := sc.Scan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.FillRatio < 1 || st.DeletedTotal() != 0 {
+			t.Fatalf("scan %+v: want the full map's closed flow kept within its grace", st)
+		}
+	}
+}
+
+// The scan interval shrinks before the map fills: the growth since the last
+// scan predicts when the map passes PressureFill, and the next scan comes
+// at half that time, whatever the deletion ratio says; a scan that expects
+// the map past the mark evicts at once.
+func TestScanComesBeforeTheMapFills(t *testing.T) {
+	bpftest.Require(t)
+	spec, err := gen.Spec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := spec.Maps[maps.Conntrack.Name].Copy()
+	ms.MaxEntries = 1000
+	raw, err := ebpf.NewMap(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock atomic.Int64
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, MinInterval: time.Second, MaxInterval: time.Minute,
+		Clock: func() time.Duration { return conntrack.Monotonic() + time.Duration(clock.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(from, n int) {
+		now := uint64(conntrack.Monotonic()) + uint64(clock.Load())
+		for i := from; i < from+n; i++ {
+			k := gen.SluiceCtKey{Saddr: uint32(i + 1), Proto: 17}
+			v := gen.SluiceCtValue{Created: now, LastSeen: now, Type: gen.SluiceCtTypeCT_FORWARD}
+			if err := ct.Put(k, v, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	add(0, 100)
+	first, err := sc.Scan()
+	if err != nil || first.TimeToPressure != 0 {
+		t.Fatalf("first scan %+v, %v: no growth is known yet", first, err)
+	}
+	// 200 entries in 10 s: 600 more reach 90% in 30 s.
+	clock.Add(int64(10 * time.Second))
+	add(100, 200)
+	second, err := sc.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.TimeToPressure < 29*time.Second || second.TimeToPressure > 31*time.Second {
+		t.Fatalf("time to pressure %v, want 30s", second.TimeToPressure)
+	}
+	// Nothing was deleted: the ratio rule alone would double the interval.
+	if next := sc.NextInterval(40*time.Second, second); next != second.TimeToPressure/2 {
+		t.Fatalf("next scan after %v, want half the time to pressure, %v", next, second.TimeToPressure/2)
+	}
+	// Fast growth never brings the interval under the minimum.
+	clock.Add(int64(time.Second))
+	add(300, 550)
+	third, err := sc.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next := sc.NextInterval(10*time.Second, third); next != time.Second {
+		t.Fatalf("next scan after %v at %v to pressure, want the minimum", next, third.TimeToPressure)
+	}
+	// The third scan left the map at 85%, under the mark; at 550 entries a
+	// second it has passed it since, so the next scan evicts at once (here
+	// the flows never answered) rather than a scan later.
+	clock.Add(int64(2 * time.Second))
+	fourth, err := sc.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fourth.Deleted[conntrack.ReasonEarlyDrop]; got != 850 {
+		t.Fatalf("early-dropped %d flows, want the 850 never answered (deleted %v)", got, fourth.Deleted)
+	}
+}

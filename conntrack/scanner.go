@@ -22,7 +22,10 @@ const (
 	ReasonOrphan   Reason = "orphan"  // one entry whose peer is gone
 	ReasonFlushed  Reason = "flushed" // FlushBackends
 	// ReasonEarlyDrop: the map is under pressure and the flow was never
-	// answered (a flood's, most often), as netfilter's early_drop.
+	// answered (a flood's, most often), or it has ended (FINs both ways, or
+	// a RST) and is only held for its last packets and the clash rules, as
+	// netfilter's early_drop, which evicts unassured flows and TCP flows
+	// past their FINs.
 	ReasonEarlyDrop Reason = "early-drop"
 )
 
@@ -71,9 +74,15 @@ type Options struct {
 	// flows that were never answered (see Pair.Assured) and are older than
 	// UnansweredGrace (default 1 s), so that a flood of new flows, which
 	// can fill the map but never evict an established flow, does not lock
-	// out the next legitimate ones until its entries expire.
+	// out the next legitimate ones until its entries expire. It also deletes
+	// the TCP flows that have ended (Pair.Ended) and saw no packet for
+	// EndedGrace (default 1 s, past a first retransmission of a last FIN):
+	// their entries are held for 30 s to 2 min after the end, so a node
+	// opening thousands of connections a second would otherwise fill the
+	// map with flows that are over and refuse every new one.
 	PressureFill    float64
 	UnansweredGrace time.Duration
+	EndedGrace      time.Duration
 	// OnScan, if set, receives every scan's statistics (metrics).
 	OnScan func(ScanStats)
 	Logger *slog.Logger
@@ -93,8 +102,12 @@ type ScanStats struct {
 	Capacity  uint32
 	FillRatio float64
 	Maps      []MapFill
-	Deleted   map[Reason]int
-	Duration  time.Duration
+	// TimeToPressure is how soon the map nearest to it would pass
+	// PressureFill, were entries added as fast as since the previous scan;
+	// 0 when no map grew (or on the first scan).
+	TimeToPressure time.Duration
+	Deleted        map[Reason]int
+	Duration       time.Duration
 }
 
 // MapFill is one conntrack map's fill at a scan.
@@ -155,6 +168,13 @@ type Scanner struct {
 	// pressure: the last scan found the map fuller than PressureFill, by
 	// table.
 	pressure []bool
+	// left is what the last scan left in each table, at lastScan (kernel
+	// monotonic; 0: no scan yet): the growth since is TimeToPressure's.
+	// growth is each table's entries added a second between the last two
+	// scans.
+	left     []int
+	growth   []float64
+	lastScan time.Duration
 }
 
 // NewScanner checks opts and fills in defaults.
@@ -180,6 +200,9 @@ func NewScanner(opts Options) (*Scanner, error) {
 	if opts.UnansweredGrace == 0 {
 		opts.UnansweredGrace = time.Second
 	}
+	if opts.EndedGrace == 0 {
+		opts.EndedGrace = time.Second
+	}
 	if opts.MaxInterval == 0 {
 		opts.MaxInterval = time.Minute
 	}
@@ -188,7 +211,8 @@ func NewScanner(opts Options) (*Scanner, error) {
 		log = slog.Default()
 	}
 	t := tables(opts.Conntrack, opts.Conntrack6)
-	return &Scanner{opts: opts, log: log, tables: t, pressure: make([]bool, len(t))}, nil
+	return &Scanner{opts: opts, log: log, tables: t, pressure: make([]bool, len(t)),
+		left: make([]int, len(t)), growth: make([]float64, len(t))}, nil
 }
 
 // Monotonic is the kernel's monotonic clock, the one the datapath's
@@ -213,8 +237,8 @@ func (s *Scanner) Scan() (ScanStats, error) {
 		}
 	}
 	for i, t := range s.tables {
-		entries, early := st.Entries, st.Deleted[ReasonEarlyDrop]
-		if err := s.scanTable(t, s.pressure[i], now, &st); err != nil {
+		entries, early, deleted := st.Entries, st.Deleted[ReasonEarlyDrop], st.DeletedTotal()
+		if err := s.scanTable(t, s.pressure[i] || s.expectsPressure(i, t, now), now, &st); err != nil {
 			return st, err
 		}
 		n := st.Entries - entries
@@ -223,12 +247,24 @@ func (s *Scanner) Scan() (ScanStats, error) {
 		st.FillRatio = max(st.FillRatio, fill)
 		st.Maps = append(st.Maps, MapFill{Name: t.name(), Entries: n, Capacity: t.capacity()})
 		if dropped := st.Deleted[ReasonEarlyDrop] - early; fill > fillWarning || dropped > 0 {
-			s.log.Warn("conntrack map nearly full: new flows are refused when it is full, established ones are kept, and flows never answered are dropped first",
+			s.log.Warn("conntrack map nearly full: new flows are refused when it is full, established ones are kept, and flows never answered or already ended are dropped first",
 				"map", t.name(), "entries", n, "capacity", t.capacity(),
-				"fill", fmt.Sprintf("%.0f%%", 100*fill), "unanswered_dropped", dropped)
+				"fill", fmt.Sprintf("%.0f%%", 100*fill), "early_dropped", dropped)
 		}
 		s.pressure[i] = fill > s.opts.PressureFill
+		left := n - (st.DeletedTotal() - deleted)
+		s.growth[i] = 0
+		if grown := n - s.left[i]; s.lastScan > 0 && grown > 0 && now > s.lastScan {
+			s.growth[i] = float64(grown) / (now - s.lastScan).Seconds()
+			room := max(s.opts.PressureFill*float64(t.capacity())-float64(left), 0)
+			ttp := time.Duration(room / s.growth[i] * float64(time.Second))
+			if st.TimeToPressure == 0 || ttp < st.TimeToPressure {
+				st.TimeToPressure = max(ttp, 1)
+			}
+		}
+		s.left[i] = left
 	}
+	s.lastScan = now
 	st.Duration = time.Since(start)
 	if s.opts.OnScan != nil {
 		s.opts.OnScan(st)
@@ -264,7 +300,7 @@ func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanS
 				}
 			}
 			reason := s.judge(p, now)
-			if reason == "" && pressure && !p.Assured() && now-p.Created() > s.opts.UnansweredGrace {
+			if reason == "" && pressure && s.evictable(p, now) {
 				reason = ReasonEarlyDrop
 			}
 			if reason != "" {
@@ -302,6 +338,27 @@ func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanS
 		return fmt.Errorf("conntrack scan: %s: %w", t.name(), err)
 	}
 	return s.applyDeletions(t, st)
+}
+
+// expectsPressure tells whether table i has passed PressureFill since the
+// last scan, were entries added as fast as between the last two: the scan
+// then evicts as under pressure at once, rather than a scan later, by which
+// time a fast rate has filled the map.
+func (s *Scanner) expectsPressure(i int, t table, now time.Duration) bool {
+	if s.lastScan == 0 || s.growth[i] == 0 {
+		return false
+	}
+	expected := float64(s.left[i]) + s.growth[i]*(now-s.lastScan).Seconds()
+	return expected > s.opts.PressureFill*float64(t.capacity())
+}
+
+// evictable tells whether a flow goes first when the map is under pressure:
+// never answered past UnansweredGrace, or ended and idle past EndedGrace.
+func (s *Scanner) evictable(p *Pair, now time.Duration) bool {
+	if !p.Assured() {
+		return now-p.Created() > s.opts.UnansweredGrace
+	}
+	return p.Ended() && now-p.LastSeen() > s.opts.EndedGrace
 }
 
 // lookupOwnReverse reads the forward entry's reverse entry into the pair,
@@ -411,22 +468,28 @@ func (s *Scanner) Run(ctx context.Context) {
 // NextInterval is the adaptive rule: MinInterval while the map is under
 // pressure (see Options.PressureFill); otherwise halve while more than 25% of the entries
 // were deleted, double while fewer than 5% were, within [MinInterval,
-// MaxInterval].
+// MaxInterval]; and never later than half the TimeToPressure, so that a
+// rising connection rate meets a scan before it meets a full map.
 func (s *Scanner) NextInterval(cur time.Duration, st ScanStats) time.Duration {
 	if st.FillRatio > s.opts.PressureFill {
 		return s.opts.MinInterval // under pressure
 	}
+	next := cur
 	if st.Entries == 0 {
-		return min(cur*2, s.opts.MaxInterval)
+		next = min(cur*2, s.opts.MaxInterval)
+	} else {
+		ratio := float64(st.DeletedTotal()) / float64(st.Entries)
+		switch {
+		case ratio > 0.25:
+			next = max(cur/2, s.opts.MinInterval)
+		case ratio < 0.05:
+			next = min(cur*2, s.opts.MaxInterval)
+		}
 	}
-	ratio := float64(st.DeletedTotal()) / float64(st.Entries)
-	switch {
-	case ratio > 0.25:
-		return max(cur/2, s.opts.MinInterval)
-	case ratio < 0.05:
-		return min(cur*2, s.opts.MaxInterval)
+	if st.TimeToPressure > 0 {
+		next = max(min(next, st.TimeToPressure/2), s.opts.MinInterval)
 	}
-	return cur
+	return next
 }
 
 // Backend is a backend that left a service (from the NAT syncer's report).

@@ -155,6 +155,20 @@ func (p *Pair) Assured() bool {
 	return p.Rev.TcpSeen&seenPacket != 0
 }
 
+// Ended tells whether a TCP flow is over: FINs both ways, or a RST. Its
+// entries are then kept only for late packets (a retransmitted last FIN) and
+// the clash rules, and go first when the map is under pressure.
+func (p *Pair) Ended() bool {
+	if p.proto() != protoTCP {
+		return false
+	}
+	switch p.State() {
+	case StateReset, StateFinsSeen, StateServerTimeWait:
+		return true
+	}
+	return false
+}
+
 // LastSeen is the later of the two entries' last packets (kernel monotonic).
 func (p *Pair) LastSeen() time.Duration {
 	return time.Duration(max(p.Fwd.LastSeen, p.Rev.LastSeen))
