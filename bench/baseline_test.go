@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -43,6 +44,9 @@ type baselineResult struct {
 	programMs, changeMs         float64
 	rate, p50us, p99us, synRetr float64
 	dialErrors, proxyCPUms      float64
+	// bpfNsPerConn, bpfRunsPerConn: the datapath's program time and runs
+	// per counted connection (SLUICE_BENCH_BPF_STATS=1 only; progstats_test.go).
+	bpfNsPerConn, bpfRunsPerConn float64
 	// xNoProxy: the proxied rate over the no-proxy rate measured in the
 	// windows between the proxied ones (pairedRates).
 	xNoProxy float64
@@ -345,11 +349,26 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string, di
 	for _, ip := range ips[:min(connTargets, len(ips))] {
 		targets = append(targets, ip+":80")
 	}
+	var stats io.Closer
+	if proxy == "sluice" {
+		stats = enableRunTimeStats(b)
+	}
+	runsBefore := programRuns(b, "sl_")
 	before, cpuBefore := e.synRetrans(), processCPU(b, proc.Pid)
 	got, noProxy := pairedRates(e, targets, direct, d)
 	r.synRetr = e.synRetrans() - before
 	r.proxyCPUms = float64((processCPU(b, proc.Pid) - cpuBefore).Microseconds()) / 1000
 	r.rate, r.p50us, r.p99us = got.rate()
+	if stats != nil {
+		total, byName := programRunsSince(runsBefore, programRuns(b, "sl_"))
+		stats.Close()
+		if conns := float64(len(got.lat)); conns > 0 {
+			r.bpfNsPerConn, r.bpfRunsPerConn = float64(total.time.Nanoseconds())/conns, float64(total.runs)/conns
+		}
+		for _, p := range byName {
+			b.Logf("%s: %.2f runs per connection, %.0f ns a run", p.name, float64(p.runs)/float64(len(got.lat)), float64(p.time.Nanoseconds())/float64(p.runs))
+		}
+	}
 	r.dialErrors = float64(got.errs)
 	if base, _, _ := noProxy.rate(); base > 0 {
 		r.xNoProxy = r.rate / base
@@ -404,6 +423,10 @@ func BenchmarkBaselines(b *testing.B) {
 				if proxy != "no-proxy" {
 					b.ReportMetric(r.proxyCPUms, "proxy-cpu-ms")
 					b.ReportMetric(r.xNoProxy, "x-no-proxy")
+				}
+				if r.bpfRunsPerConn > 0 {
+					b.ReportMetric(r.bpfNsPerConn, "bpf-ns/conn")
+					b.ReportMetric(r.bpfRunsPerConn, "bpf-runs/conn")
 				}
 			})
 		}
