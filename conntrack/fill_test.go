@@ -2,6 +2,7 @@ package conntrack_test
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -347,5 +348,70 @@ func TestScanComesBeforeTheMapFills(t *testing.T) {
 	}
 	if got := fourth.Deleted[conntrack.ReasonEarlyDrop]; got != 850 {
 		t.Fatalf("early-dropped %d flows, want the 850 never answered (deleted %v)", got, fourth.Deleted)
+	}
+}
+
+// A burst fills the map long before the interval of an idle one ends (up to
+// a minute). With the maps' entry counts to read, Run looks every
+// MinInterval, and the scan it starts when the map is past the mark evicts
+// at once: here the never-answered flows of a flood, within a second of the
+// map filling, with the next interval an hour away.
+func TestRunScansAtOnceWhenTheCountShowsPressure(t *testing.T) {
+	bpftest.Require(t)
+	spec, err := gen.Spec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := spec.Maps[maps.Conntrack.Name].Copy()
+	ms.MaxEntries = 100
+	raw, err := ebpf.NewMap(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The kernel's count, as maps.Filler reads it, for a map outside a
+	// maps.Set: the entries a walk of the real map finds.
+	entries := func() (map[string]int64, error) {
+		n := int64(0)
+		err := ct.Iterate(func(gen.SluiceCtKey, gen.SluiceCtValue) bool { n++; return true })
+		return map[string]int64{maps.Conntrack.Name: n}, err
+	}
+	scans := make(chan conntrack.ScanStats, 16)
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Entries: entries,
+		Interval: time.Hour, MinInterval: 20 * time.Millisecond, MaxInterval: time.Hour,
+		OnScan: func(st conntrack.ScanStats) { scans <- st }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case st := <-scans:
+		t.Fatalf("a scan of the nearly empty map before its interval: %+v", st)
+	default:
+	}
+	// The flood: 95 flows never answered, created 2 s ago.
+	old := uint64(conntrack.Monotonic() - 2*time.Second)
+	for i := range 95 {
+		k := gen.SluiceCtKey{Saddr: uint32(i + 1), Proto: 17}
+		if err := ct.Put(k, gen.SluiceCtValue{Created: old, LastSeen: old, Type: gen.SluiceCtTypeCT_FORWARD}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case st := <-scans:
+		if st.Deleted[conntrack.ReasonEarlyDrop] != 95 {
+			t.Fatalf("the scan the count started deleted %v, want the flood's 95 flows early-dropped", st.Deleted)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no scan within 5 s of the map filling")
 	}
 }

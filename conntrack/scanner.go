@@ -83,6 +83,13 @@ type Options struct {
 	PressureFill    float64
 	UnansweredGrace time.Duration
 	EndedGrace      time.Duration
+	// Entries, if set, reads how many entries each map holds by map name
+	// without a walk (maps.Filler: the kernel's own counts). Run reads it
+	// every MinInterval and scans at once when a map is past PressureFill,
+	// and a scan that finds a map past it evicts as under pressure at once:
+	// a burst of new flows can fill the map well within the interval of
+	// an idle one (up to MaxInterval).
+	Entries func() (map[string]int64, error)
 	// OnScan, if set, receives every scan's statistics (metrics).
 	OnScan func(ScanStats)
 	Logger *slog.Logger
@@ -175,6 +182,8 @@ type Scanner struct {
 	left     []int
 	growth   []float64
 	lastScan time.Duration
+	// countsFailed: the last read of Options.Entries failed (logged once).
+	countsFailed bool
 }
 
 // NewScanner checks opts and fills in defaults.
@@ -236,9 +245,11 @@ func (s *Scanner) Scan() (ScanStats, error) {
 			return st, fmt.Errorf("conntrack scan: prepare: %w", err)
 		}
 	}
+	counts := s.counts()
 	for i, t := range s.tables {
 		entries, early, deleted := st.Entries, st.Deleted[ReasonEarlyDrop], st.DeletedTotal()
-		if err := s.scanTable(t, s.pressure[i] || s.expectsPressure(i, t, now), now, &st); err != nil {
+		pressure := s.pressure[i] || s.expectsPressure(i, t, now) || s.pastPressure(counts, t)
+		if err := s.scanTable(t, pressure, now, &st); err != nil {
 			return st, err
 		}
 		n := st.Entries - entries
@@ -338,6 +349,30 @@ func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanS
 		return fmt.Errorf("conntrack scan: %s: %w", t.name(), err)
 	}
 	return s.applyDeletions(t, st)
+}
+
+// counts reads Options.Entries; nil without it or on an error (logged: the
+// scans go on, on their interval).
+func (s *Scanner) counts() map[string]int64 {
+	if s.opts.Entries == nil {
+		return nil
+	}
+	counts, err := s.opts.Entries()
+	if err != nil {
+		if !s.countsFailed { // once, not every poll
+			s.log.Warn("conntrack scanner: cannot read the maps' entry counts; scanning on the interval only", "err", err)
+		}
+		s.countsFailed = true
+		return nil
+	}
+	s.countsFailed = false
+	return counts
+}
+
+// pastPressure tells whether the kernel's count puts t past PressureFill.
+func (s *Scanner) pastPressure(counts map[string]int64, t table) bool {
+	n, ok := counts[t.name()]
+	return ok && float64(n) > s.opts.PressureFill*float64(t.capacity())
 }
 
 // expectsPressure tells whether table i has passed PressureFill since the
@@ -444,16 +479,27 @@ func (s *Scanner) applyDeletions(t table, st *ScanStats) error {
 }
 
 // Run scans until ctx ends, adapting the interval to how much each scan
-// deletes. Scan errors are logged, not fatal.
+// deletes, and at once when Options.Entries shows a map past PressureFill.
+// Scan errors are logged, not fatal.
 func (s *Scanner) Run(ctx context.Context) {
 	interval := s.opts.Interval
 	timer := time.NewTimer(interval)
 	defer timer.Stop()
+	var poll <-chan time.Time
+	if s.opts.Entries != nil {
+		t := time.NewTicker(s.opts.MinInterval)
+		defer t.Stop()
+		poll = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
+		case <-poll:
+			if !s.anyPastPressure() {
+				continue
+			}
 		}
 		st, err := s.Scan()
 		if err != nil {
@@ -463,6 +509,17 @@ func (s *Scanner) Run(ctx context.Context) {
 		}
 		timer.Reset(interval)
 	}
+}
+
+// anyPastPressure: some map is past PressureFill by the kernel's count.
+func (s *Scanner) anyPastPressure() bool {
+	counts := s.counts()
+	for _, t := range s.tables {
+		if s.pastPressure(counts, t) {
+			return true
+		}
+	}
+	return false
 }
 
 // NextInterval is the adaptive rule: MinInterval while the map is under

@@ -464,8 +464,12 @@ func (a *Agent) start(ctx context.Context) error {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_policy_errors",
 		Help: "NetworkPolicy constructs the latest translation could not apply as written (each is logged, naming its object)"},
 		func() float64 { return float64(feed.b.Stats().Errors) }))
+	var entries func() (map[string]int64, error)
+	if a.filler != nil {
+		entries = func() (map[string]int64, error) { return a.filler.Fill(a.set) }
+	}
 	scanner, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Conntrack6: ct6, Logger: log, Interval: cfg.ConntrackScanPeriod,
-		OnScan: metrics.ObserveScan,
+		OnScan: metrics.ObserveScan, Entries: entries,
 		Scanners: []conntrack.EntryScanner{&conntrack.Liveness{Timeouts: a.timeouts()},
 			&conntrack.StaleNAT{Frontends: fe, Backends: be, HostIPs: hip, Frontends6: fe6, Backends6: be6, HostIPs6: hip6}}})
 	if err != nil {
