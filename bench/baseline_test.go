@@ -432,3 +432,28 @@ func BenchmarkBaselines(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBaselinePairing measures the measure: two no-proxy nodes, paired
+// as the baselines pair a proxied node with the no-proxy one
+// (pairedRates). x-other is the first's rate over the second's, what
+// x-no-proxy would be for a proxy that cost nothing; its distance from 1 is
+// the pairing's own bias and noise.
+func BenchmarkBaselinePairing(b *testing.B) {
+	bpftest.Require(b)
+	d := time.Second
+	if os.Getenv("SLUICE_BENCH_FULL") == "1" {
+		d = 5 * time.Second
+	}
+	first, second := newDirectEnv(b), newDirectEnv(b)
+	for b.Loop() {
+	}
+	x, y := pairedRates(first, first.directTargets(), second, d)
+	rx, _, _ := x.rate()
+	ry, _, _ := y.rate()
+	if ry == 0 {
+		b.Fatalf("no connection of the second node succeeded (%d dials failed)", y.errs)
+	}
+	b.ReportMetric(rx, "conn/s")
+	b.ReportMetric(rx/ry, "x-other")
+	b.ReportMetric(float64(x.errs+y.errs), "dial-errors")
+}
