@@ -244,6 +244,17 @@ func TestEndedFlowsDroppedUnderPressure(t *testing.T) {
 	if handshake(netip.AddrPortFrom(clientAP.Addr(), 3000)) != 0 {
 		t.Fatal("the next connection was refused after the scan")
 	}
+	// The eviction left the live connection's 2 entries; the next scan sees
+	// the new connection's 2 as growth (what a scan leaves counts entries,
+	// both of each deleted flow, not flows).
+	clock.Add(int64(time.Second))
+	third, err := sc.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third.Entries != 4 || third.TimeToPressure == 0 {
+		t.Fatalf("third scan %+v: want 4 entries and the growth of 2 since the eviction", third)
+	}
 }
 
 // A closed flow that saw a packet within EndedGrace is kept under pressure:

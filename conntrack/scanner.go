@@ -247,7 +247,7 @@ func (s *Scanner) Scan() (ScanStats, error) {
 	}
 	counts := s.counts()
 	for i, t := range s.tables {
-		entries, early, deleted := st.Entries, st.Deleted[ReasonEarlyDrop], st.DeletedTotal()
+		entries, early := st.Entries, st.Deleted[ReasonEarlyDrop]
 		pressure := s.pressure[i] || s.expectsPressure(i, t, now) || s.pastPressure(counts, t)
 		if err := s.scanTable(t, pressure, now, &st); err != nil {
 			return st, err
@@ -263,7 +263,7 @@ func (s *Scanner) Scan() (ScanStats, error) {
 				"fill", fmt.Sprintf("%.0f%%", 100*fill), "early_dropped", dropped)
 		}
 		s.pressure[i] = fill > s.opts.PressureFill
-		left := n - (st.DeletedTotal() - deleted)
+		left := n - len(s.toDelete) // entries, both of each deleted flow
 		s.growth[i] = 0
 		if grown := n - s.left[i]; s.lastScan > 0 && grown > 0 && now > s.lastScan {
 			s.growth[i] = float64(grown) / (now - s.lastScan).Seconds()
