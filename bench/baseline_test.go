@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
 	v1 "k8s.io/api/core/v1"
@@ -350,10 +351,13 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string, di
 		targets = append(targets, ip+":80")
 	}
 	var stats io.Closer
+	var runsBefore map[ebpf.ProgramID]programRun
 	if proxy == "sluice" {
 		stats = enableRunTimeStats(b)
 	}
-	runsBefore := programRuns(b, "sl_")
+	if stats != nil {
+		runsBefore = programRuns(b, "sl_")
+	}
 	before, cpuBefore := e.synRetrans(), processCPU(b, proc.Pid)
 	got, noProxy := pairedRates(e, targets, direct, d)
 	r.synRetr = e.synRetrans() - before
@@ -364,9 +368,9 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string, di
 		stats.Close()
 		if conns := float64(len(got.lat)); conns > 0 {
 			r.bpfNsPerConn, r.bpfRunsPerConn = float64(total.time.Nanoseconds())/conns, float64(total.runs)/conns
-		}
-		for _, p := range byName {
-			b.Logf("%s: %.2f runs per connection, %.0f ns a run", p.name, float64(p.runs)/float64(len(got.lat)), float64(p.time.Nanoseconds())/float64(p.runs))
+			for _, p := range byName {
+				b.Logf("%s: %.2f runs per connection, %.0f ns a run", p.name, float64(p.runs)/conns, float64(p.time.Nanoseconds())/float64(p.runs))
+			}
 		}
 	}
 	r.dialErrors = float64(got.errs)
