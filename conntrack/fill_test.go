@@ -19,17 +19,7 @@ import (
 
 func TestNearlyFullMapWarnsAndReportsByType(t *testing.T) {
 	bpftest.Require(t)
-	spec, err := gen.Spec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := spec.Maps[maps.Conntrack.Name].Copy()
-	ms.MaxEntries = 20
-	raw, err := ebpf.NewMap(ms)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := conntrackOfSize(t, 20)
 	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
 	if err != nil {
 		t.Fatal(err)
@@ -71,17 +61,7 @@ func TestNearlyFullMapWarnsAndReportsByType(t *testing.T) {
 // next legitimate flow gets in without waiting for the flood to expire.
 func TestUnansweredFlowsDroppedFirstUnderPressure(t *testing.T) {
 	bpftest.Require(t)
-	spec, err := gen.Spec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := spec.Maps[maps.Conntrack.Name].Copy()
-	ms.MaxEntries = 64
-	raw, err := ebpf.NewMap(ms)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := conntrackOfSize(t, 64)
 	dp := bpftest.NewDatapathWithMaps(t, nodeIP, map[string]*ebpf.Map{maps.Conntrack.Name: raw})
 	dp.AddService(bpftest.Service{ID: 1, Front: vipAP, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
 	dp.AddService(bpftest.Service{ID: 2, Front: dnsAP, Proto: bpftest.ProtoUDP, Backends: []bpftest.Backend{{AP: udpBE}}})
@@ -160,17 +140,7 @@ func TestUnansweredFlowsDroppedFirstUnderPressure(t *testing.T) {
 // to the returned offset.
 func smallConntrack(t *testing.T, entries uint32) (*bpftest.Datapath, *conntrack.Scanner, *atomic.Int64) {
 	t.Helper()
-	spec, err := gen.Spec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := spec.Maps[maps.Conntrack.Name].Copy()
-	ms.MaxEntries = entries
-	raw, err := ebpf.NewMap(ms)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
+	raw := conntrackOfSize(t, entries)
 	dp := bpftest.NewDatapathWithMaps(t, nodeIP, map[string]*ebpf.Map{maps.Conntrack.Name: raw})
 	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
 	if err != nil {
@@ -289,17 +259,7 @@ func TestRecentlyEndedFlowKeptUnderPressure(t *testing.T) {
 // the map past the mark evicts at once.
 func TestScanComesBeforeTheMapFills(t *testing.T) {
 	bpftest.Require(t)
-	spec, err := gen.Spec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := spec.Maps[maps.Conntrack.Name].Copy()
-	ms.MaxEntries = 1000
-	raw, err := ebpf.NewMap(ms)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := conntrackOfSize(t, 1000)
 	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
 	if err != nil {
 		t.Fatal(err)
@@ -369,17 +329,7 @@ func TestScanComesBeforeTheMapFills(t *testing.T) {
 // map filling, with the next interval an hour away.
 func TestRunScansAtOnceWhenTheCountShowsPressure(t *testing.T) {
 	bpftest.Require(t)
-	spec, err := gen.Spec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := spec.Maps[maps.Conntrack.Name].Copy()
-	ms.MaxEntries = 100
-	raw, err := ebpf.NewMap(ms)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := conntrackOfSize(t, 100)
 	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
 	if err != nil {
 		t.Fatal(err)
@@ -425,4 +375,22 @@ func TestRunScansAtOnceWhenTheCountShowsPressure(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no scan within 5 s of the map filling")
 	}
+}
+
+// conntrackOfSize is a conntrack map of the datapath's layout that holds
+// only entries entries, closed when the test ends.
+func conntrackOfSize(t *testing.T, entries uint32) *ebpf.Map {
+	t.Helper()
+	spec, err := gen.Spec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := spec.Maps[maps.Conntrack.Name].Copy()
+	ms.MaxEntries = entries
+	raw, err := ebpf.NewMap(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	return raw
 }
