@@ -156,7 +156,8 @@ func smallConntrack(t *testing.T, entries uint32) (*bpftest.Datapath, *conntrack
 }
 
 // A client opening connections faster than closed flows expire (they are
-// held 30 s after their FINs) fills the map with flows that are over. Under
+// held 30 s after their FINs, 2 min when the server closed first) fills the
+// map with flows that are over. Under
 // pressure the scanner drops those, as netfilter's early_drop does, and
 // keeps the live connection, so the next connection gets in instead of
 // every new flow being refused until the closed ones expire.
@@ -177,21 +178,29 @@ func TestEndedFlowsDroppedUnderPressure(t *testing.T) {
 	if handshake(live) != 0 {
 		t.Fatal("the live connection was refused")
 	}
-	// Connections opened and closed by the client first, until the map
-	// refuses one.
+	// Connections opened and closed, by the client first and by the server
+	// first in turn, until the map refuses one.
 	closed := 0
 	for port := uint16(2000); ; port++ {
 		client := netip.AddrPortFrom(clientAP.Addr(), port)
 		if handshake(client) != 0 {
 			break
 		}
-		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(client, vipAP, bpftest.FIN|bpftest.ACK))
-		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, client, bpftest.FIN|bpftest.ACK))
-		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(client, vipAP, bpftest.ACK))
+		clientFIN := bpftest.TCPPacket(client, vipAP, bpftest.FIN|bpftest.ACK)
+		serverFIN := bpftest.TCPPacket(be1AP, client, bpftest.FIN|bpftest.ACK)
+		if port%2 == 0 {
+			dp.RunOK(dp.Objs.SlFromWl, clientFIN)
+			dp.RunOK(dp.Objs.SlFromWl, serverFIN)
+			dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(client, vipAP, bpftest.ACK))
+		} else {
+			dp.RunOK(dp.Objs.SlFromWl, serverFIN)
+			dp.RunOK(dp.Objs.SlFromWl, clientFIN)
+			dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, client, bpftest.ACK))
+		}
 		closed++
 	}
-	if closed == 0 || closed > 31 {
-		t.Fatalf("%d connections closed before the map refused one", closed)
+	if closed < 2 || closed > 31 {
+		t.Fatalf("%d connections closed before the map refused one: want both orders, at most 31 beside the live one", closed)
 	}
 
 	// The first scan finds the map full but the flows within their
