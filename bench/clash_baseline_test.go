@@ -127,17 +127,26 @@ func logCounters(b *testing.B, pinDir string) {
 	}
 	defer m.Close()
 	for c := gen.SluiceCounter(0); c < gen.SluiceCounterCNT_MAX; c++ {
-		var vs []uint64
-		if err := m.Lookup(c, &vs); err != nil {
-			b.Logf("counter %d: %v", c, err)
+		sum, err := counterSum(m, c)
+		if err != nil {
+			b.Logf("%v", err)
 			continue
-		}
-		var sum uint64
-		for _, v := range vs {
-			sum += v
 		}
 		if sum != 0 {
 			b.Logf("datapath counter %d: %d", c, sum)
 		}
 	}
+}
+
+// counterSum sums datapath counter c of the counters map m over the CPUs.
+func counterSum(m *ebpf.Map, c gen.SluiceCounter) (uint64, error) {
+	var vs []uint64
+	if err := m.Lookup(c, &vs); err != nil {
+		return 0, fmt.Errorf("counter %d: %w", c, err)
+	}
+	var sum uint64
+	for _, v := range vs {
+		sum += v
+	}
+	return sum, nil
 }

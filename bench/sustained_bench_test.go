@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -80,13 +79,9 @@ func counter(b *testing.B, pinDir string, c gen.SluiceCounter) uint64 {
 		b.Fatal(err)
 	}
 	defer m.Close()
-	var vs []uint64
-	if err := m.Lookup(c, &vs); err != nil {
-		b.Fatal(fmt.Errorf("counter %d: %w", c, err))
-	}
-	var sum uint64
-	for _, v := range vs {
-		sum += v
+	sum, err := counterSum(m, c)
+	if err != nil {
+		b.Fatal(err)
 	}
 	return sum
 }
