@@ -3,6 +3,7 @@
 
 #include "common.h"
 #include "datapath.h"
+#include "deliver.h"
 #include "events.h"
 #include "ifstate.h"
 #include "parse.h"
@@ -24,7 +25,14 @@ static __always_inline int finish(struct __sk_buff *skb, int verdict, enum hook 
 SEC("tc")
 int sl_from_wl(struct __sk_buff *skb)
 {
-	return finish(skb, pipeline(skb, HOOK_FROM_WL, ETH_HLEN), HOOK_FROM_WL, ETH_HLEN);
+	int verdict = pipeline(skb, HOOK_FROM_WL, ETH_HLEN);
+
+	/* What the pipeline passes to the stack may be for a workload here. */
+	if (verdict == TC_ACT_OK && skb->protocol == bpf_htons(ETH_P_IP))
+		verdict = deliver_local(skb);
+	else if (verdict == TC_ACT_OK && skb->protocol == bpf_htons(ETH_P_IPV6))
+		verdict = deliver_local6(skb);
+	return finish(skb, verdict, HOOK_FROM_WL, ETH_HLEN);
 }
 
 /* Egress of a workload's host-side veth: traffic entering the pod. */

@@ -102,6 +102,7 @@ const (
 	SluiceConfigFlagsCFG_DSR_TCP          SluiceConfigFlags = 8
 	SluiceConfigFlagsCFG_DSR_UDP          SluiceConfigFlags = 16
 	SluiceConfigFlagsCFG_FLOW_EVENTS      SluiceConfigFlags = 32
+	SluiceConfigFlagsCFG_STACK_ROUTING    SluiceConfigFlags = 64
 )
 
 type SluiceCounter uint32
@@ -139,7 +140,8 @@ const (
 	SluiceCounterCNT_DROP_DSR_FAILED          SluiceCounter = 29
 	SluiceCounterCNT_EVENTS_SUPPRESSED        SluiceCounter = 30
 	SluiceCounterCNT_EVENTS_LOST              SluiceCounter = 31
-	SluiceCounterCNT_MAX                      SluiceCounter = 32
+	SluiceCounterCNT_LOCAL_DELIVERED          SluiceCounter = 32
+	SluiceCounterCNT_MAX                      SluiceCounter = 33
 )
 
 type SluiceCt6Key struct {
@@ -437,6 +439,28 @@ type SluicePrefilterValue struct {
 	Flags uint32
 }
 
+type SluiceRoute6Key struct {
+	_       structs.HostLayout
+	Daddr   [16]uint8
+	Ifindex uint32
+}
+
+type SluiceRouteKey struct {
+	_       structs.HostLayout
+	Daddr   uint32
+	Ifindex uint32
+}
+
+type SluiceRouteValue struct {
+	_       structs.HostLayout
+	Macs    [12]uint8
+	Mtu     uint16
+	Pad     uint16
+	Ifindex uint32
+	Pad2    uint32
+	Expires uint64
+}
+
 type SluiceRulectrKey struct {
 	_      structs.HostLayout
 	RuleId uint64
@@ -527,7 +551,7 @@ const (
 	SluiceMapSlBeV1           = "sl_be_v1"
 	SluiceMapSlConfig6V1      = "sl_config6_v1"
 	SluiceMapSlConfigV1       = "sl_config_v1"
-	SluiceMapSlCountersV4     = "sl_counters_v4"
+	SluiceMapSlCountersV5     = "sl_counters_v5"
 	SluiceMapSlCt6V1          = "sl_ct6_v1"
 	SluiceMapSlCtV2           = "sl_ct_v2"
 	SluiceMapSlEvcpuV1        = "sl_evcpu_v1"
@@ -547,6 +571,8 @@ const (
 	SluiceMapSlPortcrowdV1    = "sl_portcrowd_v1"
 	SluiceMapSlPrefilter6V1   = "sl_prefilter6_v1"
 	SluiceMapSlPrefilterV1    = "sl_prefilter_v1"
+	SluiceMapSlRoute6V1       = "sl_route6_v1"
+	SluiceMapSlRouteV1        = "sl_route_v1"
 	SluiceMapSlRulectrV1      = "sl_rulectr_v1"
 	SluiceMapSlScratch6V1     = "sl_scratch6_v1"
 	SluiceMapSlSock6V1        = "sl_sock6_v1"
@@ -648,7 +674,7 @@ type SluiceMapSpecs struct {
 	SlBeV1         *ebpf.MapSpec `ebpf:"sl_be_v1"`
 	SlConfig6V1    *ebpf.MapSpec `ebpf:"sl_config6_v1"`
 	SlConfigV1     *ebpf.MapSpec `ebpf:"sl_config_v1"`
-	SlCountersV4   *ebpf.MapSpec `ebpf:"sl_counters_v4"`
+	SlCountersV5   *ebpf.MapSpec `ebpf:"sl_counters_v5"`
 	SlCt6V1        *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.MapSpec `ebpf:"sl_ct_v2"`
 	SlEvcpuV1      *ebpf.MapSpec `ebpf:"sl_evcpu_v1"`
@@ -668,6 +694,8 @@ type SluiceMapSpecs struct {
 	SlPortcrowdV1  *ebpf.MapSpec `ebpf:"sl_portcrowd_v1"`
 	SlPrefilter6V1 *ebpf.MapSpec `ebpf:"sl_prefilter6_v1"`
 	SlPrefilterV1  *ebpf.MapSpec `ebpf:"sl_prefilter_v1"`
+	SlRoute6V1     *ebpf.MapSpec `ebpf:"sl_route6_v1"`
+	SlRouteV1      *ebpf.MapSpec `ebpf:"sl_route_v1"`
 	SlRulectrV1    *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1   *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
 	SlSock6V1      *ebpf.MapSpec `ebpf:"sl_sock6_v1"`
@@ -713,7 +741,7 @@ type SluiceMaps struct {
 	SlBeV1         *ebpf.Map `ebpf:"sl_be_v1"`
 	SlConfig6V1    *ebpf.Map `ebpf:"sl_config6_v1"`
 	SlConfigV1     *ebpf.Map `ebpf:"sl_config_v1"`
-	SlCountersV4   *ebpf.Map `ebpf:"sl_counters_v4"`
+	SlCountersV5   *ebpf.Map `ebpf:"sl_counters_v5"`
 	SlCt6V1        *ebpf.Map `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.Map `ebpf:"sl_ct_v2"`
 	SlEvcpuV1      *ebpf.Map `ebpf:"sl_evcpu_v1"`
@@ -733,6 +761,8 @@ type SluiceMaps struct {
 	SlPortcrowdV1  *ebpf.Map `ebpf:"sl_portcrowd_v1"`
 	SlPrefilter6V1 *ebpf.Map `ebpf:"sl_prefilter6_v1"`
 	SlPrefilterV1  *ebpf.Map `ebpf:"sl_prefilter_v1"`
+	SlRoute6V1     *ebpf.Map `ebpf:"sl_route6_v1"`
+	SlRouteV1      *ebpf.Map `ebpf:"sl_route_v1"`
 	SlRulectrV1    *ebpf.Map `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1   *ebpf.Map `ebpf:"sl_scratch6_v1"`
 	SlSock6V1      *ebpf.Map `ebpf:"sl_sock6_v1"`
@@ -752,7 +782,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlBeV1,
 		m.SlConfig6V1,
 		m.SlConfigV1,
-		m.SlCountersV4,
+		m.SlCountersV5,
 		m.SlCt6V1,
 		m.SlCtV2,
 		m.SlEvcpuV1,
@@ -772,6 +802,8 @@ func (m *SluiceMaps) Close() error {
 		m.SlPortcrowdV1,
 		m.SlPrefilter6V1,
 		m.SlPrefilterV1,
+		m.SlRoute6V1,
+		m.SlRouteV1,
 		m.SlRulectrV1,
 		m.SlScratch6V1,
 		m.SlSock6V1,

@@ -62,7 +62,7 @@ var (
 	Fragments = Def[gen.SluiceFragKey, gen.SluiceFragValue]{Name: gen.SluiceMapSlFragV1}
 	Config    = Def[uint32, gen.SluiceConfig]{Name: gen.SluiceMapSlConfigV1}
 	HostIPs   = Def[gen.SluiceHostipKey, gen.SluiceHostipValue]{Name: gen.SluiceMapSlHostipV1}
-	Counters  = PerCPUDef[gen.SluiceCounter, uint64]{Name: gen.SluiceMapSlCountersV4}
+	Counters  = PerCPUDef[gen.SluiceCounter, uint64]{Name: gen.SluiceMapSlCountersV5}
 	Sockets   = Def[gen.SluiceSockKey, gen.SluiceSockValue]{Name: gen.SluiceMapSlSockV1}
 	Prefilter = Def[gen.SluicePrefilterKey, gen.SluicePrefilterValue]{Name: gen.SluiceMapSlPrefilterV1}
 	Failsafe  = Def[gen.SluiceFailsafeKey, gen.SluiceFailsafeValue]{Name: gen.SluiceMapSlFailsafeV1}
@@ -74,6 +74,10 @@ var (
 	// PortCrowding: when each CPU's last source-port search found every
 	// port taken (bpf/include/ct_new.h, port_tries).
 	PortCrowding = PerCPUDef[uint32, gen.SluicePortCrowded]{Name: gen.SluiceMapSlPortcrowdV1}
+	// Routes: local delivery's FIB answers (bpf/include/deliver.h), kept a
+	// second each; deleting one makes the next packet ask again.
+	Routes  = Def[gen.SluiceRouteKey, gen.SluiceRouteValue]{Name: gen.SluiceMapSlRouteV1}
+	Routes6 = Def[gen.SluiceRoute6Key, gen.SluiceRouteValue]{Name: gen.SluiceMapSlRoute6V1}
 
 	// The IPv6 twins: one map set per family, so the IPv4 maps keep their
 	// small keys (bpf/include/ipv6.h).
@@ -104,7 +108,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlFragV1:       "IPv4 fragments: {source, destination, IP id, protocol} -> the first fragment's ports (LRU)",
 	gen.SluiceMapSlConfigV1:     "node-wide settings: node IP for SNAT, SNAT port range",
 	gen.SluiceMapSlHostipV1:     "this node's IPv4 addresses (NodePort wildcard matching)",
-	gen.SluiceMapSlCountersV4:   "per-CPU counters of drops and other verdicts, by reason",
+	gen.SluiceMapSlCountersV5:   "per-CPU counters of drops and other verdicts, by reason",
 	gen.SluiceMapSlSockV1:       "socket LB: {socket cookie, backend} -> service address to give back (LRU)",
 	gen.SluiceMapSlPrefilterV1:  "XDP prefilter: LPM deny list of source CIDRs",
 	gen.SluiceMapSlFailsafeV1:   "XDP prefilter: {protocol, port} inbound ports never dropped",
@@ -130,6 +134,8 @@ var docs = map[string]string{
 	gen.SluiceMapSlMaglevV1:     "Maglev tables: service id -> inner array map holding the table (slot -> backend ordinal); replaced whole",
 	gen.SluiceMapSlEventsV1:     "flow events ring buffer: drops, and service flows starting and ending (read by sluice monitor)",
 	gen.SluiceMapSlEvcpuV1:      "per-CPU flow-event budget of the current second and the reason of the CPU's last drop",
+	gen.SluiceMapSlRouteV1:      "local delivery: {destination, ingress interface} -> the destination workload's interface, MACs and MTU, or none (the stack routes it); a FIB answer kept a second (LRU)",
+	gen.SluiceMapSlRoute6V1:     "local delivery of IPv6: {destination, ingress interface} -> as sl_route_v1 (LRU)",
 	gen.SluiceMapSlPortcrowdV1:  "per-CPU time of the CPU's last source-port search that found every port taken (searches try fewer ports for a second after)",
 }
 
@@ -528,11 +534,12 @@ func StalePins(dir string) ([]string, error) {
 }
 
 // disposable names (without the _vN layout version) the maps whose contents
-// only count or live for seconds: statistics and in-flight fragments. A pin of
-// an older layout of one of them can be removed without losing a connection.
+// only count or live for seconds: statistics, in-flight fragments, local
+// delivery's FIB answers. A pin of an older layout of one of them can be
+// removed without losing a connection.
 // sl_ifstats_v1 (the per-interface counters of the retired sl_count program)
 // has no current layout: its pin is removed as stale.
-var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v", "sl_events_v", "sl_evcpu_v", "sl_portcrowd_v"}
+var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v", "sl_events_v", "sl_evcpu_v", "sl_portcrowd_v", "sl_route_v", "sl_route6_v"}
 
 // RemoveStaleDisposable removes the stale pins (StalePins) of maps whose
 // contents are disposable — counters and in-flight fragments — and returns

@@ -113,6 +113,8 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.IPSets6.Name:         roundTripIPSets6,
 	gen.SluiceMapSlScratch6V1: checkScratch,
 	gen.SluiceMapSlSpanV1:     checkSpan,
+	maps.Routes.Name:          roundTrip(maps.Routes),
+	maps.Routes6.Name:         roundTrip(maps.Routes6),
 }
 
 func roundTripIPSets6(t *testing.T, s *maps.Set) {

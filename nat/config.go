@@ -46,6 +46,10 @@ type NodeConfig struct {
 	// flows' starts and ends to the drops.
 	EventsPerSecond uint32
 	FlowEvents      bool
+	// StackRouting leaves a workload's packets to another workload on this
+	// node to the node's IP stack (and its netfilter), rather than the
+	// datapath handing them over (bpf/include/deliver.h; --stack-routing).
+	StackRouting bool
 }
 
 // ExternalServiceMode is --external-service-mode.
@@ -187,6 +191,7 @@ func decodeNodeConfig(raw gen.SluiceConfig) NodeConfig {
 		LocalByInterface: raw.Flags&gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE != 0,
 		EventsPerSecond:  raw.EventsPerSec,
 		FlowEvents:       raw.Flags&gen.SluiceConfigFlagsCFG_FLOW_EVENTS != 0,
+		StackRouting:     raw.Flags&gen.SluiceConfigFlagsCFG_STACK_ROUTING != 0,
 	}
 	switch raw.Flags & (gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP) {
 	case gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP:
@@ -209,7 +214,8 @@ func decodeNodeConfig(raw gen.SluiceConfig) NodeConfig {
 // encodeNodeConfig writes c over raw, keeping raw's other fields.
 func encodeNodeConfig(c NodeConfig, raw gen.SluiceConfig) gen.SluiceConfig {
 	const ours = gen.SluiceConfigFlagsCFG_MASQUERADE_ALL | gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE | gen.SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY |
-		gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP | gen.SluiceConfigFlagsCFG_FLOW_EVENTS
+		gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP | gen.SluiceConfigFlagsCFG_FLOW_EVENTS |
+		gen.SluiceConfigFlagsCFG_STACK_ROUTING
 	raw.Flags &^= ours
 	raw.NodeIp, raw.HostNetnsCookie, raw.ClusterNet, raw.ClusterMask = 0, 0, 0, 0
 	if c.NodeIP.IsValid() {
@@ -224,6 +230,9 @@ func encodeNodeConfig(c NodeConfig, raw gen.SluiceConfig) gen.SluiceConfig {
 	raw.EventsPerSec = c.EventsPerSecond
 	if c.FlowEvents {
 		raw.Flags |= gen.SluiceConfigFlagsCFG_FLOW_EVENTS
+	}
+	if c.StackRouting {
+		raw.Flags |= gen.SluiceConfigFlagsCFG_STACK_ROUTING
 	}
 	switch c.ExternalMode {
 	case ExternalDSR:

@@ -83,6 +83,24 @@ func TestNodeConfigRoundTripsThroughTheMap(t *testing.T) {
 		t.Fatalf("raw entry %+v (%v)", r, err)
 	}
 
+	// Stack routing: the flag alone, and gone again when unset.
+	want = nat.NodeConfig{NodeIP: want.NodeIP, StackRouting: true}
+	if err := nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { *c = want }); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := nat.ReadNodeConfig(set); got != want {
+		t.Fatalf("%+v, want %+v", got, want)
+	}
+	if r, err := raw.Get(0); err != nil || r.Flags != gen.SluiceConfigFlagsCFG_STACK_ROUTING {
+		t.Fatalf("raw entry %+v (%v)", r, err)
+	}
+	if err := nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { c.StackRouting = false }); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := raw.Get(0); err != nil || r.Flags&gen.SluiceConfigFlagsCFG_STACK_ROUTING != 0 {
+		t.Fatalf("raw entry after unset %+v (%v)", r, err)
+	}
+
 	// Each external service mode, and its flags.
 	for mode, flags := range map[nat.ExternalServiceMode]gen.SluiceConfigFlags{
 		nat.ExternalDSR:    gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP,

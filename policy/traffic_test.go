@@ -124,12 +124,19 @@ func TestDefaultDenyRefusesNewFlowsKeepsStartedOnes(t *testing.T) {
 
 	p.setSlots(p.serverIf, p.install(t, "server-ingress-deny", denyAll()), noSlot)
 	p.rt.Remove(slot0)
+	delivered := p.dp.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
 	if c, err := dial(p.client, p.server+":8080"); err == nil {
 		c.Close()
 		t.Fatal("default deny let a new connection through")
 	}
 	if p.dp.Counter(gen.SluiceCounterCNT_DROP_POLICY) == 0 {
 		t.Fatal("policy drops not counted")
+	}
+	// The SYNs were handed to the server's interface by the datapath, past
+	// the node's stack (local delivery), and its ingress policy still
+	// judged them there.
+	if p.dp.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED) == delivered {
+		t.Fatal("the denied SYNs did not go by local delivery")
 	}
 	if err := ask(judged); err != nil {
 		t.Fatalf("allowed connection cut by a later policy: %v", err)

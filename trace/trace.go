@@ -50,8 +50,8 @@ type Packet struct {
 // Result is what the datapath did with the packet.
 type Result struct {
 	Program string `json:"program"`
-	// Verdict: "pass", "drop", "redirect" (a reply sent back, or routed by
-	// the FIB).
+	// Verdict: "pass", "drop", "redirect" (a reply sent back, routed by
+	// the FIB, or handed to a pod of this node: local delivery).
 	Verdict string   `json:"verdict"`
 	Input   string   `json:"input"`
 	Output  string   `json:"output,omitempty"`
@@ -78,8 +78,8 @@ type Result struct {
 var (
 	copiedWithEntries = []string{gen.SluiceMapSlCtV2, gen.SluiceMapSlCt6V1, gen.SluiceMapSlAffV1, gen.SluiceMapSlAff6V1,
 		gen.SluiceMapSlFragV1, gen.SluiceMapSlFrag6V1, gen.SluiceMapSlSockV1, gen.SluiceMapSlSock6V1}
-	copiedEmpty = []string{gen.SluiceMapSlCountersV4, gen.SluiceMapSlSvcstatsV1, gen.SluiceMapSlEventsV1,
-		gen.SluiceMapSlEvcpuV1, gen.SluiceMapSlRulectrV1, gen.SluiceMapSlPortcrowdV1, gen.SluiceMapSlSpanV1}
+	copiedEmpty = []string{gen.SluiceMapSlCountersV5, gen.SluiceMapSlSvcstatsV1, gen.SluiceMapSlEventsV1,
+		gen.SluiceMapSlEvcpuV1, gen.SluiceMapSlRulectrV1, gen.SluiceMapSlPortcrowdV1, gen.SluiceMapSlSpanV1, gen.SluiceMapSlRouteV1, gen.SluiceMapSlRoute6V1}
 )
 
 // POLICY_* bits of cb[3] (bpf/include/policy.h).
@@ -181,7 +181,7 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 		return nil, err
 	}
 	r.newFlows(before, after, affBefore, affinity(replace, pkt))
-	if r.Counters, err = counters(replace[gen.SluiceMapSlCountersV4]); err != nil {
+	if r.Counters, err = counters(replace[gen.SluiceMapSlCountersV5]); err != nil {
 		return nil, err
 	}
 	for _, c := range slices.Sorted(stdmaps.Keys(r.Counters)) {
@@ -190,6 +190,8 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 	switch {
 	case ret == 7 && (strings.Contains(r.Output, "RST") || strings.Contains(r.Output, "icmp")):
 		r.step("answered: %s, sent back out of %s", r.Output, pkt.Iface)
+	case ret == 7 && r.Counters["local_delivered"] > 0:
+		r.step("handed to the destination pod's interface, past the node's stack (local delivery): %s", r.Output)
 	case ret == 7:
 		r.step("redirected (routed by the FIB): %s", r.Output)
 	case ret == 2:

@@ -26,6 +26,10 @@ enum config_flags : __u32 {
 	/* --flow-events: service flows' starts and ends are written to the
 	 * event ring buffer, besides drops (events.h). */
 	CFG_FLOW_EVENTS = 1 << 5,
+	/* --stack-routing: a workload's packets to another workload on this
+	 * node pass through the node's IP stack (and its netfilter), rather
+	 * than being handed over by the datapath (deliver.h). */
+	CFG_STACK_ROUTING = 1 << 6,
 };
 
 struct config {

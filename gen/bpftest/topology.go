@@ -111,8 +111,10 @@ func (topo *Topology) EnableIPv6(t testing.TB) {
 
 // Attach puts ingress and egress programs on an interface of the node namespace
 // with TCX links, detached when the test ends, and records the interface in
-// the interface-state map as ready without policy, as ifacemgr does (the
-// egress hooks tell packets that entered through a managed interface by it).
+// the interface-state map as ready without policy, and as a workload's when
+// its ingress program is sl_from_wl, as ifacemgr does (the egress hooks tell
+// packets that entered through a managed interface by it; local delivery
+// hands packets only to a ready workload's interface).
 func (topo *Topology) Attach(t testing.TB, iface string, ingress, egress *ebpf.Program) {
 	t.Helper()
 	err := topo.Node.Do(func() error {
@@ -120,8 +122,12 @@ func (topo *Topology) Attach(t testing.TB, iface string, ingress, egress *ebpf.P
 		if err != nil {
 			return err
 		}
+		flags := gen.SluiceIfstateFlagsIFS_READY
+		if ingress == topo.DP.Objs.SlFromWl {
+			flags |= gen.SluiceIfstateFlagsIFS_WORKLOAD
+		}
 		if err := topo.DP.Objs.SlIfstateV1.Put(gen.SluiceIfstateKey{Ifindex: uint32(ifc.Index)}, gen.SluiceIfstateValue{
-			Flags: gen.SluiceIfstateFlagsIFS_READY, IngressPolicy: noPolicy, EgressPolicy: noPolicy}); err != nil {
+			Flags: flags, IngressPolicy: noPolicy, EgressPolicy: noPolicy}); err != nil {
 			return fmt.Errorf("interface state of %s: %w", iface, err)
 		}
 		for _, a := range []struct {

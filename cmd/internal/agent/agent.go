@@ -120,6 +120,9 @@ type Config struct {
 	// none); FlowEvents adds service flows' starts and ends to the drops.
 	EventsPerSecond int
 	FlowEvents      bool
+	// StackRouting leaves pod-to-pod traffic on this node to the node's IP
+	// stack instead of the datapath's local delivery (nat.NodeConfig).
+	StackRouting bool
 }
 
 // ConntrackEntries is the conntrack map's capacity for kube-proxy's sizing
@@ -732,7 +735,8 @@ func (a *Agent) writeNodeConfig() error {
 		mode, _ := nat.ParseExternalServiceMode(a.cfg.ExternalServiceMode) // checked by Start
 		next := nat.NodeConfig{NodeIP: c.NodeIP, NodeIP6: c.NodeIP6, SocketLBNetnsCookie: cookie,
 			MasqueradeAll: a.cfg.MasqueradeAll, ExternalMode: mode,
-			EventsPerSecond: uint32(max(a.cfg.EventsPerSecond, 0)), FlowEvents: a.cfg.FlowEvents}
+			EventsPerSecond: uint32(max(a.cfg.EventsPerSecond, 0)), FlowEvents: a.cfg.FlowEvents,
+			StackRouting: a.cfg.StackRouting}
 		if v4, v6 := firstOfEach(a.cfg.NodeIPs); v4.IsValid() || v6.IsValid() {
 			next.NodeIP, next.NodeIP6 = v4, v6
 		}

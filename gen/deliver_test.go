@@ -1,0 +1,241 @@
+package gen_test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/gen/bpftest"
+)
+
+// Packets between two pods of one node are handed from one pod's interface
+// to the other's by the datapath (bpf/include/deliver.h): the node's stack
+// forwards none of them, and each arrives as the stack's forwarding would
+// have left it.
+func TestLocalDeliveryPastTheNodeStack(t *testing.T) {
+	d := newDP(t)
+	topo := bpftest.NewTopology(t, d, "client", "b1")
+	b1 := netip.AddrPortFrom(topo.PodIP["b1"], 8080)
+	echo := netip.AddrPortFrom(topo.PodIP["b1"], 5353)
+	bpftest.ServeTCP(t, topo.Pods["b1"], "b1", ":8080")
+	bpftest.ServeUDPEcho(t, topo.Pods["b1"], "b1", ":5353")
+	vip := netip.MustParseAddrPort("10.96.0.10:80")
+	d.AddService(bpftest.Service{ID: 1, Front: vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: b1, Local: true}}})
+	client := topo.Pods["client"]
+	exchange := func(t *testing.T, network string, to netip.AddrPort, line string) {
+		t.Helper()
+		answer, err := bpftest.Exchange(client, network, to.String(), line)
+		if err != nil {
+			t.Fatalf("%s to %v: %v", network, to, err)
+		}
+		if f := strings.Fields(answer); len(f) < 2 || f[0] != "b1" || f[len(f)-1] != line {
+			t.Fatalf("%s to %v: answer %q", network, to, answer)
+		}
+	}
+	// The node learns the pods' MACs from the first packets, which its
+	// stack carries (route_learn does not keep an answer without them).
+	exchange(t, "tcp4", b1, "warm-up")
+	exchange(t, "udp4", echo, "warm-up")
+
+	t.Run("TCP direct and through a ClusterIP, and UDP: the stack forwards none", func(t *testing.T) {
+		forwarded, delivered := forwardedBy(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
+		for i := range 10 {
+			exchange(t, "tcp4", b1, fmt.Sprintf("direct-%d", i))
+			exchange(t, "tcp4", vip, fmt.Sprintf("service-%d", i))
+			exchange(t, "udp4", echo, fmt.Sprintf("udp-%d", i))
+		}
+		if n := forwardedBy(t, topo.Node) - forwarded; n != 0 {
+			t.Fatalf("the node's stack forwarded %d packets between the pods", n)
+		}
+		// A TCP exchange is at least 3 packets each way (handshake, line,
+		// close); a UDP one, 1 each way.
+		if n := d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED) - delivered; n < 10*(6+6+2) {
+			t.Fatalf("%d packets delivered by the datapath, want at least %d", n, 10*(6+6+2))
+		}
+	})
+
+	t.Run("the TTL is one less and the header checksum holds", func(t *testing.T) {
+		forwarded := forwardedBy(t, topo.Node)
+		// The reply's TTL: 64 from b1, one less past the node. A header
+		// whose checksum did not follow would not be answered.
+		if out := client.Run("ping", "-c", "1", "-W", "2", b1.Addr().String()); !strings.Contains(out, "ttl=63") {
+			t.Fatalf("ping through the node: %s", out)
+		}
+		if n := forwardedBy(t, topo.Node) - forwarded; n != 0 {
+			t.Fatalf("the node's stack forwarded %d of the echoes", n)
+		}
+	})
+
+	t.Run("--stack-routing leaves them to the stack", func(t *testing.T) {
+		setConfigFlags(t, d, gen.SluiceConfigFlagsCFG_STACK_ROUTING)
+		defer setConfigFlags(t, d, 0)
+		forwarded, delivered := forwardedBy(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
+		exchange(t, "tcp4", b1, "by-the-stack")
+		if n := forwardedBy(t, topo.Node) - forwarded; n < 6 {
+			t.Fatalf("the stack forwarded %d packets of a TCP exchange", n)
+		}
+		if n := d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED) - delivered; n != 0 {
+			t.Fatalf("%d packets delivered by the datapath", n)
+		}
+	})
+
+	t.Run("a destination no longer a ready workload goes by the stack at once", func(t *testing.T) {
+		var ifindex int
+		if err := topo.Node.Do(func() error {
+			ifc, err := net.InterfaceByName(topo.PodIface["b1"])
+			ifindex = ifc.Index
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		key := gen.SluiceIfstateKey{Ifindex: uint32(ifindex)}
+		var st gen.SluiceIfstateValue
+		if err := d.Objs.SlIfstateV1.Lookup(key, &st); err != nil {
+			t.Fatal(err)
+		}
+		// The answer kept from the packets before names b1's interface.
+		exchange(t, "tcp4", b1, "kept")
+		if err := d.Objs.SlIfstateV1.Delete(key); err != nil {
+			t.Fatal(err)
+		}
+		forwarded, delivered := forwardedBy(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
+		exchange(t, "tcp4", b1, "interface-gone")
+		if n := forwardedBy(t, topo.Node) - forwarded; n < 3 {
+			t.Fatalf("the stack forwarded %d packets to b1", n)
+		}
+		// b1's replies, to the client's interface, still are delivered.
+		if n := d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED) - delivered; n < 3 {
+			t.Fatalf("%d of b1's replies delivered by the datapath", n)
+		}
+		d.Put(d.Objs.SlIfstateV1, key, st)
+		// The answers learned meanwhile ("not a workload") are kept a
+		// second; then b1 is reached past the stack again.
+		time.Sleep(1100 * time.Millisecond)
+		forwarded = forwardedBy(t, topo.Node)
+		exchange(t, "tcp4", b1, "interface-back")
+		if n := forwardedBy(t, topo.Node) - forwarded; n != 0 {
+			t.Fatalf("the stack still forwarded %d packets after the interface came back", n)
+		}
+	})
+
+	t.Run("what the stack must handle goes to it: a TTL that expires here", func(t *testing.T) {
+		// ping -t 1: the node's stack answers "time exceeded", as before.
+		out := client.Run("sh", "-c", "ping -c 1 -W 2 -t 1 "+b1.Addr().String()+" || true")
+		if !strings.Contains(out, "Time to live exceeded") {
+			t.Fatalf("ping with TTL 1: %s", out)
+		}
+	})
+}
+
+// setConfigFlags sets the node-wide config flags, keeping the rest.
+func setConfigFlags(t *testing.T, d *bpftest.Datapath, flags gen.SluiceConfigFlags) {
+	t.Helper()
+	var cfg gen.SluiceConfig
+	if err := d.Objs.SlConfigV1.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Flags = flags
+	if err := d.Objs.SlConfigV1.Update(uint32(0), cfg, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// forwardedBy reads how many datagrams a namespace's stack has forwarded
+// (/proc/net/snmp, Ip: ForwDatagrams).
+func forwardedBy(t *testing.T, ns *bpftest.NetNS) uint64 {
+	t.Helper()
+	var header []string
+	for _, line := range strings.Split(ns.Run("cat", "/proc/net/snmp"), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Ip:" {
+			continue
+		}
+		if header == nil {
+			header = f
+			continue
+		}
+		for i, name := range header {
+			if name == "ForwDatagrams" && i < len(f) {
+				n, err := strconv.ParseUint(f[i], 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+	}
+	t.Fatalf("no Ip: ForwDatagrams in /proc/net/snmp of %s", ns.Name)
+	return 0
+}
+
+// IPv6 between two pods of one node goes past the node's stack too: TCP
+// directly and through an IPv6 ClusterIP, UDP, and an echo whose reply
+// arrives with the hop limit one less.
+func TestLocalDeliveryIPv6(t *testing.T) {
+	d := newDP(t)
+	topo := bpftest.NewTopology(t, d, "client", "b1")
+	topo.EnableIPv6(t)
+	b1 := netip.AddrPortFrom(topo.PodIP6["b1"], 8080)
+	echo := netip.AddrPortFrom(topo.PodIP6["b1"], 5353)
+	bpftest.ServeTCP(t, topo.Pods["b1"], "b1", "[::]:8080")
+	bpftest.ServeUDPEcho(t, topo.Pods["b1"], "b1", "[::]:5353")
+	vip := netip.MustParseAddrPort("[fd00:96::10]:80")
+	d.AddService(bpftest.Service{ID: 1, Front: vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: b1, Local: true}}})
+	client := topo.Pods["client"]
+	exchange := func(t *testing.T, network string, to netip.AddrPort, line string) {
+		t.Helper()
+		answer, err := bpftest.Exchange(client, network, to.String(), line)
+		if err != nil {
+			t.Fatalf("%s to %v: %v", network, to, err)
+		}
+		if f := strings.Fields(answer); len(f) < 2 || f[0] != "b1" || f[len(f)-1] != line {
+			t.Fatalf("%s to %v: answer %q", network, to, answer)
+		}
+	}
+	exchange(t, "tcp6", b1, "warm-up") // the node learns the pods' MACs
+	exchange(t, "udp6", echo, "warm-up")
+
+	forwarded, delivered := forwarded6By(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
+	for i := range 10 {
+		exchange(t, "tcp6", b1, fmt.Sprintf("direct-%d", i))
+		exchange(t, "tcp6", vip, fmt.Sprintf("service-%d", i))
+		exchange(t, "udp6", echo, fmt.Sprintf("udp-%d", i))
+	}
+	if out := client.Run("ping", "-6", "-c", "1", "-W", "2", b1.Addr().String()); !strings.Contains(out, "ttl=63") {
+		t.Fatalf("ping through the node: %s", out)
+	}
+	if n := forwarded6By(t, topo.Node) - forwarded; n != 0 {
+		t.Fatalf("the node's stack forwarded %d IPv6 packets between the pods", n)
+	}
+	if n := d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED) - delivered; n < 10*(6+6+2)+2 {
+		t.Fatalf("%d packets delivered by the datapath, want at least %d", n, 10*(6+6+2)+2)
+	}
+
+	// A hop limit that expires at the node is the stack's to answer.
+	if out := client.Run("sh", "-c", "ping -6 -c 1 -W 2 -t 1 "+b1.Addr().String()+" || true"); !strings.Contains(out, "Time exceeded") {
+		t.Fatalf("ping with hop limit 1: %s", out)
+	}
+}
+
+// forwarded6By reads how many IPv6 datagrams a namespace's stack has
+// forwarded (/proc/net/snmp6, Ip6OutForwDatagrams).
+func forwarded6By(t *testing.T, ns *bpftest.NetNS) uint64 {
+	t.Helper()
+	for _, line := range strings.Split(ns.Run("cat", "/proc/net/snmp6"), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "Ip6OutForwDatagrams" {
+			n, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no Ip6OutForwDatagrams in /proc/net/snmp6 of %s", ns.Name)
+	return 0
+}
