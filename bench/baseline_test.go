@@ -38,6 +38,12 @@ import (
 // --min-sync-period=0s), so the figures are each proxy's own work rather than
 // a configured wait.
 
+// sluiceStackRouting is Sluice with --stack-routing: pod-to-pod packets
+// through the node's IP stack rather than handed over by the datapath
+// (bpf/include/deliver.h), what local delivery gains measured in the same
+// run.
+const sluiceStackRouting = "sluice-stack-routing"
+
 // connTargets is how many addresses the connection-rate clients spread over.
 const connTargets = 16
 
@@ -340,7 +346,12 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string, di
 		return r
 	}
 	e := newBaselineEnv(b)
-	proc := e.startProxy(b, proxy, sluice, kubeProxy)
+	name, extra := proxy, []string(nil)
+	if proxy == sluiceStackRouting {
+		name, extra = "sluice", []string{"--stack-routing"}
+	}
+	isSluice := name == "sluice"
+	proc := e.startProxy(b, name, sluice, kubeProxy, extra...)
 	probe := e.createServices(b, "probe", 1, e.backendIPs[0])
 	e.waitFor(b, probe[0]+":80", "b1", 60*time.Second) // the proxy is up and synced
 	ips := e.createServices(b, "s", n, e.backendIPs[0])
@@ -352,7 +363,7 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string, di
 	}
 	var stats io.Closer
 	var runsBefore map[ebpf.ProgramID]programRun
-	if proxy == "sluice" {
+	if isSluice {
 		stats = enableRunTimeStats(b)
 	}
 	if stats != nil {
@@ -377,7 +388,7 @@ func runBaseline(b *testing.B, proxy string, n int, sluice, kubeProxy string, di
 	if base, _, _ := noProxy.rate(); base > 0 {
 		r.xNoProxy = r.rate / base
 	}
-	if r.dialErrors > 0 && proxy == "sluice" {
+	if r.dialErrors > 0 && isSluice {
 		logCounters(b, e.pinDir)
 	}
 	return r
@@ -401,7 +412,7 @@ func BenchmarkBaselines(b *testing.B) {
 		sizes = []int{100, 1_000, 10_000}
 	}
 	for _, n := range sizes {
-		for _, proxy := range []string{"no-proxy", "sluice", "iptables", "nftables"} {
+		for _, proxy := range []string{"no-proxy", "sluice", sluiceStackRouting, "iptables", "nftables"} {
 			b.Run(fmt.Sprintf("services=%d/%s", n, proxy), func(b *testing.B) {
 				key := fmt.Sprintf("%d/%s", n, proxy)
 				baselineMu.Lock()
