@@ -30,13 +30,7 @@ func TestLocalDeliveryPastTheNodeStack(t *testing.T) {
 	client := topo.Pods["client"]
 	exchange := func(t *testing.T, network string, to netip.AddrPort, line string) {
 		t.Helper()
-		answer, err := bpftest.Exchange(client, network, to.String(), line)
-		if err != nil {
-			t.Fatalf("%s to %v: %v", network, to, err)
-		}
-		if f := strings.Fields(answer); len(f) < 2 || f[0] != "b1" || f[len(f)-1] != line {
-			t.Fatalf("%s to %v: answer %q", network, to, answer)
-		}
+		exchangeWithB1(t, client, network, to, line)
 	}
 	// The node learns the pods' MACs from the first packets, which its
 	// stack carries (route_learn does not keep an answer without them).
@@ -190,13 +184,7 @@ func TestLocalDeliveryIPv6(t *testing.T) {
 	client := topo.Pods["client"]
 	exchange := func(t *testing.T, network string, to netip.AddrPort, line string) {
 		t.Helper()
-		answer, err := bpftest.Exchange(client, network, to.String(), line)
-		if err != nil {
-			t.Fatalf("%s to %v: %v", network, to, err)
-		}
-		if f := strings.Fields(answer); len(f) < 2 || f[0] != "b1" || f[len(f)-1] != line {
-			t.Fatalf("%s to %v: answer %q", network, to, answer)
-		}
+		exchangeWithB1(t, client, network, to, line)
 	}
 	exchange(t, "tcp6", b1, "warm-up") // the node learns the pods' MACs
 	exchange(t, "udp6", echo, "warm-up")
@@ -238,4 +226,17 @@ func forwarded6By(t *testing.T, ns *bpftest.NetNS) uint64 {
 	}
 	t.Fatalf("no Ip6OutForwDatagrams in /proc/net/snmp6 of %s", ns.Name)
 	return 0
+}
+
+// exchangeWithB1 sends line from ns to b1's server at to and checks that b1
+// answered it.
+func exchangeWithB1(t *testing.T, ns *bpftest.NetNS, network string, to netip.AddrPort, line string) {
+	t.Helper()
+	answer, err := bpftest.Exchange(ns, network, to.String(), line)
+	if err != nil {
+		t.Fatalf("%s to %v: %v", network, to, err)
+	}
+	if f := strings.Fields(answer); len(f) < 2 || f[0] != "b1" || f[len(f)-1] != line {
+		t.Fatalf("%s to %v: answer %q", network, to, answer)
+	}
 }

@@ -161,6 +161,23 @@ static __always_inline int route_fits(struct __sk_buff *skb, const struct route_
 	return (skb->gso_size ? segment_len(skb, l3_len, l4_off, proto) : l3_len) <= r->mtu;
 }
 
+/* route_current: a kept answer still stands (not expired; a destination
+ * interface still a ready workload's). */
+static __always_inline int route_current(const struct route_value *r)
+{
+	return r && r->expires >= sl_now_tick() && (!r->ifindex || ready_workload(r->ifindex));
+}
+
+/* deliver_with writes a packet's first hdr_len bytes (the new MACs and the
+ * start of its IP header) and sends it out of ifindex. */
+static __always_inline int deliver_with(struct __sk_buff *skb, const void *hdr, __u32 hdr_len, __u32 ifindex)
+{
+	if (bpf_skb_store_bytes(skb, 0, hdr, hdr_len, 0))
+		return TC_ACT_OK;
+	count(CNT_LOCAL_DELIVERED);
+	return bpf_redirect(ifindex, 0);
+}
+
 /* deliver_local carries out local delivery for an IPv4 packet from a
  * workload that the pipeline passed (TC_ACT_OK): a redirect to the
  * destination workload's interface, or TC_ACT_OK for the stack. Inline: the
@@ -179,7 +196,7 @@ static __always_inline int deliver_local(struct __sk_buff *skb)
 	__u8 proto = ip->protocol;
 	struct route_value *r = bpf_map_lookup_elem(&sl_route_v1, &key);
 
-	if (!r || r->expires < sl_now_tick() || (r->ifindex && !ready_workload(r->ifindex))) {
+	if (!route_current(r)) {
 		if (!route_learn(skb, &key))
 			return TC_ACT_OK;
 		r = bpf_map_lookup_elem(&sl_route_v1, &key);
@@ -205,11 +222,7 @@ static __always_inline int deliver_local(struct __sk_buff *skb)
 	__u32 check = (__u32)hdr.ip.check + bpf_htons(0x0100);
 	hdr.ip.check = (__sum16)(check + (check >= 0xffff));
 	hdr.ip.ttl--;
-	__u32 ifindex = r->ifindex;
-	if (bpf_skb_store_bytes(skb, 0, &hdr, hdr_len, 0))
-		return TC_ACT_OK;
-	count(CNT_LOCAL_DELIVERED);
-	return bpf_redirect(ifindex, 0);
+	return deliver_with(skb, &hdr, hdr_len, r->ifindex);
 }
 
 /* deliver_local6 is deliver_local for IPv6: the hop limit goes down by one
@@ -231,7 +244,7 @@ __subprog int deliver_local6(struct __sk_buff *skb)
 	__u8 proto = ip->nexthdr;
 	struct route_value *r = bpf_map_lookup_elem(&sl_route6_v1, &key);
 
-	if (!r || r->expires < sl_now_tick() || (r->ifindex && !ready_workload(r->ifindex))) {
+	if (!route_current(r)) {
 		if (!route6_learn(skb, &key))
 			return TC_ACT_OK;
 		r = bpf_map_lookup_elem(&sl_route6_v1, &key);
@@ -253,9 +266,5 @@ __subprog int deliver_local6(struct __sk_buff *skb)
 	__builtin_memcpy(hdr.macs, r->macs, sizeof(hdr.macs));
 	__builtin_memcpy(&hdr.proto, data + 12, hdr_len - sizeof(hdr.macs));
 	hdr.ip.hop_limit--;
-	__u32 ifindex = r->ifindex;
-	if (bpf_skb_store_bytes(skb, 0, &hdr, hdr_len, 0))
-		return TC_ACT_OK;
-	count(CNT_LOCAL_DELIVERED);
-	return bpf_redirect(ifindex, 0);
+	return deliver_with(skb, &hdr, hdr_len, r->ifindex);
 }
