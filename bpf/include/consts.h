@@ -21,7 +21,7 @@
 #define SL_SVCSTATS_MAX		65536		/* per-service counters, by service id */
 #define SL_MAGLEV_MAX		65536		/* Maglev tables, one per service id */
 #define SL_ROUTE_MAX		16384		/* local delivery's FIB answers, per
-						 * {source, destination, interface} (LRU) */
+						 * {destination, ingress interface} (LRU) */
 
 /* An unconnected UDP socket's translation is used for replies (recvmsg) up to
  * this long after its last send; later "replies" keep the backend's address. */
