@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bufio"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -75,13 +74,13 @@ func BenchmarkPodToPodRR(b *testing.B) {
 	for range turns {
 		for i, r := range rows {
 			setStackRouting(b, d, r.routed)
-			fwd, busy, start := forwardedDatagrams(b, r.node), busyCPU(b), time.Now()
+			fwd, busy, start := forwarded(b, r.node), busyCPU(b), time.Now()
 			if err := conns[i].roundTrips(perTurn); err != nil {
 				b.Fatalf("%s: %v", r.name, err)
 			}
 			got[i].wall += time.Since(start)
 			got[i].cpu += busyCPU(b) - busy
-			got[i].fwd += forwardedDatagrams(b, r.node) - fwd
+			got[i].fwd += forwarded(b, r.node) - fwd
 			got[i].n += uint64(perTurn)
 		}
 	}
@@ -149,15 +148,6 @@ func setStackRouting(b *testing.B, d *bpftest.Datapath, on bool) {
 	}
 }
 
-// forwardedDatagrams is a namespace's stack's Ip ForwDatagrams.
-func forwardedDatagrams(b *testing.B, ns *bpftest.NetNS) uint64 {
-	var n uint64
-	if _, err := fmt.Sscan(ns.Run("sh", "-c", `awk '/^Ip: [0-9]/ {print $7}' /proc/net/snmp`), &n); err != nil {
-		b.Fatalf("Ip ForwDatagrams of %s: %v", ns.Name, err)
-	}
-	return n
-}
-
 // busyCPU is the time every CPU of the machine has spent busy (/proc/stat:
 // all but idle and iowait), at the clock tick's resolution.
 func busyCPU(b *testing.B) time.Duration {
@@ -186,3 +176,6 @@ func busyCPU(b *testing.B) time.Duration {
 
 // userHZ is the unit of /proc/stat's times (USER_HZ, 100 on Linux).
 const userHZ = 100
+
+// forwarded is the IPv4 datagrams a namespace's stack has forwarded.
+func forwarded(b *testing.B, ns *bpftest.NetNS) uint64 { v4, _ := ns.Forwarded(b); return v4 }

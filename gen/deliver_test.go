@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,13 +37,13 @@ func TestLocalDeliveryPastTheNodeStack(t *testing.T) {
 	exchange(t, "udp4", echo, "warm-up")
 
 	t.Run("TCP direct and through a ClusterIP, and UDP: the stack forwards none", func(t *testing.T) {
-		forwarded, delivered := forwardedBy(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
+		forwarded, delivered := forwarded4(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
 		for i := range 10 {
 			exchange(t, "tcp4", b1, fmt.Sprintf("direct-%d", i))
 			exchange(t, "tcp4", vip, fmt.Sprintf("service-%d", i))
 			exchange(t, "udp4", echo, fmt.Sprintf("udp-%d", i))
 		}
-		if n := forwardedBy(t, topo.Node) - forwarded; n != 0 {
+		if n := forwarded4(t, topo.Node) - forwarded; n != 0 {
 			t.Fatalf("the node's stack forwarded %d packets between the pods", n)
 		}
 		// A TCP exchange is at least 3 packets each way (handshake, line,
@@ -55,13 +54,13 @@ func TestLocalDeliveryPastTheNodeStack(t *testing.T) {
 	})
 
 	t.Run("the TTL is one less and the header checksum holds", func(t *testing.T) {
-		forwarded := forwardedBy(t, topo.Node)
+		forwarded := forwarded4(t, topo.Node)
 		// The reply's TTL: 64 from b1, one less past the node. A header
 		// whose checksum did not follow would not be answered.
 		if out := client.Run("ping", "-c", "1", "-W", "2", b1.Addr().String()); !strings.Contains(out, "ttl=63") {
 			t.Fatalf("ping through the node: %s", out)
 		}
-		if n := forwardedBy(t, topo.Node) - forwarded; n != 0 {
+		if n := forwarded4(t, topo.Node) - forwarded; n != 0 {
 			t.Fatalf("the node's stack forwarded %d of the echoes", n)
 		}
 	})
@@ -69,9 +68,9 @@ func TestLocalDeliveryPastTheNodeStack(t *testing.T) {
 	t.Run("--stack-routing leaves them to the stack", func(t *testing.T) {
 		setConfigFlags(t, d, gen.SluiceConfigFlagsCFG_STACK_ROUTING)
 		defer setConfigFlags(t, d, 0)
-		forwarded, delivered := forwardedBy(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
+		forwarded, delivered := forwarded4(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
 		exchange(t, "tcp4", b1, "by-the-stack")
-		if n := forwardedBy(t, topo.Node) - forwarded; n < 6 {
+		if n := forwarded4(t, topo.Node) - forwarded; n < 6 {
 			t.Fatalf("the stack forwarded %d packets of a TCP exchange", n)
 		}
 		if n := d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED) - delivered; n != 0 {
@@ -98,9 +97,9 @@ func TestLocalDeliveryPastTheNodeStack(t *testing.T) {
 		if err := d.Objs.SlIfstateV1.Delete(key); err != nil {
 			t.Fatal(err)
 		}
-		forwarded, delivered := forwardedBy(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
+		forwarded, delivered := forwarded4(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
 		exchange(t, "tcp4", b1, "interface-gone")
-		if n := forwardedBy(t, topo.Node) - forwarded; n < 3 {
+		if n := forwarded4(t, topo.Node) - forwarded; n < 3 {
 			t.Fatalf("the stack forwarded %d packets to b1", n)
 		}
 		// b1's replies, to the client's interface, still are delivered.
@@ -111,9 +110,9 @@ func TestLocalDeliveryPastTheNodeStack(t *testing.T) {
 		// The answers learned meanwhile ("not a workload") are kept a
 		// second; then b1 is reached past the stack again.
 		time.Sleep(1100 * time.Millisecond)
-		forwarded = forwardedBy(t, topo.Node)
+		forwarded = forwarded4(t, topo.Node)
 		exchange(t, "tcp4", b1, "interface-back")
-		if n := forwardedBy(t, topo.Node) - forwarded; n != 0 {
+		if n := forwarded4(t, topo.Node) - forwarded; n != 0 {
 			t.Fatalf("the stack still forwarded %d packets after the interface came back", n)
 		}
 	})
@@ -140,34 +139,6 @@ func setConfigFlags(t *testing.T, d *bpftest.Datapath, flags gen.SluiceConfigFla
 	}
 }
 
-// forwardedBy reads how many datagrams a namespace's stack has forwarded
-// (/proc/net/snmp, Ip: ForwDatagrams).
-func forwardedBy(t *testing.T, ns *bpftest.NetNS) uint64 {
-	t.Helper()
-	var header []string
-	for _, line := range strings.Split(ns.Run("cat", "/proc/net/snmp"), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || f[0] != "Ip:" {
-			continue
-		}
-		if header == nil {
-			header = f
-			continue
-		}
-		for i, name := range header {
-			if name == "ForwDatagrams" && i < len(f) {
-				n, err := strconv.ParseUint(f[i], 10, 64)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return n
-			}
-		}
-	}
-	t.Fatalf("no Ip: ForwDatagrams in /proc/net/snmp of %s", ns.Name)
-	return 0
-}
-
 // IPv6 between two pods of one node goes past the node's stack too: TCP
 // directly and through an IPv6 ClusterIP, UDP, and an echo whose reply
 // arrives with the hop limit one less.
@@ -189,7 +160,7 @@ func TestLocalDeliveryIPv6(t *testing.T) {
 	exchange(t, "tcp6", b1, "warm-up") // the node learns the pods' MACs
 	exchange(t, "udp6", echo, "warm-up")
 
-	forwarded, delivered := forwarded6By(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
+	forwarded, delivered := forwarded6(t, topo.Node), d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED)
 	for i := range 10 {
 		exchange(t, "tcp6", b1, fmt.Sprintf("direct-%d", i))
 		exchange(t, "tcp6", vip, fmt.Sprintf("service-%d", i))
@@ -198,7 +169,7 @@ func TestLocalDeliveryIPv6(t *testing.T) {
 	if out := client.Run("ping", "-6", "-c", "1", "-W", "2", b1.Addr().String()); !strings.Contains(out, "ttl=63") {
 		t.Fatalf("ping through the node: %s", out)
 	}
-	if n := forwarded6By(t, topo.Node) - forwarded; n != 0 {
+	if n := forwarded6(t, topo.Node) - forwarded; n != 0 {
 		t.Fatalf("the node's stack forwarded %d IPv6 packets between the pods", n)
 	}
 	if n := d.Counter(gen.SluiceCounterCNT_LOCAL_DELIVERED) - delivered; n < 10*(6+6+2)+2 {
@@ -209,23 +180,6 @@ func TestLocalDeliveryIPv6(t *testing.T) {
 	if out := client.Run("sh", "-c", "ping -6 -c 1 -W 2 -t 1 "+b1.Addr().String()+" || true"); !strings.Contains(out, "Time exceeded") {
 		t.Fatalf("ping with hop limit 1: %s", out)
 	}
-}
-
-// forwarded6By reads how many IPv6 datagrams a namespace's stack has
-// forwarded (/proc/net/snmp6, Ip6OutForwDatagrams).
-func forwarded6By(t *testing.T, ns *bpftest.NetNS) uint64 {
-	t.Helper()
-	for _, line := range strings.Split(ns.Run("cat", "/proc/net/snmp6"), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == "Ip6OutForwDatagrams" {
-			n, err := strconv.ParseUint(f[1], 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("no Ip6OutForwDatagrams in /proc/net/snmp6 of %s", ns.Name)
-	return 0
 }
 
 // exchangeWithB1 sends line from ns to b1's server at to and checks that b1
@@ -240,3 +194,7 @@ func exchangeWithB1(t *testing.T, ns *bpftest.NetNS, network string, to netip.Ad
 		t.Fatalf("%s to %v: answer %q", network, to, answer)
 	}
 }
+
+// forwarded4 and forwarded6: the datagrams a namespace's stack has forwarded.
+func forwarded4(t *testing.T, ns *bpftest.NetNS) uint64 { v4, _ := ns.Forwarded(t); return v4 }
+func forwarded6(t *testing.T, ns *bpftest.NetNS) uint64 { _, v6 := ns.Forwarded(t); return v6 }
