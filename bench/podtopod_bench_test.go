@@ -19,9 +19,9 @@ import (
 // over one TCP connection, as netperf's TCP_RR: each round trip is a short
 // line to the server and its answer back, two packets through the node. It
 // reports µs per round trip (rr-us), the machine's busy CPU time per round
-// trip (cpu-us/rr: every CPU's, from /proc/stat; the steadier measure, as
-// the latency is mostly the wake-ups of client and server), and the node's
-// own forwarded datagrams per round trip (stack-fwd/rr):
+// trip (cpu-us/rr: every CPU's, from /proc/stat, at its 10 ms resolution; a
+// round trip is serial, so it follows rr-us), and the node's own forwarded
+// datagrams per round trip (stack-fwd/rr):
 //
 //   - no-programs: the node's stack alone, nothing attached;
 //   - stack-routing: Sluice's programs, with CFG_STACK_ROUTING (the node's
