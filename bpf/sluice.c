@@ -27,11 +27,15 @@ int sl_from_wl(struct __sk_buff *skb)
 {
 	int verdict = pipeline(skb, HOOK_FROM_WL, ETH_HLEN);
 
-	/* What the pipeline passes to the stack may be for a workload here. */
+	/* What else the pipeline passes to the stack (a flow's first packet,
+	 * ICMP) may be for a workload here too; an established flow's packets
+	 * have asked local delivery already (deliver_flow). */
 	if (verdict == TC_ACT_OK && skb->protocol == bpf_htons(ETH_P_IP))
-		verdict = deliver_local(skb);
+		verdict = deliver_local(skb, NULL);
 	else if (verdict == TC_ACT_OK && skb->protocol == bpf_htons(ETH_P_IPV6))
-		verdict = deliver_local6(skb);
+		verdict = deliver_local6(skb, NULL);
+	if (verdict == ROUTED_BY_STACK)
+		verdict = TC_ACT_OK;
 	return finish(skb, verdict, HOOK_FROM_WL, ETH_HLEN);
 }
 

@@ -198,3 +198,102 @@ func exchangeWithB1(t *testing.T, ns *bpftest.NetNS, network string, to netip.Ad
 // forwarded4 and forwarded6: the datagrams a namespace's stack has forwarded.
 func forwarded4(t *testing.T, ns *bpftest.NetNS) uint64 { v4, _ := ns.Forwarded(t); return v4 }
 func forwarded6(t *testing.T, ns *bpftest.NetNS) uint64 { _, v6 := ns.Forwarded(t); return v6 }
+
+// A flow whose destination is not behind a workload interface of this node
+// is marked on its conntrack entry (CT_SEEN_STACK_ROUTED) the first time one
+// of its established packets asks local delivery, and then asks no more:
+// with the kept answers gone, a marked flow's packets leave sl_route empty,
+// where an unmarked flow's first established packet asks again. A flow's
+// first packet marks nothing (it asks with no entry in hand). Direct and
+// through a ClusterIP, IPv4 and IPv6.
+func TestStackRoutedFlowsAskOnce(t *testing.T) {
+	// Run in a namespace of no routes, so that the FIB's answer ("not
+	// here") is the same on every machine.
+	ns := bpftest.NewNetNS(t)
+	run := func(t *testing.T, d *bpftest.Datapath, frame []byte) {
+		t.Helper()
+		var ret uint32
+		if err := ns.Do(func() error {
+			var err error
+			ret, err = d.Objs.SlFromWl.Run(&ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256)})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if ret != actOK {
+			t.Fatalf("verdict %d, want TC_ACT_OK (to the stack)", ret)
+		}
+	}
+	marked := func(t *testing.T, d *bpftest.Datapath, src, dst netip.AddrPort) bool {
+		t.Helper()
+		f, ok := d.Flow(src, dst, protoTCP)
+		if !ok {
+			t.Fatalf("no conntrack entry %v -> %v", src, dst)
+		}
+		return f.TCPSeen&uint32(gen.SluiceCtSeenCT_SEEN_STACK_ROUTED) != 0
+	}
+	for _, tc := range []struct {
+		name     string
+		d        *bpftest.Datapath
+		vip, dst netip.AddrPort
+		client   netip.Addr
+	}{
+		{"IPv4", newDP(t), vipAP, netip.MustParseAddrPort("10.9.0.9:80"), clientAP.Addr()},
+		{"IPv6", newDP6(t), vip6, netip.MustParseAddrPort("[fd00:9::9]:80"), client6.Addr()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tc.d
+			routes := d.Objs.SlRouteV1
+			if tc.client.Is6() {
+				routes = d.Objs.SlRoute6V1
+			}
+			d.AddService(bpftest.Service{ID: 1, Front: tc.vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: tc.dst}}})
+			direct := netip.AddrPortFrom(tc.client, 40001)
+			viaService := netip.AddrPortFrom(tc.client, 40002)
+			unmarked := netip.AddrPortFrom(tc.client, 40003)
+			flows := []struct{ src, dst netip.AddrPort }{{direct, tc.dst}, {viaService, tc.vip}}
+
+			for _, f := range flows {
+				run(t, d, bpftest.TCPPacket(f.src, f.dst, bpftest.SYN))
+				if marked(t, d, f.src, f.dst) {
+					t.Fatalf("%v -> %v marked by its SYN", f.src, f.dst)
+				}
+				run(t, d, bpftest.TCPPacket(f.src, f.dst, bpftest.ACK))
+				if !marked(t, d, f.src, f.dst) {
+					t.Fatalf("%v -> %v not marked after its first established packet", f.src, f.dst)
+				}
+			}
+			run(t, d, bpftest.TCPPacket(unmarked, tc.dst, bpftest.SYN))
+
+			bpftest.ClearMap(t, routes)
+			for _, f := range flows {
+				run(t, d, bpftest.TCPPacket(f.src, f.dst, bpftest.ACK))
+			}
+			if n := entries(t, routes); n != 0 {
+				t.Fatalf("marked flows' packets asked the FIB again: %d answers kept", n)
+			}
+			run(t, d, bpftest.TCPPacket(unmarked, tc.dst, bpftest.ACK))
+			if n := entries(t, routes); n != 1 {
+				t.Fatalf("an unmarked flow's packet left %d answers kept, want 1", n)
+			}
+			if !marked(t, d, unmarked, tc.dst) {
+				t.Fatalf("%v -> %v not marked after its first established packet", unmarked, tc.dst)
+			}
+		})
+	}
+}
+
+// entries counts a map's entries.
+func entries(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	var k, v []byte
+	n := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -203,8 +203,9 @@ type SluiceCtKey struct {
 type SluiceCtSeen uint32
 
 const (
-	SluiceCtSeenCT_SEEN_FIN_FIRST SluiceCtSeen = 256
-	SluiceCtSeenCT_SEEN_PACKET    SluiceCtSeen = 512
+	SluiceCtSeenCT_SEEN_FIN_FIRST    SluiceCtSeen = 256
+	SluiceCtSeenCT_SEEN_PACKET       SluiceCtSeen = 512
+	SluiceCtSeenCT_SEEN_STACK_ROUTED SluiceCtSeen = 1024
 )
 
 type SluiceCtType uint8

@@ -50,6 +50,15 @@ enum ct_seen : __u32 {
 	 * netfilter's IPS_ASSURED); a scanner under pressure drops flows that
 	 * were never answered first. */
 	CT_SEEN_PACKET = 1 << 9,
+	/* Local delivery (deliver.h) found that this direction's destination
+	 * is not behind a workload interface of this node: the direction's
+	 * packets from a workload go by the node's stack, and local delivery
+	 * asks no more for each of them. A flow's destination does not move,
+	 * so the mark holds for the entry's life (a reused tuple is a new
+	 * entry); a destination that becomes a ready workload later (its
+	 * interface marked ready after the flow began) only costs that flow
+	 * the shortcut, never its packets. */
+	CT_SEEN_STACK_ROUTED = 1 << 10,
 };
 
 enum ct_flags : __u8 {

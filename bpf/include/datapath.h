@@ -53,6 +53,29 @@
 #include "service.h"
 #include "svcstats.h"
 
+/* Local delivery (deliver.h): a packet leaving a workload for a workload of
+ * this node goes to the destination's interface past the node's stack. The
+ * established path asks it (deliver_flow) until a flow is marked as one the
+ * stack routes; the entry program asks it for what else passes
+ * (sl_from_wl). ROUTED_BY_STACK: "asked, and this packet passes to the
+ * stack", which sl_from_wl turns into TC_ACT_OK. */
+#define ROUTED_BY_STACK 0x50000
+__subprog int deliver_local(struct __sk_buff *skb, __u32 *flow_seen);
+__subprog int deliver_local6(struct __sk_buff *skb, __u32 *flow_seen);
+
+/* deliver_flow: a packet of an established flow leaving a workload with
+ * verdict; flow_seen is its conntrack entry's tcp_seen word. A flow marked
+ * CT_SEEN_STACK_ROUTED (traffic to other nodes, to the node, out of the
+ * cluster) pays a bit test, not local delivery's lookup. */
+static __always_inline int deliver_flow(struct __sk_buff *skb, int verdict, __u32 *flow_seen, int ipv6)
+{
+	if (verdict != TC_ACT_OK)
+		return verdict;
+	if (*flow_seen & CT_SEEN_STACK_ROUTED)
+		return ROUTED_BY_STACK;
+	return ipv6 ? deliver_local6(skb, flow_seen) : deliver_local(skb, flow_seen);
+}
+
 /* The IPv6 pipeline (datapath6.h), which pipeline() hands IPv6 packets to. */
 __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len);
 /* dsr6.h, included with datapath6.h. */
@@ -460,8 +483,9 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		 * spoof. */
 		if (hook == HOOK_FROM_WL && (v->flags & CT_DSR) && v->type == CT_REVERSE)
 			return FORWARD_BY_FIB;
-		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)
-			return enforce(skb, &p, v, POLICY_DIR_EGRESS);
+		if (hook == HOOK_FROM_WL)
+			return deliver_flow(skb, v->type == CT_FORWARD ? enforce(skb, &p, v, POLICY_DIR_EGRESS) : TC_ACT_OK,
+					    &v->tcp_seen, 0);
 		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)
 			return enforce(skb, &p, v, POLICY_DIR_INGRESS);
 		/* A flow that entered from outside carries its host endpoint's
@@ -501,3 +525,4 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 
 #include "datapath6.h"
 #include "fib.h"
+#include "deliver.h"

@@ -756,8 +756,9 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		 * checked as a node-sourced one's. */
 		if (hook == HOOK_FROM_WL && (v->flags & CT_DSR) && v->type == CT_REVERSE)
 			return FORWARD_BY_FIB;
-		if (v->type == CT_FORWARD && hook == HOOK_FROM_WL)
-			return enforce6(skb, &p6, v, POLICY_DIR_EGRESS);
+		if (hook == HOOK_FROM_WL)
+			return deliver_flow(skb, v->type == CT_FORWARD ? enforce6(skb, &p6, v, POLICY_DIR_EGRESS) : TC_ACT_OK,
+					    &v->tcp_seen, 1);
 		if (v->type == CT_FORWARD && hook == HOOK_TO_WL)
 			return enforce6(skb, &p6, v, POLICY_DIR_INGRESS);
 		/* Host endpoints, as pipeline (datapath.h). */

@@ -15,10 +15,14 @@
  * ingress interface}, so a pod pays one FIB lookup a second per destination,
  * not one a packet (a pod's interface stands for its source addresses: the
  * FIB is asked with the first packet's). An answer that the destination is
- * not a ready workload's interface is kept too, so traffic to the node or
- * away from it pays a map lookup. Each packet checks that the destination
- * interface is still a ready workload's (sl_ifstate_v1, whose entry goes with
- * the interface), so a pod's removal is seen at once.
+ * not a ready workload's interface is kept too. Each delivered packet checks
+ * that the destination interface is still a ready workload's
+ * (sl_ifstate_v1, whose entry goes with the interface), so a pod's removal
+ * is seen at once. An established flow whose destination is not a
+ * workload's here (traffic to other nodes, to the node, out of the cluster)
+ * is marked on its conntrack entry (CT_SEEN_STACK_ROUTED) by the first of
+ * its packets that asks, and asks no more: its packets pay a bit test, not
+ * a lookup (deliver_flow, datapath.h).
  *
  * What the stack must handle itself passes to it: IPv4 options, a TTL (hop
  * limit) that expires here, a packet larger than the destination's MTU (the
@@ -30,6 +34,8 @@
 
 #include "common.h"
 #include "config.h"
+#include "conntrack.h"
+#include "datapath.h"
 #include "counters.h"
 #include "fib.h"
 #include "ifstate.h"
@@ -106,7 +112,8 @@ static __always_inline void route_answer(struct __sk_buff *skb, const struct bpf
 }
 
 /* route_learn asks the FIB where an IPv4 packet of key goes and keeps the
- * answer; it returns the destination interface (0: the stack). A
+ * answer; it returns the destination interface, 0 for a kept answer that
+ * the stack routes the packet, -1 when nothing was kept. A
  * subprogram: the lookup's 64 bytes stay off the entry program's frame. An
  * answer without the neighbour's MAC is not kept: the stack resolves it (a
  * pod's first packet from the node after a while), and the next packet asks
@@ -122,11 +129,11 @@ __subprog int route_learn(struct __sk_buff *skb, const struct route_key *key)
 	struct route_value v = {};
 
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), &fib.ipv4_src, 4))
-		return 0;
+		return -1;
 	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
-		return 0;
+		return -1;
 	route_answer(skb, &fib, rc, key->ifindex, &v);
 	bpf_map_update_elem(&sl_route_v1, key, &v, BPF_ANY);
 	return v.ifindex;
@@ -142,11 +149,11 @@ __subprog int route6_learn(struct __sk_buff *skb, const struct route6_key *key)
 	struct route_value v = {};
 
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + IP6_SADDR_OFF, fib.ipv6_src, 16))
-		return 0;
+		return -1;
 	__builtin_memcpy(fib.ipv6_dst, key->daddr, 16);
 	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
-		return 0;
+		return -1;
 	route_answer(skb, &fib, rc, key->ifindex, &v);
 	bpf_map_update_elem(&sl_route6_v1, key, &v, BPF_ANY);
 	return v.ifindex;
@@ -168,41 +175,60 @@ static __always_inline int route_current(const struct route_value *r)
 	return r && r->expires >= sl_now_tick() && (!r->ifindex || ready_workload(r->ifindex));
 }
 
+/* to_stack passes a packet to the stack (ROUTED_BY_STACK). answer is
+ * route_learn's, or a kept answer's interface: 0, the stack routes the
+ * destination, marks the packet's flow (CT_SEEN_STACK_ROUTED); -1 (nothing
+ * answered: no neighbour's MAC yet) does not. flow_seen: the tcp_seen word
+ * of the packet's conntrack entry, or NULL. */
+static __always_inline int to_stack(__u32 *flow_seen, int answer)
+{
+	if (answer == 0 && flow_seen)
+		__sync_fetch_and_or(flow_seen, CT_SEEN_STACK_ROUTED);
+	return ROUTED_BY_STACK;
+}
+
 /* deliver_with writes a packet's first hdr_len bytes (the new MACs and the
  * start of its IP header) and sends it out of ifindex. */
 static __always_inline int deliver_with(struct __sk_buff *skb, const void *hdr, __u32 hdr_len, __u32 ifindex)
 {
 	if (bpf_skb_store_bytes(skb, 0, hdr, hdr_len, 0))
-		return TC_ACT_OK;
+		return ROUTED_BY_STACK;
 	count(CNT_LOCAL_DELIVERED);
 	return bpf_redirect(ifindex, 0);
 }
 
 /* deliver_local carries out local delivery for an IPv4 packet from a
- * workload that the pipeline passed (TC_ACT_OK): a redirect to the
- * destination workload's interface, or TC_ACT_OK for the stack. Inline: the
- * established path of every pod-to-pod packet, where a subprogram's call
- * and return cost more than its work. */
-static __always_inline int deliver_local(struct __sk_buff *skb)
+ * workload that the pipeline passes: a redirect to the destination
+ * workload's interface, or ROUTED_BY_STACK. flow_seen: the tcp_seen word of
+ * the packet's conntrack entry, NULL for a packet of no established flow. A
+ * subprogram, asked by the established path (deliver_flow, datapath.h) and
+ * by the entry program: a flow pays its call until it is marked, and a
+ * delivered packet skips the stack, which costs far more than the call. */
+__subprog int deliver_local(struct __sk_buff *skb, __u32 *flow_seen)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
 	struct config *cfg = config_get();
 
 	if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->ttl <= 1 || !cfg || (cfg->flags & CFG_STACK_ROUTING))
-		return TC_ACT_OK;
+		return ROUTED_BY_STACK;
 	struct route_key key = { .daddr = ip->daddr, .ifindex = skb->ifindex };
 	__u16 len = bpf_ntohs(ip->tot_len);
 	__u8 proto = ip->protocol;
 	struct route_value *r = bpf_map_lookup_elem(&sl_route_v1, &key);
 
 	if (!route_current(r)) {
-		if (!route_learn(skb, &key))
-			return TC_ACT_OK;
+		int answer = route_learn(skb, &key);
+		if (answer <= 0)
+			return to_stack(flow_seen, answer);
 		r = bpf_map_lookup_elem(&sl_route_v1, &key);
 	}
-	if (!r || !r->ifindex || !route_fits(skb, r, len, sizeof(*ip), proto))
-		return TC_ACT_OK;
+	if (!r)
+		return ROUTED_BY_STACK;
+	if (!r->ifindex)
+		return to_stack(flow_seen, 0);
+	if (!route_fits(skb, r, len, sizeof(*ip), proto))
+		return ROUTED_BY_STACK;
 
 	/* The MACs and the IP header through its checksum, in one store. */
 	struct {
@@ -214,7 +240,7 @@ static __always_inline int deliver_local(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
 	if (data + hdr_len > end)
-		return TC_ACT_OK;
+		return ROUTED_BY_STACK;
 	__builtin_memcpy(hdr.macs, r->macs, sizeof(hdr.macs));
 	__builtin_memcpy(&hdr.proto, data + 12, hdr_len - sizeof(hdr.macs));
 	/* The TTL is the high byte of its 16-bit word: one less there is
@@ -226,9 +252,8 @@ static __always_inline int deliver_local(struct __sk_buff *skb)
 }
 
 /* deliver_local6 is deliver_local for IPv6: the hop limit goes down by one
- * (no header checksum). A subprogram: its key would not fit the entry
- * program's frame beside the IPv4 one. */
-__subprog int deliver_local6(struct __sk_buff *skb)
+ * (no header checksum). */
+__subprog int deliver_local6(struct __sk_buff *skb, __u32 *flow_seen)
 {
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct ip6_raw *ip = data + ETH_HLEN;
@@ -237,7 +262,7 @@ __subprog int deliver_local6(struct __sk_buff *skb)
 	if ((void *)(ip + 1) > end || ip->hop_limit <= 1 || ip->nexthdr == 0 /* hop-by-hop */ ||
 	    ip->daddr[0] == 0xff || (ip->daddr[0] == 0xfe && (ip->daddr[1] & 0xc0) == 0x80) ||
 	    !cfg || (cfg->flags & CFG_STACK_ROUTING))
-		return TC_ACT_OK;
+		return ROUTED_BY_STACK;
 	struct route6_key key = { .ifindex = skb->ifindex };
 	__builtin_memcpy(key.daddr, ip->daddr, 16);
 	__u32 len = IPV6_HLEN + bpf_ntohs(ip->payload_len);
@@ -245,12 +270,17 @@ __subprog int deliver_local6(struct __sk_buff *skb)
 	struct route_value *r = bpf_map_lookup_elem(&sl_route6_v1, &key);
 
 	if (!route_current(r)) {
-		if (!route6_learn(skb, &key))
-			return TC_ACT_OK;
+		int answer = route6_learn(skb, &key);
+		if (answer <= 0)
+			return to_stack(flow_seen, answer);
 		r = bpf_map_lookup_elem(&sl_route6_v1, &key);
 	}
-	if (!r || !r->ifindex || !route_fits(skb, r, len, IPV6_HLEN, proto))
-		return TC_ACT_OK;
+	if (!r)
+		return ROUTED_BY_STACK;
+	if (!r->ifindex)
+		return to_stack(flow_seen, 0);
+	if (!route_fits(skb, r, len, IPV6_HLEN, proto))
+		return ROUTED_BY_STACK;
 
 	/* The MACs and the IPv6 header up to the source address, in one store. */
 	struct {
@@ -262,7 +292,7 @@ __subprog int deliver_local6(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
 	if (data + hdr_len > end)
-		return TC_ACT_OK;
+		return ROUTED_BY_STACK;
 	__builtin_memcpy(hdr.macs, r->macs, sizeof(hdr.macs));
 	__builtin_memcpy(&hdr.proto, data + 12, hdr_len - sizeof(hdr.macs));
 	hdr.ip.hop_limit--;
