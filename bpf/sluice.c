@@ -12,10 +12,36 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* finish ends a TC entry program: a drop writes its event (events.h), then
- * the verdict is carried out (policy_dispatch). */
+/* sl_write_span's program array: slot 0 holds it, put there by the loader
+ * (gen.Load) on every load. Pinned with the other maps, so that programs a
+ * restarted agent keeps attached (the same code on the same maps) reach the
+ * new load's writer, and an agent that exits leaves it filled. An empty slot
+ * (a load by other means) costs the helper's store (write_span). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} sl_spanwriter_v1 SEC(".maps");
+
+/* write_span carries out WRITE_SPAN in an entry program. */
+static __always_inline int write_span(struct __sk_buff *skb)
+{
+	bpf_tail_call(skb, &sl_spanwriter_v1, 0);
+	struct nat_span *span = bpf_map_lookup_elem(&sl_span_v1, &sl_slot0);
+	if (!span || bpf_skb_store_bytes(skb, span->l3_off + NAT_SPAN_OFF, span,
+					 span->len == NAT_SPAN_TCP ? NAT_SPAN_TCP : NAT_SPAN_UDP, 0))
+		return drop(CNT_DROP_MALFORMED);
+	return TC_ACT_OK;
+}
+
+/* finish ends a TC entry program: a deferred translation is written
+ * (write_span), a drop writes its event (events.h), then the verdict is
+ * carried out (policy_dispatch). */
 static __always_inline int finish(struct __sk_buff *skb, int verdict, enum hook hook, const __u32 l2_len)
 {
+	if (verdict == WRITE_SPAN)
+		return write_span(skb);
 	if (verdict == TC_ACT_SHOT)
 		ev_drop(skb, hook, l2_len);
 	return policy_dispatch(skb, verdict);
@@ -144,6 +170,14 @@ SEC("xdp")
 int sl_xdp_prefilter(struct xdp_md *ctx)
 {
 	return prefilter(ctx);
+}
+
+/* Slot 0 of sl_spanwriter_v1: writes an established packet's translation, built
+ * by its entry program, with direct writes (rewrite.h). */
+SEC("tc")
+int sl_write_span(struct __sk_buff *skb)
+{
+	return span_write_direct(skb);
 }
 
 /* Slot 0 of sl_polprog_v1: records a policy program's verdict (policy.h). */

@@ -68,6 +68,12 @@ func Load(opts LoadOptions) (*SluiceObjects, error) {
 		}
 		return nil, fmt.Errorf("load sluice programs: %w", err)
 	}
+	// The established packets' writer (bpf/sluice.c): this load's, also for
+	// programs of an earlier load still attached on the same maps.
+	if err := objs.SlSpanwriterV1.Put(uint32(0), objs.SlWriteSpan); err != nil {
+		objs.Close()
+		return nil, fmt.Errorf("load sluice programs: put sl_write_span in %s: %w", SluiceMapSlSpanwriterV1, err)
+	}
 	return &objs, nil
 }
 

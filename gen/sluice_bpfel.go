@@ -399,9 +399,11 @@ type SluiceIpsetValue struct {
 }
 
 type SluiceNatSpan struct {
-	_ structs.HostLayout
-	W [14]uint16
-	_ [4]byte
+	_      structs.HostLayout
+	W      [14]uint16
+	L3Off  uint8
+	Len    uint8
+	Unused uint16
 }
 
 type SluicePolVerdict uint8
@@ -579,6 +581,7 @@ const (
 	SluiceMapSlSock6V1        = "sl_sock6_v1"
 	SluiceMapSlSockV1         = "sl_sock_v1"
 	SluiceMapSlSpanV1         = "sl_span_v1"
+	SluiceMapSlSpanwriterV1   = "sl_spanwriter_v1"
 	SluiceMapSlSrcrange6V1    = "sl_srcrange6_v1"
 	SluiceMapSlSrcrangeV1     = "sl_srcrange_v1"
 	SluiceMapSlSvcnameV1      = "sl_svcname_v1"
@@ -599,6 +602,7 @@ const (
 	SluiceProgSlToHost        = "sl_to_host"
 	SluiceProgSlToHostL3      = "sl_to_host_l3"
 	SluiceProgSlToWl          = "sl_to_wl"
+	SluiceProgSlWriteSpan     = "sl_write_span"
 	SluiceProgSlXdpPrefilter  = "sl_xdp_prefilter"
 	SluiceVarDryRun           = "dry_run"
 	SluiceVarMaglevSize       = "maglev_size"
@@ -662,6 +666,7 @@ type SluiceProgramSpecs struct {
 	SlToHost        *ebpf.ProgramSpec `ebpf:"sl_to_host"`
 	SlToHostL3      *ebpf.ProgramSpec `ebpf:"sl_to_host_l3"`
 	SlToWl          *ebpf.ProgramSpec `ebpf:"sl_to_wl"`
+	SlWriteSpan     *ebpf.ProgramSpec `ebpf:"sl_write_span"`
 	SlXdpPrefilter  *ebpf.ProgramSpec `ebpf:"sl_xdp_prefilter"`
 }
 
@@ -702,6 +707,7 @@ type SluiceMapSpecs struct {
 	SlSock6V1      *ebpf.MapSpec `ebpf:"sl_sock6_v1"`
 	SlSockV1       *ebpf.MapSpec `ebpf:"sl_sock_v1"`
 	SlSpanV1       *ebpf.MapSpec `ebpf:"sl_span_v1"`
+	SlSpanwriterV1 *ebpf.MapSpec `ebpf:"sl_spanwriter_v1"`
 	SlSrcrange6V1  *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1   *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1    *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
@@ -769,6 +775,7 @@ type SluiceMaps struct {
 	SlSock6V1      *ebpf.Map `ebpf:"sl_sock6_v1"`
 	SlSockV1       *ebpf.Map `ebpf:"sl_sock_v1"`
 	SlSpanV1       *ebpf.Map `ebpf:"sl_span_v1"`
+	SlSpanwriterV1 *ebpf.Map `ebpf:"sl_spanwriter_v1"`
 	SlSrcrange6V1  *ebpf.Map `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1   *ebpf.Map `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1    *ebpf.Map `ebpf:"sl_svcname_v1"`
@@ -810,6 +817,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlSock6V1,
 		m.SlSockV1,
 		m.SlSpanV1,
+		m.SlSpanwriterV1,
 		m.SlSrcrange6V1,
 		m.SlSrcrangeV1,
 		m.SlSvcnameV1,
@@ -845,6 +853,7 @@ type SluicePrograms struct {
 	SlToHost        *ebpf.Program `ebpf:"sl_to_host"`
 	SlToHostL3      *ebpf.Program `ebpf:"sl_to_host_l3"`
 	SlToWl          *ebpf.Program `ebpf:"sl_to_wl"`
+	SlWriteSpan     *ebpf.Program `ebpf:"sl_write_span"`
 	SlXdpPrefilter  *ebpf.Program `ebpf:"sl_xdp_prefilter"`
 }
 
@@ -866,6 +875,7 @@ func (p *SluicePrograms) Close() error {
 		p.SlToHost,
 		p.SlToHostL3,
 		p.SlToWl,
+		p.SlWriteSpan,
 		p.SlXdpPrefilter,
 	)
 }

@@ -188,6 +188,21 @@ func TestTranslatedChecksumsAsTheReceiverVerifiesThem(t *testing.T) {
 		topo.Node.SetChecksumOffload(t, topo.PodIface[name], false, false)
 	}
 
+	// By the node's stack, an established translated packet's store is the
+	// span writer's (sl_write_span: direct writes, on packets TCP has
+	// cloned); by local delivery, the helper's.
+	for _, route := range []struct {
+		name  string
+		flags gen.SluiceConfigFlags
+	}{{"local delivery", 0}, {"stack routing", gen.SluiceConfigFlagsCFG_STACK_ROUTING}} {
+		setConfigFlags(t, d, route.flags)
+		t.Run(route.name, func(t *testing.T) { checksumsThroughClusterIP(t, topo, families) })
+	}
+}
+
+// checksumsThroughClusterIP is TestTranslatedChecksumsAsTheReceiverVerifiesThem
+// for one routing.
+func checksumsThroughClusterIP(t *testing.T, topo *bpftest.Topology, families []struct{ tcp, udp, vip, dns string }) {
 	for _, sender := range []struct {
 		name string
 		tx   bool // the pods' transmit offload: on, they leave the checksum partial

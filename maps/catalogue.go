@@ -95,6 +95,9 @@ var (
 	// PolicyPrograms is a program array: use Set.Map(PolicyPrograms) with
 	// the policy runtime.
 	PolicyPrograms = gen.SluiceMapSlPolprogV1
+	// SpanWriter is a program array whose slot 0 gen.Load fills with the
+	// datapath's established-packet writer (sl_write_span).
+	SpanWriter = gen.SluiceMapSlSpanwriterV1
 )
 
 // docs says what each map is for; every map of the object must have a line
@@ -130,6 +133,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlSock6V1:      "socket LB of IPv6 sockets: {socket cookie, backend} -> service address to give back (LRU)",
 	gen.SluiceMapSlScratch6V1:   "per-CPU scratch space where the datapath builds IPv6 conntrack entries and hands an IPv6 tuple to the policy programs; holds nothing between packets",
 	gen.SluiceMapSlSpanV1:       "per-CPU scratch space where the datapath builds the translated bytes of an established IPv4 packet before one store writes them; holds nothing between packets",
+	gen.SluiceMapSlSpanwriterV1: "slot 0: sl_write_span, which writes an established IPv4 packet's translation from sl_span_v1 with direct writes (every load puts its own)",
 	gen.SluiceMapSlIpset6V1:     "policy IP sets, IPv6 members: LPM {set id, address}",
 	gen.SluiceMapSlMaglevV1:     "Maglev tables: service id -> inner array map holding the table (slot -> backend ordinal); replaced whole",
 	gen.SluiceMapSlEventsV1:     "flow events ring buffer: drops, and service flows starting and ending (read by sluice monitor)",

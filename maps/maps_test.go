@@ -98,7 +98,8 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.IPSets.Name:    roundTripIPSets,
 	maps.RuleCtrs.Name:  roundTripRuleCounters,
 	maps.SvcStats.Name:  roundTripSvcStats,
-	maps.PolicyPrograms: checkProgramArray,
+	maps.PolicyPrograms: checkProgramArray(maps.PolicyPrograms),
+	maps.SpanWriter:     checkProgramArray(maps.SpanWriter),
 
 	maps.Frontends6.Name:      roundTrip(maps.Frontends6),
 	maps.Backends6.Name:       roundTrip(maps.Backends6),
@@ -246,10 +247,12 @@ func roundTripSvcStats(t *testing.T, s *maps.Set) {
 }
 
 // A program array holds programs, not data: check its shape.
-func checkProgramArray(t *testing.T, s *maps.Set) {
-	m := s.Map(maps.PolicyPrograms)
-	if m == nil || m.Type() != ebpf.ProgramArray || m.KeySize() != 4 || m.ValueSize() != 4 {
-		t.Fatalf("policy program array: %v", m)
+func checkProgramArray(name string) func(t *testing.T, s *maps.Set) {
+	return func(t *testing.T, s *maps.Set) {
+		m := s.Map(name)
+		if m == nil || m.Type() != ebpf.ProgramArray || m.KeySize() != 4 || m.ValueSize() != 4 {
+			t.Fatalf("program array %s: %v", name, m)
+		}
 	}
 }
 

@@ -15,8 +15,9 @@
  *                and the clash rules)
  *   service      service.h (frontend lookup, source ranges, backend choice)
  *   NAT          rewrite.h (the SNAT decision, replaying a flow's
- *                translation, the checksum-safe writes), dsr.h (direct
- *                server return to a remote backend, instead of SNAT)
+ *                translation, the checksum-safe writes, the store an
+ *                established packet leaves to sl_write_span), dsr.h
+ *                (direct server return to a remote backend, instead of SNAT)
  *   verdict      policy.h (which policy judges a flow, the hand-off to it),
  *                reject.h and icmp_error.h (answers the node writes itself),
  *                counters.h (drop)
@@ -25,8 +26,8 @@
  * parse for pipeline6 (datapath6.h), the same stages on the IPv6 maps.
  *
  * Every stage returns a TC verdict, JUDGE_BY_POLICY or FORWARD_BY_FIB
- * (policy.h); the entry programs in sluice.c turn the latter two into the
- * tail call and the FIB's redirect.
+ * (policy.h), or WRITE_SPAN (rewrite.h); the entry programs in sluice.c turn
+ * the latter three into the tail calls and the FIB's redirect.
  *
  * Policy (policy.h): a workload's egress policy judges a new flow at
  * FROM_WL once its backend is chosen and NAT applied; its ingress policy at
@@ -74,6 +75,23 @@ static __always_inline int deliver_flow(struct __sk_buff *skb, int verdict, __u3
 	if (*flow_seen & CT_SEEN_STACK_ROUTED)
 		return ROUTED_BY_STACK;
 	return ipv6 ? deliver_local6(skb, flow_seen) : deliver_local(skb, flow_seen);
+}
+
+/* passes_translated tells whether an established packet entering at hook
+ * (HOOK_FROM_WL or HOOK_FROM_HOST) passes once translated, whatever its
+ * translation: what the established branch of pipeline() decides after it,
+ * for the common flows. From a workload: a flow the stack routes, neither
+ * hairpinned, nor leaving with the node's address, nor sent back directly,
+ * whose egress policy allowed it (a reply is not judged); from outside: a
+ * flow its host endpoint allowed. */
+static __always_inline int passes_translated(enum hook hook, const struct ct_value *v)
+{
+	int allowed = v->type != CT_FORWARD || v->pol_egress == POL_ALLOWED;
+
+	if (hook == HOOK_FROM_HOST)
+		return allowed;
+	return allowed && !(v->flags & (CT_HAIRPIN | CT_NODE_SOURCE | CT_DSR)) &&
+	       (v->tcp_seen & CT_SEEN_STACK_ROUTED);
 }
 
 /* The IPv6 pipeline (datapath6.h), which pipeline() hands IPv6 packets to. */
@@ -469,7 +487,17 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 			if (room > 0)
 				return dsr_too_big(skb, &p, room);
 		}
-		if (hook == HOOK_TO_WL || hook == HOOK_TO_HOST ? ct_apply_framed(skb, &p, v) : ct_apply(skb, &p, v))
+		/* A packet entering whose verdict is known leaves its
+		 * translation's store to sl_write_span (rewrite.h). */
+		if ((hook == HOOK_FROM_WL || hook == HOOK_FROM_HOST) && passes_translated(hook, v)) {
+			int err = ct_apply(skb, &p, v, 1);
+			if (err == SPAN_DEFERRED)
+				return WRITE_SPAN;
+			if (err)
+				return drop(CNT_DROP_MALFORMED);
+			return hook == HOOK_FROM_WL ? ROUTED_BY_STACK : TC_ACT_OK;
+		}
+		if (ct_apply_framed(skb, &p, v))
 			return drop(CNT_DROP_MALFORMED);
 		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
 			return hairpin_verdict(skb, v->type == CT_FORWARD ? enforce(skb, &p, v, POLICY_DIR_EGRESS) : TC_ACT_OK);

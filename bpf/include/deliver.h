@@ -22,7 +22,9 @@
  * workload's here (traffic to other nodes, to the node, out of the cluster)
  * is marked on its conntrack entry (CT_SEEN_STACK_ROUTED) by the first of
  * its packets that asks, and asks no more: its packets pay a bit test, not
- * a lookup (deliver_flow, datapath.h).
+ * a lookup (deliver_flow, datapath.h). With local delivery off (or no
+ * configuration written yet) every flow is marked by its first established
+ * packet: a flow begun then keeps to the stack after it is turned on.
  *
  * What the stack must handle itself passes to it: IPv4 options, a TTL (hop
  * limit) that expires here, a packet larger than the destination's MTU (the
@@ -210,7 +212,9 @@ __subprog int deliver_local(struct __sk_buff *skb, __u32 *flow_seen)
 	struct iphdr *ip = data + ETH_HLEN;
 	struct config *cfg = config_get();
 
-	if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->ttl <= 1 || !cfg || (cfg->flags & CFG_STACK_ROUTING))
+	if (!cfg || (cfg->flags & CFG_STACK_ROUTING))
+		return to_stack(flow_seen, 0);
+	if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->ttl <= 1)
 		return ROUTED_BY_STACK;
 	struct route_key key = { .daddr = ip->daddr, .ifindex = skb->ifindex };
 	__u16 len = bpf_ntohs(ip->tot_len);
@@ -259,9 +263,10 @@ __subprog int deliver_local6(struct __sk_buff *skb, __u32 *flow_seen)
 	struct ip6_raw *ip = data + ETH_HLEN;
 	struct config *cfg = config_get();
 
+	if (!cfg || (cfg->flags & CFG_STACK_ROUTING))
+		return to_stack(flow_seen, 0);
 	if ((void *)(ip + 1) > end || ip->hop_limit <= 1 || ip->nexthdr == 0 /* hop-by-hop */ ||
-	    ip->daddr[0] == 0xff || (ip->daddr[0] == 0xfe && (ip->daddr[1] & 0xc0) == 0x80) ||
-	    !cfg || (cfg->flags & CFG_STACK_ROUTING))
+	    ip->daddr[0] == 0xff || (ip->daddr[0] == 0xfe && (ip->daddr[1] & 0xc0) == 0x80))
 		return ROUTED_BY_STACK;
 	struct route6_key key = { .ifindex = skb->ifindex };
 	__builtin_memcpy(key.daddr, ip->daddr, 16);

@@ -145,10 +145,22 @@ _Static_assert(sizeof(struct nat_bytes) == 14, "nat_bytes: the bytes from the IP
  * [5..6] the ports, then the L4 header up to its checksum. */
 struct nat_span {
 	__u16 w[14];
+	/* For a write deferred to sl_write_span (SPAN_DEFERRED): the IPv4
+	 * header's offset in the packet and the span's length. In what was
+	 * the struct's padding. */
+	__u8 l3_off;
+	__u8 len;
+	__u16 unused;
 } __attribute__((aligned(8)));
+_Static_assert(sizeof(struct nat_span) == 32, "nat_span: the span and where it goes, in 32 bytes");
 #define NAT_SPAN_TCP	28
 #define NAT_SPAN_UDP	18
 #define NAT_SPAN_OFF	offsetof(struct iphdr, check)
+/* SPAN_DEFERRED: a translation built, its store left to sl_write_span
+ * (below). WRITE_SPAN: "this packet passes once the span in sl_span_v1 is
+ * written", which the entry program carries out (write_span). */
+#define SPAN_DEFERRED	1
+#define WRITE_SPAN	0x40000
 
 /* The kernel's sk_buff, as much of it as is read here: CO-RE relocates the
  * field to where this kernel has it. ip_summed says what the L4 checksum
@@ -258,11 +270,13 @@ __subprog int rewrite_tuple_helpers(struct __sk_buff *skb, struct packet *p, __b
  * call costs tens of ns on a kernel whose returns go through thunks (against
  * SRSO, as here). CHECKSUM_COMPLETE, and a header with options, take the
  * helpers (rewrite_tuple_helpers). The new tuple is read back from the span
- * after the store, so that nothing but the span lives across it. No direct
- * packet write: one anywhere in a program makes the verifier unclone every
- * packet it sees (TCP's are clones), translated or not; reads are free. */
+ * after the store, so that nothing but the span lives across it. With
+ * defer (a constant), the store is left to sl_write_span (SPAN_DEFERRED,
+ * below) and the span says where it goes. No direct packet write here: one
+ * anywhere in a program makes the verifier unclone every packet it sees (TCP's
+ * are clones), translated or not; reads are free. */
 static __always_inline int rewrite_tuple_in(struct __sk_buff *skb, struct packet *p, __be32 saddr, __be32 daddr,
-					    __u32 ports, struct nat_span *span, enum skb_csum csum)
+					    __u32 ports, struct nat_span *span, enum skb_csum csum, int defer)
 {
 	if (saddr == p->saddr && daddr == p->daddr && ports == tuple_ports(p->sport, p->dport))
 		return 0; /* a tracked flow that is not translated */
@@ -274,32 +288,42 @@ static __always_inline int rewrite_tuple_in(struct __sk_buff *skb, struct packet
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	void *from = data + (p->l3_off & 0xff) + NAT_SPAN_OFF;
+	__u64 addrs = word_diff(p->saddr, saddr) + word_diff(p->daddr, daddr);
+	__u64 port_diff = csum == SKB_CHECKSUM_PARTIAL ? 0 : word_diff(tuple_ports(p->sport, p->dport), ports);
 	__u32 len;
+	/* The checksums are read from the packet, not back from the span
+	 * just stored: a narrow load from inside a wider store may wait for
+	 * the store. */
 	if (p->proto == IPPROTO_TCP) {
 		if (from + NAT_SPAN_TCP > data_end)
 			return -1;
 		span_load(span, from, NAT_SPAN_TCP);
+		span->w[NAT_SPAN_TCP / 2 - 1] = l4_check_updated(*(__u16 *)(from + NAT_SPAN_TCP - 2), csum,
+								 IPPROTO_TCP, addrs, port_diff);
 		len = NAT_SPAN_TCP;
 	} else {
 		if (from + NAT_SPAN_UDP > data_end)
 			return -1;
 		span_load(span, from, NAT_SPAN_UDP);
+		span->w[NAT_SPAN_UDP / 2 - 1] = l4_check_updated(*(__u16 *)(from + NAT_SPAN_UDP - 2), csum,
+								 IPPROTO_UDP, addrs, port_diff);
 		len = NAT_SPAN_UDP;
 	}
-	__u64 addrs = word_diff(p->saddr, saddr) + word_diff(p->daddr, daddr);
-	__u64 port_diff = csum == SKB_CHECKSUM_PARTIAL ? 0 : word_diff(tuple_ports(p->sport, p->dport), ports);
-	span->w[len / 2 - 1] = l4_check_updated(span->w[len / 2 - 1], csum, p->proto, addrs, port_diff);
-	span->w[0] = csum_fold((__u16)~span->w[0] + addrs);
+	span->w[0] = csum_fold((__u16)~*(__u16 *)from + addrs);
 	__builtin_memcpy(&span->w[1], &saddr, 4);
 	__builtin_memcpy(&span->w[3], &daddr, 4);
 	__builtin_memcpy(&span->w[5], &ports, 4);
-	if (bpf_skb_store_bytes(skb, p->l3_off + NAT_SPAN_OFF, span, len, 0))
+	if (defer) {
+		span->l3_off = p->l3_off;
+		span->len = len;
+	} else if (bpf_skb_store_bytes(skb, p->l3_off + NAT_SPAN_OFF, span, len, 0)) {
 		return -1;
+	}
 	__builtin_memcpy(&p->saddr, &span->w[1], 4);
 	__builtin_memcpy(&p->daddr, &span->w[3], 4);
 	p->sport = span->w[5];
 	p->dport = span->w[6];
-	return 0;
+	return defer ? SPAN_DEFERRED : 0;
 }
 
 /* rewrite_tuple: rewrite_tuple_in with its span on its own frame, for a
@@ -309,7 +333,7 @@ __subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 sadd
 {
 	struct nat_span span;
 
-	return rewrite_tuple_in(skb, p, saddr, daddr, ports, &span, skb_csum(skb));
+	return rewrite_tuple_in(skb, p, saddr, daddr, ports, &span, skb_csum(skb), 0);
 }
 
 /* A CPU's span for established packets (ct_apply): off the pipeline's frame,
@@ -350,8 +374,10 @@ __subprog int ct_apply_fragment(struct __sk_buff *skb, struct packet *p, const s
 /* ct_apply translates a packet of a known flow: a forward entry's packets
  * (client to service) get the backend as destination, and the node's address
  * as source when the flow is SNATed; a reverse entry's (the replies) get the
- * opposite. */
-static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
+ * opposite. With defer (a constant: the caller knows the packet's verdict
+ * already), a translation in one store is left to sl_write_span and
+ * SPAN_DEFERRED returned. */
+static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, const struct ct_value *v, int defer)
 {
 	if (p->l4_absent)
 		return ct_apply_fragment(skb, p, v);
@@ -364,19 +390,60 @@ static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, con
 	int snat = v->flags & CT_SNAT;
 	if (v->type == CT_FORWARD)
 		return rewrite_tuple_in(skb, p, snat ? v->snat_addr : p->saddr, v->nat_addr,
-					tuple_ports(snat ? v->snat_port : p->sport, v->nat_port), span, csum);
+					tuple_ports(snat ? v->snat_port : p->sport, v->nat_port), span, csum, defer);
 	return rewrite_tuple_in(skb, p, v->nat_addr, snat ? v->snat_addr : p->daddr,
-				tuple_ports(v->nat_port, snat ? v->snat_port : p->dport), span, csum);
+				tuple_ports(v->nat_port, snat ? v->snat_port : p->dport), span, csum, defer);
 }
 
-/* ct_apply_framed is ct_apply in a frame of its own, for the hooks where
- * traffic leaves toward a workload or the node (HOOK_TO_WL, HOOK_TO_HOST):
- * their entry frames start the verifier's deepest chains, and the inline
- * translation's registers would take them over its bound. The hooks where
- * traffic enters, which translate most packets, take it inline. */
+/* ct_apply_framed is ct_apply in a frame of its own, storing as it goes:
+ * for the hooks where traffic leaves toward a workload or the node
+ * (HOOK_TO_WL, HOOK_TO_HOST), whose entry frames start the verifier's
+ * deepest chains, and for a packet entering whose verdict waits for more
+ * than its entry (a flow not yet judged, hairpinned, routed by the FIB or
+ * delivered locally). The inline translation's registers would take the
+ * entry frames over the verifier's bound; the common packets entering take
+ * ct_apply inline, and defer their store (pipeline, datapath.h). */
 __subprog int ct_apply_framed(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
 {
-	return ct_apply(skb, p, v);
+	return ct_apply(skb, p, v, 0);
+}
+
+/* ---- The deferred store: direct writes, in a program of their own ---- */
+
+/* An established packet whose verdict is known before its translation is
+ * written (ct_apply with defer) is written by sl_write_span, which the entry
+ * program tail-calls (write_span): a direct store of the span, where
+ * bpf_skb_store_bytes costs a helper call, its copy's call and their returns
+ * (a third of an established packet's time on a kernel whose returns go
+ * through thunks). Only a program of its own may write the packet directly:
+ * the verifier makes any program that does unclone every cloned packet on
+ * entry (a helper call), and the entry programs see every packet, translated
+ * or not; sl_write_span sees only translated ones. SPAN_DEFERRED and
+ * WRITE_SPAN are defined with nat_span. */
+
+/* span_write_direct writes the span built for this packet (sl_write_span's
+ * body). */
+static __always_inline int span_write_direct(struct __sk_buff *skb)
+{
+	struct nat_span *span = bpf_map_lookup_elem(&sl_span_v1, &sl_slot0);
+
+	if (!span)
+		return drop(CNT_DROP_MALFORMED);
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	void *to = data + span->l3_off + NAT_SPAN_OFF;
+	/* 8-byte stores, as span_load's loads (an unaligned store is allowed
+	 * where the CPU makes it at full speed). */
+	if (span->len == NAT_SPAN_TCP) {
+		if (to + NAT_SPAN_TCP > data_end)
+			return drop(CNT_DROP_MALFORMED);
+		__builtin_memcpy(__builtin_assume_aligned(to, 8), span, NAT_SPAN_TCP);
+	} else {
+		if (to + NAT_SPAN_UDP > data_end)
+			return drop(CNT_DROP_MALFORMED);
+		__builtin_memcpy(__builtin_assume_aligned(to, 8), span, NAT_SPAN_UDP);
+	}
+	return TC_ACT_OK;
 }
 
 /* swap_eth swaps an Ethernet frame's source and destination addresses, for

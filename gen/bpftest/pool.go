@@ -42,6 +42,12 @@ func acquire() (*gen.SluiceObjects, error) {
 // whose program array holds programs is closed instead; one that cannot be
 // emptied is closed too, and the error says which map.
 func release(objs *gen.SluiceObjects) error {
+	// sl_spanwriter_v1 holds sl_write_span from the load on (Empty leaves
+	// it): a test may have replaced or removed it.
+	if err := objs.SlSpanwriterV1.Put(uint32(0), objs.SlWriteSpan); err != nil {
+		objs.Close()
+		return fmt.Errorf("restore %s: %w", gen.SluiceMapSlSpanwriterV1, err)
+	}
 	if err := Empty(&objs.SluiceMaps); err != nil {
 		objs.Close()
 		if errors.Is(err, errNotReusable) {
@@ -58,12 +64,13 @@ func release(objs *gen.SluiceObjects) error {
 // Empty returns every map of a loaded datapath to the state a load leaves it
 // in: hash, LRU, LPM and map-in-map maps with no entry, arrays all zeros and
 // the event ring buffer read to its end. A program array must hold no program
-// (requireNoProgram); the error says so otherwise.
+// (requireNoProgram); the error says so otherwise. sl_spanwriter_v1, which
+// the load fills with sl_write_span, is left as it is.
 func Empty(maps *gen.SluiceMaps) error {
 	v := reflect.ValueOf(maps).Elem()
 	for i := range v.NumField() {
 		m, ok := v.Field(i).Interface().(*ebpf.Map)
-		if !ok || m == nil {
+		if !ok || m == nil || m == maps.SlSpanwriterV1 {
 			continue
 		}
 		if err := emptyMap(m); err != nil {

@@ -20,7 +20,8 @@ import (
 // A datapath a test hands back must reach the next test as a fresh load
 // would: every map written here, of every type, is empty or zero afterwards,
 // and the ring buffer has nothing left to read. One with a program in its
-// program array is not emptied at all.
+// program array is not emptied at all; sl_spanwriter_v1 keeps the program
+// the load put in it.
 func TestEmptyReturnsEveryMapToItsLoadedState(t *testing.T) {
 	node := netip.MustParseAddr("10.0.0.1")
 	client := netip.MustParseAddrPort("10.1.0.5:41234")
@@ -51,6 +52,9 @@ func TestEmptyReturnsEveryMapToItsLoadedState(t *testing.T) {
 		case ebpf.RingBuf:
 			continue
 		case ebpf.ProgramArray:
+			if m == objs.SlSpanwriterV1 {
+				continue // filled by the load, and left so by Empty
+			}
 			err = m.Put(uint32(3), objs.SlPolicyVerdict)
 		case ebpf.HashOfMaps:
 			inner, ierr := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4 * gen.MaglevDefaultTableSize, MaxEntries: 1})
@@ -105,6 +109,12 @@ func TestEmptyReturnsEveryMapToItsLoadedState(t *testing.T) {
 			rd.Close()
 		case ebpf.ProgramArray:
 			var id uint32
+			if m == objs.SlSpanwriterV1 {
+				if err := m.Lookup(uint32(0), &id); err != nil {
+					t.Errorf("%s: the load's sl_write_span is gone from index 0: %v", name, err)
+				}
+				continue
+			}
 			if err := m.Lookup(uint32(3), &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
 				t.Errorf("%s: index 3 holds a program (id %d, %v)", name, id, err)
 			}
