@@ -24,10 +24,18 @@ struct {
 	__type(value, __u32);
 } sl_spanwriter_v1 SEC(".maps");
 
-/* write_span carries out WRITE_SPAN in an entry program. */
+/* write_span carries out WRITE_SPAN in an entry program: the writer, or
+ * the helper when the slot is empty. */
 static __always_inline int write_span(struct __sk_buff *skb)
 {
 	bpf_tail_call(skb, &sl_spanwriter_v1, 0);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct nat6_span *span6 = bpf_map_lookup_elem(&sl_span6_v1, &sl_slot0);
+		if (!span6 || bpf_skb_store_bytes(skb, span6->l3_off + IP6_SADDR_OFF, span6,
+						  span6->len == NAT6_SPAN_TCP ? NAT6_SPAN_TCP : NAT6_SPAN_UDP, 0))
+			return drop(CNT_DROP_MALFORMED);
+		return TC_ACT_OK;
+	}
 	struct nat_span *span = bpf_map_lookup_elem(&sl_span_v1, &sl_slot0);
 	if (!span || bpf_skb_store_bytes(skb, span->l3_off + NAT_SPAN_OFF, span,
 					 span->len == NAT_SPAN_TCP ? NAT_SPAN_TCP : NAT_SPAN_UDP, 0))
@@ -177,6 +185,8 @@ int sl_xdp_prefilter(struct xdp_md *ctx)
 SEC("tc")
 int sl_write_span(struct __sk_buff *skb)
 {
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return span6_write_direct(skb);
 	return span_write_direct(skb);
 }
 

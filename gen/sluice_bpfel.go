@@ -398,6 +398,14 @@ type SluiceIpsetValue struct {
 	Flags uint32
 }
 
+type SluiceNat6Span struct {
+	_      structs.HostLayout
+	W      [25]uint16
+	L3Off  uint8
+	Len    uint8
+	Unused [2]uint16
+}
+
 type SluiceNatSpan struct {
 	_      structs.HostLayout
 	W      [14]uint16
@@ -580,6 +588,7 @@ const (
 	SluiceMapSlScratch6V1     = "sl_scratch6_v1"
 	SluiceMapSlSock6V1        = "sl_sock6_v1"
 	SluiceMapSlSockV1         = "sl_sock_v1"
+	SluiceMapSlSpan6V1        = "sl_span6_v1"
 	SluiceMapSlSpanV1         = "sl_span_v1"
 	SluiceMapSlSpanwriterV1   = "sl_spanwriter_v1"
 	SluiceMapSlSrcrange6V1    = "sl_srcrange6_v1"
@@ -706,6 +715,7 @@ type SluiceMapSpecs struct {
 	SlScratch6V1   *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
 	SlSock6V1      *ebpf.MapSpec `ebpf:"sl_sock6_v1"`
 	SlSockV1       *ebpf.MapSpec `ebpf:"sl_sock_v1"`
+	SlSpan6V1      *ebpf.MapSpec `ebpf:"sl_span6_v1"`
 	SlSpanV1       *ebpf.MapSpec `ebpf:"sl_span_v1"`
 	SlSpanwriterV1 *ebpf.MapSpec `ebpf:"sl_spanwriter_v1"`
 	SlSrcrange6V1  *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
@@ -774,6 +784,7 @@ type SluiceMaps struct {
 	SlScratch6V1   *ebpf.Map `ebpf:"sl_scratch6_v1"`
 	SlSock6V1      *ebpf.Map `ebpf:"sl_sock6_v1"`
 	SlSockV1       *ebpf.Map `ebpf:"sl_sock_v1"`
+	SlSpan6V1      *ebpf.Map `ebpf:"sl_span6_v1"`
 	SlSpanV1       *ebpf.Map `ebpf:"sl_span_v1"`
 	SlSpanwriterV1 *ebpf.Map `ebpf:"sl_spanwriter_v1"`
 	SlSrcrange6V1  *ebpf.Map `ebpf:"sl_srcrange6_v1"`
@@ -816,6 +827,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlScratch6V1,
 		m.SlSock6V1,
 		m.SlSockV1,
+		m.SlSpan6V1,
 		m.SlSpanV1,
 		m.SlSpanwriterV1,
 		m.SlSrcrange6V1,

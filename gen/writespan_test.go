@@ -14,15 +14,13 @@ import (
 // the entry programs tail-call to write an established packet's translation
 // with direct writes (WRITE_SPAN, bpf/include/rewrite.h): which packets go to
 // it, and that what it writes is what the helper's store writes, byte for
-// byte. Over TCP and UDP, both directions of a ClusterIP flow from a
-// workload, and a flow from outside.
+// byte. Over IPv4 and IPv6, TCP and UDP, both directions of a ClusterIP
+// flow from a workload, and a flow from outside.
 func TestDeferredTranslationWritesAsTheHelper(t *testing.T) {
 	// A namespace of no routes: the FIB's answer for the backend is "the
 	// stack", so a workload's flow is marked stack-routed after its first
 	// established packet.
 	ns := bpftest.NewNetNS(t)
-	backend := netip.MustParseAddrPort("10.9.0.9:80")
-	external := netip.MustParseAddrPort("192.0.2.7:50001")
 
 	// marker returns markerVerdict: put in sl_spanwriter_v1's slot, it shows
 	// which packets the entry program hands to the writer.
@@ -37,11 +35,24 @@ func TestDeferredTranslationWritesAsTheHelper(t *testing.T) {
 	}
 	defer marker.Close()
 
-	for _, proto := range []uint8{protoTCP, protoUDP} {
-		name := map[uint8]string{protoTCP: "TCP", protoUDP: "UDP"}[proto]
+	type family struct {
+		name                           string
+		newDP                          func(testing.TB) *bpftest.Datapath
+		client, vip, backend, external netip.AddrPort
+	}
+	families := []family{
+		{"IPv4", newDP, clientAP, vipAP, netip.MustParseAddrPort("10.9.0.9:80"), netip.MustParseAddrPort("192.0.2.7:50001")},
+		{"IPv6", newDP6, client6, vip6, netip.MustParseAddrPort("[fd00:9::9]:80"), netip.MustParseAddrPort("[2001:db8::7]:50001")},
+	}
+	for _, tc := range []struct {
+		family
+		proto uint8
+	}{{families[0], protoTCP}, {families[0], protoUDP}, {families[1], protoTCP}, {families[1], protoUDP}} {
+		name := tc.name + "/" + map[uint8]string{protoTCP: "TCP", protoUDP: "UDP"}[tc.proto]
+		proto, client, vip, backend, external := tc.proto, tc.client, tc.vip, tc.backend, tc.external
 		t.Run(name, func(t *testing.T) {
-			d := newDP(t)
-			d.AddService(bpftest.Service{ID: 1, Front: vipAP, Proto: proto, Backends: []bpftest.Backend{{AP: backend}}})
+			d := tc.newDP(t)
+			d.AddService(bpftest.Service{ID: 1, Front: vip, Proto: proto, Backends: []bpftest.Backend{{AP: backend}}})
 			run := func(prog *ebpf.Program, frame []byte) (uint32, []byte) {
 				t.Helper()
 				var ret uint32
@@ -100,9 +111,8 @@ func TestDeferredTranslationWritesAsTheHelper(t *testing.T) {
 			// From a workload: the first packet, and the first
 			// established one (not yet marked stack-routed: its verdict
 			// waits for local delivery's answer) are written by the helper.
-			client := clientAP
-			translated(d.Objs.SlFromWl, packet(client, vipAP, true), client, backend)
-			fwd := packet(client, vipAP, false)
+			translated(d.Objs.SlFromWl, packet(client, vip, true), client, backend)
+			fwd := packet(client, vip, false)
 			if toWriter(d.Objs.SlFromWl, fwd) {
 				t.Fatal("an established packet of a flow not marked stack-routed went to the writer")
 			}
@@ -118,11 +128,11 @@ func TestDeferredTranslationWritesAsTheHelper(t *testing.T) {
 			// The reply, from the backend's workload: marked by its
 			// first packet, then written by the writer.
 			reply := packet(backend, client, false)
-			replyByHelper := translated(d.Objs.SlFromWl, reply, vipAP, client)
+			replyByHelper := translated(d.Objs.SlFromWl, reply, vip, client)
 			if !toWriter(d.Objs.SlFromWl, reply) {
 				t.Fatal("a reply of a stack-routed flow did not go to the writer")
 			}
-			if got := translated(d.Objs.SlFromWl, reply, vipAP, client); !bytes.Equal(got, replyByHelper) {
+			if got := translated(d.Objs.SlFromWl, reply, vip, client); !bytes.Equal(got, replyByHelper) {
 				t.Fatalf("the writer's reply differs from the helper's:\n%x\n%x", got, replyByHelper)
 			}
 
@@ -141,8 +151,8 @@ func TestDeferredTranslationWritesAsTheHelper(t *testing.T) {
 			// From outside: a flow its host endpoint allowed (none judges
 			// it here) goes to the writer from its first established
 			// packet; the writer and the fallback write the same bytes.
-			translated(d.Objs.SlFromHost, packet(external, vipAP, true), external, backend)
-			ext := packet(external, vipAP, false)
+			translated(d.Objs.SlFromHost, packet(external, vip, true), external, backend)
+			ext := packet(external, vip, false)
 			if !toWriter(d.Objs.SlFromHost, ext) {
 				t.Fatal("an established packet from outside did not go to the writer")
 			}

@@ -113,7 +113,8 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.Prefilter6.Name:      roundTripPrefilter6,
 	maps.IPSets6.Name:         roundTripIPSets6,
 	gen.SluiceMapSlScratch6V1: checkScratch,
-	gen.SluiceMapSlSpanV1:     checkSpan,
+	gen.SluiceMapSlSpanV1:     checkSpan(gen.SluiceMapSlSpanV1, 28),
+	gen.SluiceMapSlSpan6V1:    checkSpan(gen.SluiceMapSlSpan6V1, 50),
 	maps.Routes.Name:          roundTrip(maps.Routes),
 	maps.Routes6.Name:         roundTrip(maps.Routes6),
 }
@@ -189,15 +190,17 @@ func checkScratch(t *testing.T, s *maps.Set) {
 	}
 }
 
-// The IPv4 span map is the datapath's own too: one per-CPU slot that holds
-// a translation's bytes (a TCP one, the longest, is 28).
-func checkSpan(t *testing.T, s *maps.Set) {
-	m := s.Map(gen.SluiceMapSlSpanV1)
-	if m == nil {
-		t.Fatal("not open")
-	}
-	if m.Type() != ebpf.PerCPUArray || m.MaxEntries() != 1 || m.ValueSize() < 28 {
-		t.Fatalf("span map: %v, %d entries, value %d bytes", m.Type(), m.MaxEntries(), m.ValueSize())
+// The span maps are the datapath's own too: one per-CPU slot that holds a
+// translation's bytes (a TCP one, the longest: 28 over IPv4, 50 over IPv6).
+func checkSpan(name string, longest uint32) func(t *testing.T, s *maps.Set) {
+	return func(t *testing.T, s *maps.Set) {
+		m := s.Map(name)
+		if m == nil {
+			t.Fatal("not open")
+		}
+		if m.Type() != ebpf.PerCPUArray || m.MaxEntries() != 1 || m.ValueSize() < longest {
+			t.Fatalf("span map %s: %v, %d entries, value %d bytes", name, m.Type(), m.MaxEntries(), m.ValueSize())
+		}
 	}
 }
 

@@ -77,23 +77,6 @@ static __always_inline int deliver_flow(struct __sk_buff *skb, int verdict, __u3
 	return ipv6 ? deliver_local6(skb, flow_seen) : deliver_local(skb, flow_seen);
 }
 
-/* passes_translated tells whether an established packet entering at hook
- * (HOOK_FROM_WL or HOOK_FROM_HOST) passes once translated, whatever its
- * translation: what the established branch of pipeline() decides after it,
- * for the common flows. From a workload: a flow the stack routes, neither
- * hairpinned, nor leaving with the node's address, nor sent back directly,
- * whose egress policy allowed it (a reply is not judged); from outside: a
- * flow its host endpoint allowed. */
-static __always_inline int passes_translated(enum hook hook, const struct ct_value *v)
-{
-	int allowed = v->type != CT_FORWARD || v->pol_egress == POL_ALLOWED;
-
-	if (hook == HOOK_FROM_HOST)
-		return allowed;
-	return allowed && !(v->flags & (CT_HAIRPIN | CT_NODE_SOURCE | CT_DSR)) &&
-	       (v->tcp_seen & CT_SEEN_STACK_ROUTED);
-}
-
 /* The IPv6 pipeline (datapath6.h), which pipeline() hands IPv6 packets to. */
 __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len);
 /* dsr6.h, included with datapath6.h. */
@@ -487,9 +470,10 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 			if (room > 0)
 				return dsr_too_big(skb, &p, room);
 		}
-		/* A packet entering whose verdict is known leaves its
-		 * translation's store to sl_write_span (rewrite.h). */
-		if ((hook == HOOK_FROM_WL || hook == HOOK_FROM_HOST) && passes_translated(hook, v)) {
+		/* A packet entering whose verdict is known
+		 * (passes_translated) leaves its translation's store to
+		 * sl_write_span (rewrite.h). */
+		if (passes_translated(hook, v->type, v->flags, v->pol_egress, v->tcp_seen)) {
 			int err = ct_apply(skb, &p, v, 1);
 			if (err == SPAN_DEFERRED)
 				return WRITE_SPAN;

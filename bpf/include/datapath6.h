@@ -744,7 +744,13 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		if (hook == HOOK_FROM_HOST && (v->flags & (CT_DSR | CT_BACKEND_LOCAL)) == CT_DSR &&
 		    p->proto == IPPROTO_UDP && v->type == CT_FORWARD && dsr6_fits(p))
 			dsr6_push(skb, &p6, &key);
-		if (ct6_follow(skb, &p6, v))
+		/* A packet entering whose verdict is known leaves its
+		 * translation's store to sl_write_span (rewrite.h); one
+		 * translated otherwise goes on to the same verdict below. */
+		int err = ct6_follow(skb, &p6, v, hook);
+		if (err == SPAN_DEFERRED)
+			return WRITE_SPAN;
+		if (err)
 			return drop(CNT_DROP_MALFORMED);
 		if (hook == HOOK_FROM_WL && (v->flags & CT_HAIRPIN))
 			return hairpin_verdict(skb, v->type == CT_FORWARD ? enforce6(skb, &p6, v, POLICY_DIR_EGRESS) : TC_ACT_OK);

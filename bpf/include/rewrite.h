@@ -20,6 +20,7 @@
 #include "conntrack.h"
 #include "counters.h"
 #include "csum.h"
+#include "hook.h"
 #include "ifstate.h"
 #include "parse.h"
 #include "service.h"
@@ -421,8 +422,27 @@ __subprog int ct_apply_framed(struct __sk_buff *skb, struct packet *p, const str
  * or not; sl_write_span sees only translated ones. SPAN_DEFERRED and
  * WRITE_SPAN are defined with nat_span. */
 
-/* span_write_direct writes the span built for this packet (sl_write_span's
- * body). */
+/* passes_translated tells whether an established packet entering at hook
+ * (HOOK_FROM_WL or HOOK_FROM_HOST) passes once translated, whatever its
+ * translation: what the established branch of pipeline() (datapath.h;
+ * and pipeline6) decides after it, for the common flows. From a workload: a flow the stack
+ * routes, neither hairpinned, nor leaving with the node's address, nor sent
+ * back directly, whose egress policy allowed it (a reply is not judged);
+ * from outside: a flow its host endpoint allowed. The fields are the
+ * packet's conntrack entry's, of either family. */
+static __always_inline int passes_translated(enum hook hook, enum ct_type type, enum ct_flags flags,
+					     enum pol_verdict pol_egress, __u32 tcp_seen)
+{
+	int allowed = type != CT_FORWARD || pol_egress == POL_ALLOWED;
+
+	if (hook == HOOK_FROM_HOST)
+		return allowed;
+	return hook == HOOK_FROM_WL && allowed && !(flags & (CT_HAIRPIN | CT_NODE_SOURCE | CT_DSR)) &&
+	       (tcp_seen & CT_SEEN_STACK_ROUTED);
+}
+
+/* span_write_direct writes the span built for this IPv4 packet
+ * (sl_write_span's body; span6_write_direct, rewrite6.h, the IPv6 one's). */
 static __always_inline int span_write_direct(struct __sk_buff *skb)
 {
 	struct nat_span *span = bpf_map_lookup_elem(&sl_span_v1, &sl_slot0);

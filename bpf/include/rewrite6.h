@@ -91,9 +91,23 @@ static __always_inline int ct6_apply_helpers(struct __sk_buff *skb, struct packe
  * [16..17] the ports, then the L4 header up to its checksum. */
 struct nat6_span {
 	__u16 w[25];
+	/* For a write deferred to sl_write_span, as nat_span's. */
+	__u8 l3_off;
+	__u8 len;
+	__u16 unused[2];
 } __attribute__((aligned(8)));
+_Static_assert(sizeof(struct nat6_span) == 56, "nat6_span: the span and where it goes, in 56 bytes");
 #define NAT6_SPAN_TCP	50
 #define NAT6_SPAN_UDP	40
+
+/* A CPU's IPv6 span handed to sl_write_span (ct6_apply with defer): the
+ * IPv4 one's twin (sl_span_v1, rewrite.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nat6_span);
+} sl_span6_v1 SEC(".maps");
 
 /* addr6_diff: word_diff (rewrite.h) over a 16-byte address. */
 static __always_inline __u64 addr6_diff(const __u16 *old, const __u8 *new)
@@ -111,7 +125,7 @@ static __always_inline __u64 addr6_diff(const __u16 *old, const __u8 *new)
  * Where a field at a time took five helper calls (a destination: the
  * address's checksum difference, its checksum update and store, the port's
  * update and store), it takes one. */
-static __always_inline int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_value *v)
+static __always_inline int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_value *v, int defer)
 {
 	struct packet *p = &p6->p;
 
@@ -163,6 +177,17 @@ static __always_inline int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, 
 		return ct6_apply_helpers(skb, p6, v);
 	__u32 len = p->proto == IPPROTO_TCP ? NAT6_SPAN_TCP : NAT6_SPAN_UDP;
 	span.w[len / 2 - 1] = csum == SKB_CHECKSUM_PARTIAL ? (__u16)checks : (__u16)(checks >> 16);
+	if (defer) {
+		/* The store is sl_write_span's (rewrite.h): the span goes to
+		 * where it finds it. Nothing after reads the packet's tuple. */
+		struct nat6_span *to = bpf_map_lookup_elem(&sl_span6_v1, &sl_slot0);
+		if (!to)
+			return -1;
+		span.l3_off = p->l3_off;
+		span.len = len;
+		*to = span;
+		return SPAN_DEFERRED;
+	}
 	if (bpf_skb_store_bytes(skb, p->l3_off + IP6_SADDR_OFF, &span, len, 0))
 		return -1;
 	__builtin_memcpy(p6->saddr, &span.w[0], 16);
@@ -172,14 +197,38 @@ static __always_inline int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, 
 	return 0;
 }
 
+/* span6_write_direct: span_write_direct (rewrite.h) for an IPv6 packet. */
+static __always_inline int span6_write_direct(struct __sk_buff *skb)
+{
+	struct nat6_span *span = bpf_map_lookup_elem(&sl_span6_v1, &sl_slot0);
+
+	if (!span)
+		return drop(CNT_DROP_MALFORMED);
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	void *to = data + span->l3_off + IP6_SADDR_OFF;
+	if (span->len == NAT6_SPAN_TCP) {
+		if (to + NAT6_SPAN_TCP > data_end)
+			return drop(CNT_DROP_MALFORMED);
+		__builtin_memcpy(__builtin_assume_aligned(to, 8), span, NAT6_SPAN_TCP);
+	} else {
+		if (to + NAT6_SPAN_UDP > data_end)
+			return drop(CNT_DROP_MALFORMED);
+		__builtin_memcpy(__builtin_assume_aligned(to, 8), span, NAT6_SPAN_UDP);
+	}
+	return TC_ACT_OK;
+}
+
 /* ct6_follow: an established packet of an IPv6 flow, recorded on its entry
  * (ct6_touch) and translated (ct6_apply), in one subprogram: the span lives
  * in its frame, and the clock read (sl_now_tick) too, off the pipeline's,
- * which is at the verifier's bound on its deepest chain. */
-__subprog int ct6_follow(struct __sk_buff *skb, struct packet6 *p6, struct ct6_value *v)
+ * which is at the verifier's bound on its deepest chain. A packet entering
+ * at hook whose verdict is known (passes_translated, rewrite.h) leaves the
+ * store to sl_write_span (SPAN_DEFERRED). */
+__subprog int ct6_follow(struct __sk_buff *skb, struct packet6 *p6, struct ct6_value *v, enum hook hook)
 {
 	ct6_touch(v, &p6->p);
-	return ct6_apply(skb, p6, v);
+	return ct6_apply(skb, p6, v, passes_translated(hook, v->type, v->flags, v->pol_egress, v->tcp_seen));
 }
 
 /* cluster_local6: cluster_local (rewrite.h) with the IPv6 pod CIDR. */
