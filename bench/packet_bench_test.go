@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -430,8 +431,11 @@ func BenchmarkPacketHot(b *testing.B) {
 // BenchmarkNewFlowFloor is the new-flow floor series: the floor, then the
 // floor with one conntrack-sized map write, a pair of them, and the pair with
 // the clock read each entry carries, beside Sluice's own new-flow paths in the
-// same run. What the datapath adds to a new flow is its cost over the last
-// step; what the kernel's map writes cost is each step's over the one before.
+// same run. What the datapath adds to a new flow is its cost over the
+// write-pair-clock step; what the kernel's map writes cost is each step's over
+// the one before. The table-* steps make the same writes into an
+// open-addressing table in an array map (bpf/tablefloor.c), the floor another
+// conntrack structure would have.
 func BenchmarkNewFlowFloor(b *testing.B) {
 	b.Run("floor", benchFloor)
 	var objs gen.FloorObjects
@@ -454,6 +458,31 @@ func BenchmarkNewFlowFloor(b *testing.B) {
 			measureNew(b, clear, step.prog, bpftest.ActOK, newFlowFrames(vip))
 		})
 	}
+	// The same writes into an open-addressing table in an array map
+	// (bpf/tablefloor.c): the floor of another conntrack structure.
+	var table gen.TableFloorObjects
+	if err := gen.LoadTableFloorObjects(&table, nil); err != nil {
+		b.Fatal(err)
+	}
+	defer table.Close()
+	emptyTable := tableEmptier(b, table.TableFloorSlots)
+	for _, step := range []struct {
+		name    string
+		prog    *ebpf.Program
+		perFlow int
+	}{
+		{"table-write-one", table.TableFloorWriteOne, 1},
+		{"table-write-pair-clock", table.TableFloorWritePair, 2},
+	} {
+		b.Run(step.name, func(b *testing.B) {
+			emptyTable()
+			measureNew(b, emptyTable, step.prog, bpftest.ActOK, newFlowFrames(vip))
+			// Every flow since the table was last emptied is in it.
+			if got, want := liveSlots(b, table.TableFloorSlots), ((b.N-1)%newFlowsPerClear+1)*step.perFlow; got != want {
+				b.Fatalf("the table holds %d entries after %d flows, want %d", got, b.N, want)
+			}
+		})
+	}
 	d := bpftest.NewDatapath(b, nodeIP)
 	programServices(b, d, families[0], 10)
 	b.Run("sluice-direct-new-flow", func(b *testing.B) {
@@ -464,4 +493,45 @@ func BenchmarkNewFlowFloor(b *testing.B) {
 		d.ClearConntrack()
 		measureNew(b, d.ClearConntrack, d.Objs.SlFromWl, bpftest.ActOK, newFlowFrames(vip))
 	})
+}
+
+// tableSlotSize is struct table_slot's size (bpf/tablefloor.c); a slot's
+// state is its first 32-bit word.
+const tableSlotSize = 64
+
+// tableEmptier returns a func that empties the table floor's slots through
+// its memory mapping: one write, where deleting 200,000 entries of a hash
+// takes as many syscalls.
+func tableEmptier(b *testing.B, slots *ebpf.Map) func() {
+	mem, err := slots.Memory()
+	if err != nil {
+		b.Fatal(err)
+	}
+	zeros := make([]byte, 1<<20)
+	return func() {
+		for off := int64(0); off < int64(mem.Size()); off += int64(len(zeros)) {
+			if _, err := mem.WriteAt(zeros, off); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// liveSlots counts the table floor's slots in state TABLE_LIVE.
+func liveSlots(b *testing.B, slots *ebpf.Map) int {
+	mem, err := slots.Memory()
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, mem.Size())
+	if _, err := mem.ReadAt(buf, 0); err != nil {
+		b.Fatal(err)
+	}
+	live := 0
+	for off := 0; off+tableSlotSize <= len(buf); off += tableSlotSize {
+		if binary.LittleEndian.Uint32(buf[off:]) == 2 {
+			live++
+		}
+	}
+	return live
 }
