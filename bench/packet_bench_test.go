@@ -495,13 +495,15 @@ func BenchmarkNewFlowFloor(b *testing.B) {
 	})
 }
 
-// tableSlotSize is struct table_slot's size (bpf/tablefloor.c); a slot's
-// state is its first 32-bit word.
-const tableSlotSize = 64
+// The table floor's layout (bpf/tablefloor.c): struct table_slot's size,
+// and TABLE_LIVE, the state (a slot's first 32-bit word) of a written slot.
+const (
+	tableSlotSize = 64
+	tableLive     = 2
+)
 
 // tableEmptier returns a func that empties the table floor's slots through
-// its memory mapping: one write, where deleting 200,000 entries of a hash
-// takes as many syscalls.
+// its memory mapping, without a syscall per entry as a hash's deletes take.
 func tableEmptier(b *testing.B, slots *ebpf.Map) func() {
 	mem, err := slots.Memory()
 	if err != nil {
@@ -529,7 +531,7 @@ func liveSlots(b *testing.B, slots *ebpf.Map) int {
 	}
 	live := 0
 	for off := 0; off+tableSlotSize <= len(buf); off += tableSlotSize {
-		if binary.LittleEndian.Uint32(buf[off:]) == 2 {
+		if binary.LittleEndian.Uint32(buf[off:]) == tableLive {
 			live++
 		}
 	}
