@@ -97,7 +97,10 @@ static __always_inline struct table_slot *table_find(const struct ct_key *k, __u
 }
 
 /* table_insert claims the first empty slot of k's run and writes k and v
- * into it: -EEXIST when k is live in the run, -E2BIG when the run is full. */
+ * into it: -EEXIST when k is live in the run, -E2BIG when the run is full.
+ * A slot another CPU is still writing is passed over, so two CPUs inserting
+ * one key at once could both succeed: a conntrack (whose clash rules need
+ * one winner) would wait for that slot's key instead. */
 static __always_inline int table_insert(const struct ct_key *k, const struct ct_value *v)
 {
 	__u32 hash = table_hash(k);
