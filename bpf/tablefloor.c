@@ -4,8 +4,8 @@
  * call); a slot is claimed with one compare-and-swap and written with direct
  * stores into one cache line, where the kernel hash (floor.c's floor_ct,
  * sl_ct_v2's type) takes a bucket lock, pops a free element and copies into
- * it, across two or three lines. BenchmarkNewFlowFloor
- * runs both in one run, so the structures' costs compare as ratios.
+ * it, across two or three lines. BenchmarkNewFlowFloor runs both in one
+ * run, so the structures' costs compare as ratios.
  *
  * A measurement, not a conntrack: nothing is ever deleted (no tombstones, so
  * probing may stop at the first empty slot), and the clash rules, the
@@ -21,8 +21,11 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Twice the conntrack map's entries, as linear probing needs the room: a
  * table for SL_CT_MAX flows at half load. 64 MiB of 64-byte slots, about
  * the memory of floor_ct (524,288 preallocated 120-byte elements and 16-byte
- * buckets: 68 MiB). */
+ * buckets: 68 MiB). A build may set it smaller (-DTABLE_SLOTS=32768, a
+ * power of 2) to measure a table the cache holds. */
+#ifndef TABLE_SLOTS
 #define TABLE_SLOTS (2 * SL_CT_MAX)
+#endif
 /* A key's slots are tried in order up to this many; at the benchmark's
  * load (at most 200,000 entries, 19%) a run of this length does not occur. */
 #define TABLE_PROBES 32
@@ -45,7 +48,8 @@ struct table_slot {
 };
 ASSERT_SIZE(struct table_slot, 64);
 
-/* Mmapable, so that the benchmark empties it with one memory write. */
+/* Mmapable, so that the benchmark empties it by writing its memory (a MiB
+ * a write), not with a syscall per slot. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
