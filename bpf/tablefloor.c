@@ -15,6 +15,7 @@
 #include "common.h"
 #include "conntrack.h"
 #include "parse.h"
+#include "table_hash.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -57,27 +58,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct table_slot);
 } table_floor_slots SEC(".maps");
-
-/* fmix64 is MurmurHash3's finalizer: every input bit moves every output
- * bit, as linear probing needs (a weaker mix of these keys, which differ
- * only in a few bytes, piles them into long runs). */
-static __always_inline __u64 fmix64(__u64 h)
-{
-	h ^= h >> 33;
-	h *= 0xff51afd7ed558ccdull;
-	h ^= h >> 33;
-	h *= 0xc4ceb9fe1a85ec53ull;
-	h ^= h >> 33;
-	return h;
-}
-
-static __always_inline __u32 table_hash(const struct ct_key *k)
-{
-	__u64 w[2];
-
-	__builtin_memcpy(w, k, sizeof(w));
-	return (__u32)fmix64(fmix64(w[0]) ^ w[1]);
-}
 
 static __always_inline int table_key_equal(const struct table_slot *s, const struct ct_key *k, __u32 hash)
 {
