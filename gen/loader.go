@@ -29,6 +29,15 @@ type LoadOptions struct {
 // MaglevDefaultTableSize is the object's own Maglev table size.
 const MaglevDefaultTableSize = 16381
 
+// SNATPortMinDefault and SNATPortMaxDefault are the range a SNATed flow
+// draws its port from when sl_config_v1 names none (SNAT_PORT_MIN_DEFAULT
+// and SNAT_PORT_MAX_DEFAULT, bpf/include/consts.h; TestConstantsMatchTheC
+// checks they agree).
+const (
+	SNATPortMinDefault = 1024
+	SNATPortMaxDefault = 32767
+)
+
 // maglevMaxTableSize is the largest table the programs index (MAGLEV_MAX_SIZE).
 const maglevMaxTableSize = 131071
 

@@ -141,7 +141,8 @@ const (
 	SluiceCounterCNT_EVENTS_SUPPRESSED        SluiceCounter = 30
 	SluiceCounterCNT_EVENTS_LOST              SluiceCounter = 31
 	SluiceCounterCNT_LOCAL_DELIVERED          SluiceCounter = 32
-	SluiceCounterCNT_MAX                      SluiceCounter = 33
+	SluiceCounterCNT_SNAT_PORT_DRAWN          SluiceCounter = 33
+	SluiceCounterCNT_MAX                      SluiceCounter = 34
 )
 
 type SluiceCt6Key struct {
@@ -562,7 +563,7 @@ const (
 	SluiceMapSlBeV1           = "sl_be_v1"
 	SluiceMapSlConfig6V1      = "sl_config6_v1"
 	SluiceMapSlConfigV1       = "sl_config_v1"
-	SluiceMapSlCountersV5     = "sl_counters_v5"
+	SluiceMapSlCountersV6     = "sl_counters_v6"
 	SluiceMapSlCt6V1          = "sl_ct6_v1"
 	SluiceMapSlCtV2           = "sl_ct_v2"
 	SluiceMapSlEvcpuV1        = "sl_evcpu_v1"
@@ -689,7 +690,7 @@ type SluiceMapSpecs struct {
 	SlBeV1         *ebpf.MapSpec `ebpf:"sl_be_v1"`
 	SlConfig6V1    *ebpf.MapSpec `ebpf:"sl_config6_v1"`
 	SlConfigV1     *ebpf.MapSpec `ebpf:"sl_config_v1"`
-	SlCountersV5   *ebpf.MapSpec `ebpf:"sl_counters_v5"`
+	SlCountersV6   *ebpf.MapSpec `ebpf:"sl_counters_v6"`
 	SlCt6V1        *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.MapSpec `ebpf:"sl_ct_v2"`
 	SlEvcpuV1      *ebpf.MapSpec `ebpf:"sl_evcpu_v1"`
@@ -758,7 +759,7 @@ type SluiceMaps struct {
 	SlBeV1         *ebpf.Map `ebpf:"sl_be_v1"`
 	SlConfig6V1    *ebpf.Map `ebpf:"sl_config6_v1"`
 	SlConfigV1     *ebpf.Map `ebpf:"sl_config_v1"`
-	SlCountersV5   *ebpf.Map `ebpf:"sl_counters_v5"`
+	SlCountersV6   *ebpf.Map `ebpf:"sl_counters_v6"`
 	SlCt6V1        *ebpf.Map `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.Map `ebpf:"sl_ct_v2"`
 	SlEvcpuV1      *ebpf.Map `ebpf:"sl_evcpu_v1"`
@@ -801,7 +802,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlBeV1,
 		m.SlConfig6V1,
 		m.SlConfigV1,
-		m.SlCountersV5,
+		m.SlCountersV6,
 		m.SlCt6V1,
 		m.SlCtV2,
 		m.SlEvcpuV1,

@@ -62,7 +62,7 @@ var (
 	Fragments = Def[gen.SluiceFragKey, gen.SluiceFragValue]{Name: gen.SluiceMapSlFragV1}
 	Config    = Def[uint32, gen.SluiceConfig]{Name: gen.SluiceMapSlConfigV1}
 	HostIPs   = Def[gen.SluiceHostipKey, gen.SluiceHostipValue]{Name: gen.SluiceMapSlHostipV1}
-	Counters  = PerCPUDef[gen.SluiceCounter, uint64]{Name: gen.SluiceMapSlCountersV5}
+	Counters  = PerCPUDef[gen.SluiceCounter, uint64]{Name: gen.SluiceMapSlCountersV6}
 	Sockets   = Def[gen.SluiceSockKey, gen.SluiceSockValue]{Name: gen.SluiceMapSlSockV1}
 	Prefilter = Def[gen.SluicePrefilterKey, gen.SluicePrefilterValue]{Name: gen.SluiceMapSlPrefilterV1}
 	Failsafe  = Def[gen.SluiceFailsafeKey, gen.SluiceFailsafeValue]{Name: gen.SluiceMapSlFailsafeV1}
@@ -111,7 +111,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlFragV1:       "IPv4 fragments: {source, destination, IP id, protocol} -> the first fragment's ports (LRU)",
 	gen.SluiceMapSlConfigV1:     "node-wide settings: node IP for SNAT, SNAT port range",
 	gen.SluiceMapSlHostipV1:     "this node's IPv4 addresses (NodePort wildcard matching)",
-	gen.SluiceMapSlCountersV5:   "per-CPU counters of drops and other verdicts, by reason",
+	gen.SluiceMapSlCountersV6:   "per-CPU counters of drops and other verdicts, by reason",
 	gen.SluiceMapSlSockV1:       "socket LB: {socket cookie, backend} -> service address to give back (LRU)",
 	gen.SluiceMapSlPrefilterV1:  "XDP prefilter: LPM deny list of source CIDRs",
 	gen.SluiceMapSlFailsafeV1:   "XDP prefilter: {protocol, port} inbound ports never dropped",

@@ -125,6 +125,12 @@ static __always_inline void ct6_touch(struct ct6_value *v, const struct packet *
 	}
 }
 
+static __always_inline int own_tuple6(const struct ct6_value *r, const struct packet6 *p6)
+{
+	return r->type == CT_REVERSE && addr6_eq(r->peer.saddr, p6->saddr) && addr6_eq(r->peer.daddr, p6->daddr) &&
+	       r->peer.sport == p6->p.sport && r->peer.dport == p6->p.dport;
+}
+
 /* superseded6: superseded (ct_new.h). */
 __subprog int superseded6(const struct packet6 *p6, const struct ct6_value *fwd)
 {
@@ -139,6 +145,11 @@ __subprog int superseded6(const struct packet6 *p6, const struct ct6_value *fwd)
 			ended = rev && (rev->tcp_seen & TCP_FLAG_RST);
 		}
 		if (ended) {
+			/* The ended flow is replaced whole (ct_reopened). */
+			struct ct6_key peer = fwd->peer;
+			struct ct6_value *rev = bpf_map_lookup_elem(&sl_ct6_v1, &peer);
+			if (rev && own_tuple6(rev, p6) && !(rev->tcp_seen & CT_SEEN_FIN_FIRST))
+				bpf_map_delete_elem(&sl_ct6_v1, &peer);
 			count(CNT_TUPLE_REUSED);
 			return 1;
 		}
@@ -151,12 +162,6 @@ __subprog int superseded6(const struct packet6 *p6, const struct ct6_value *fwd)
 		return 0;
 	count(CNT_FLOW_NOW_SERVICE);
 	return 1;
-}
-
-static __always_inline int own_tuple6(const struct ct6_value *r, const struct packet6 *p6)
-{
-	return r->type == CT_REVERSE && addr6_eq(r->peer.saddr, p6->saddr) && addr6_eq(r->peer.daddr, p6->daddr) &&
-	       r->peer.sport == p6->p.sport && r->peer.dport == p6->p.dport;
 }
 
 /* port_claim6 is an IPv6 search for a free reverse tuple (port_claim): the
@@ -222,14 +227,15 @@ static __always_inline int ct6_create(const struct packet6 *p6, const struct ct6
 	v->flags = *flags;
 	v->pol_egress = egress;	/* pol_ingress: unjudged, as ct_create's */
 
-	if (!*snat && (err = bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_NOEXIST))) {
-		if (err == -E2BIG)
-			return -E2BIG;
+	/* The client's port is kept when the reverse key is free, or held by
+	 * this flow's own ended entry; otherwise a flow that keeps the client's
+	 * address is remapped (a clash), and any translated flow draws a port. */
+	struct port_claim6 c = {.err = bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_NOEXIST)};
+	if (c.err == -EEXIST) {
 		struct ct6_value *held = bpf_map_lookup_elem(&sl_ct6_v1, rev_key);
 		if (held && own_tuple6(held, p6)) {
-			if (bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_ANY))
-				return -1;
-		} else {
+			c.err = bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_ANY);
+		} else if (!*snat) {
 			remap = 1;
 			*snat = 1;
 			addr6_copy(snat_addr, p6->saddr);
@@ -238,15 +244,13 @@ static __always_inline int ct6_create(const struct packet6 *p6, const struct ct6
 			count(CNT_TUPLE_REMAPPED);
 		}
 	}
-	if (*snat) {
-		struct port_claim6 c = {.err = remap ? -EEXIST : bpf_map_update_elem(&sl_ct6_v1, rev_key, v, BPF_NOEXIST)};
-		if (c.err == -EEXIST) {
-			port_range(config_get(), remap, &c.lo, &c.span);
-			bpf_loop(PORT_TRIES, claim_port6, &c, 0);
-		}
-		if (c.err)
-			return c.err == -E2BIG ? -E2BIG : -1;
+	if (c.err == -EEXIST) {
+		count(CNT_SNAT_PORT_DRAWN);
+		port_range(config_get(), remap, &c.lo, &c.span);
+		bpf_loop(PORT_TRIES, claim_port6, &c, 0);
 	}
+	if (c.err)
+		return c.err == -E2BIG ? -E2BIG : -1;
 
 	/* The same value, turned into the forward entry. */
 	v->peer = *rev_key;

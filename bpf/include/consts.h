@@ -41,11 +41,17 @@
  * scanner's timeouts are seconds to hours, far coarser. */
 #define CT_REFRESH_NS		(NS_PER_SEC / 4)
 
-/* When a SNATed flow's source port is taken, another is tried at random in this
- * range (above Linux's default ephemeral range 32768-60999, so the node's own
- * connections do not collide with it). */
-#define SNAT_PORT_MIN_DEFAULT	61000
-#define SNAT_PORT_MAX_DEFAULT	65535
+/* When a SNATed flow cannot keep the client's port, another is drawn at
+ * random in this range: every unprivileged port below Linux's default
+ * ephemeral range (32768-60999), so that a port drawn never takes the tuple
+ * of a connection the node itself opens later (its ports come from that
+ * range, and the datapath does not see them leave). Netfilter's MASQUERADE
+ * draws from 1024-65535 because its conntrack also tracks the node's own
+ * connections. The agent's --snat-port-range sets it (sl_config_v1's
+ * snat_port_min/max) and warns when it overlaps the node's
+ * net.ipv4.ip_local_port_range. */
+#define SNAT_PORT_MIN_DEFAULT	1024
+#define SNAT_PORT_MAX_DEFAULT	32767
 /* How many random ports a flow whose reverse tuple is taken tries before it
  * is refused (CNT_DROP_SNAT_PORTS), as netfilter's NAT tries up to 128 and
  * then fewer. Each try is one hash probe; ports are drawn at random, so the

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v5;
+/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v6;
  * the version grows with the array, so an older agent's pin is never opened
  * with a size it does not have):
  * a per-CPU array indexed by enum counter, each value a host-order __u64. */
@@ -58,6 +58,11 @@ enum counter : __u32 {
 	CNT_LOCAL_DELIVERED,		/* a workload's packet handed to another
 					 * workload's interface on this node, past the
 					 * node's stack (deliver.h) */
+	CNT_SNAT_PORT_DRAWN,		/* a flow whose source is translated could not
+					 * keep the client's port (another flow holds
+					 * it at the backend) and drew one from the
+					 * range: the rate to alert on before
+					 * CNT_DROP_SNAT_PORTS */
 	CNT_MAX,
 };
 
@@ -66,12 +71,12 @@ struct {
 	__uint(max_entries, CNT_MAX);
 	__type(key, enum counter);
 	__type(value, __u64);
-} sl_counters_v5 SEC(".maps");
+} sl_counters_v6 SEC(".maps");
 
 static __always_inline void count(enum counter c)
 {
 	enum counter key = c;
-	__u64 *v = bpf_map_lookup_elem(&sl_counters_v5, &key);
+	__u64 *v = bpf_map_lookup_elem(&sl_counters_v6, &key);
 
 	if (v)
 		*v += 1;	/* per-CPU: no other CPU writes this slot */

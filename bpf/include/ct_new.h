@@ -100,18 +100,43 @@ static long claim_port(__u64 i, void *ctx)
 	return port_search_next(&c->zero, i, c->tries, c->err);
 }
 
+/* own_tuple tells whether a reverse entry is this flow's own: its forward key
+ * is this packet's tuple, the client reopening the connection it had (its
+ * forward entry was replaced, or the SYN comes again). */
+static __always_inline int own_tuple(const struct ct_value *r, const struct packet *p)
+{
+	return r->type == CT_REVERSE && r->peer.saddr == p->saddr && r->peer.daddr == p->daddr &&
+	       r->peer.sport == p->sport && r->peer.dport == p->dport;
+}
+
 /* ct_reopened tells whether a SYN that matched a forward entry opens a new
  * connection on the tuple of one that has ended (the client closed or reset
  * it, or the server reset it): the SYN is then balanced as a new flow, as
  * netfilter replaces a closed conntrack entry, instead of following a flow
- * whose backend may be gone. Only SYNs that hit an entry pay for it. */
-__subprog int ct_reopened(const struct ct_value *fwd)
+ * whose backend may be gone. The ended flow is replaced, as netfilter
+ * replaces its TIME_WAIT entry on such a SYN: its forward entry is
+ * overwritten by the new flow's (ct_create), and its reverse entry deleted
+ * here unless the server closed first. Then the server holds the tuple in
+ * TIME_WAIT and the entry stays, so that no other flow takes the tuple (a
+ * SYN with another client's timestamps would meet PAWS), until the scanner
+ * removes it; the client itself takes it back whenever it is balanced to
+ * that backend again (ct_create: own tuple), its timestamps being the ones
+ * the server saw. So a client reusing its ports keeps them wherever it is
+ * balanced and never draws from the SNAT range (at thousands of connections
+ * a second it would otherwise leave a drawn port behind per reuse, held for
+ * the server's TIME_WAIT, and exhaust the range). Only the flow's own
+ * reverse entry is deleted: its key may have been freed by the scanner and
+ * taken since. Only SYNs that hit an entry pay for it. */
+__subprog int ct_reopened(const struct packet *p, const struct ct_value *fwd)
 {
-	if (fwd->tcp_seen & (TCP_FLAG_FIN | TCP_FLAG_RST))
-		return 1;
 	struct ct_key peer = fwd->peer;
 	struct ct_value *rev = bpf_map_lookup_elem(&sl_ct_v2, &peer);
-	return rev && (rev->tcp_seen & TCP_FLAG_RST);
+
+	if (!(fwd->tcp_seen & (TCP_FLAG_FIN | TCP_FLAG_RST)) && !(rev && (rev->tcp_seen & TCP_FLAG_RST)))
+		return 0;
+	if (rev && own_tuple(rev, p) && !(rev->tcp_seen & CT_SEEN_FIN_FIRST))
+		bpf_map_delete_elem(&sl_ct_v2, &peer);
+	return 1;
 }
 
 /* superseded tells whether a packet that matched a flow's forward entry
@@ -129,7 +154,7 @@ __subprog int superseded(const struct packet *p, const struct ct_value *fwd)
 {
 	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
 
-	if (syn && ct_reopened(fwd)) {
+	if (syn && ct_reopened(p, fwd)) {
 		count(CNT_TUPLE_REUSED);
 		return 1;
 	}
@@ -141,15 +166,6 @@ __subprog int superseded(const struct packet *p, const struct ct_value *fwd)
 		return 0;
 	count(CNT_FLOW_NOW_SERVICE);
 	return 1;
-}
-
-/* own_tuple tells whether a reverse entry is this flow's own: its forward key
- * is this packet's tuple, the client reopening the connection it had (its
- * forward entry was replaced, or the SYN comes again). */
-static __always_inline int own_tuple(const struct ct_value *r, const struct packet *p)
-{
-	return r->type == CT_REVERSE && r->peer.saddr == p->saddr && r->peer.daddr == p->daddr &&
-	       r->peer.sport == p->sport && r->peer.dport == p->dport;
 }
 
 /* ct_create writes the reverse entry, then the forward one, and sets *sport to
@@ -211,10 +227,17 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 	}
 	if (*snat_addr) {
 		/* The reverse key must be unique or replies would reach the wrong
-		 * client: keep the client's port when free (a remap knows it is
-		 * not), else try random ones. */
+		 * client: keep the client's port when free or held by this
+		 * flow's own ended entry (a remap knows it is not), else try
+		 * random ones. */
 		c.err = remap ? -EEXIST : bpf_map_update_elem(&sl_ct_v2, &c.key, &c.val, BPF_NOEXIST);
+		if (c.err == -EEXIST && !remap) {
+			struct ct_value *held = bpf_map_lookup_elem(&sl_ct_v2, &c.key);
+			if (held && own_tuple(held, p))
+				c.err = bpf_map_update_elem(&sl_ct_v2, &c.key, &c.val, BPF_ANY);
+		}
 		if (c.err == -EEXIST) {
+			count(CNT_SNAT_PORT_DRAWN);
 			port_range(cfg, remap, &c.lo, &c.span);
 			bpf_loop(PORT_TRIES, claim_port, &c, 0);
 		}
