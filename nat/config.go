@@ -1,8 +1,11 @@
 package nat
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"strconv"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
@@ -50,6 +53,46 @@ type NodeConfig struct {
 	// node to the node's IP stack (and its netfilter), rather than the
 	// datapath handing them over (bpf/include/deliver.h; --stack-routing).
 	StackRouting bool
+	// SNATPorts is the range a SNATed flow draws its source port from when
+	// it cannot keep the client's (--snat-port-range). The zero value is
+	// the datapath's built-in range (DefaultSNATPorts).
+	SNATPorts PortRange
+}
+
+// PortRange is a range of ports, both ends included.
+type PortRange struct{ Min, Max uint16 }
+
+// DefaultSNATPorts is the datapath's built-in SNAT range
+// (SNAT_PORT_MIN/MAX_DEFAULT, bpf/include/consts.h): every unprivileged port
+// below Linux's default ephemeral range, so that no port drawn is one the
+// node's own connections take later.
+var DefaultSNATPorts = PortRange{gen.SNATPortMinDefault, gen.SNATPortMaxDefault}
+
+// String is the range as --snat-port-range takes it.
+func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
+
+// Overlaps tells whether two ranges share a port.
+func (r PortRange) Overlaps(o PortRange) bool { return r.Min <= o.Max && o.Min <= r.Max }
+
+// ParsePortRange reads "MIN-MAX" (or "MIN:MAX", Calico's BPFPSNATPorts
+// form), 1 <= MIN <= MAX <= 65535.
+func ParsePortRange(s string) (PortRange, error) {
+	lo, hi, ok := strings.Cut(s, "-")
+	if !ok {
+		lo, hi, ok = strings.Cut(s, ":")
+	}
+	if !ok {
+		return PortRange{}, fmt.Errorf("port range %q: want MIN-MAX", s)
+	}
+	min, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	max, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	if err := errors.Join(err1, err2); err != nil {
+		return PortRange{}, fmt.Errorf("port range %q: %w", s, err)
+	}
+	if min == 0 || min > max {
+		return PortRange{}, fmt.Errorf("port range %q: want 1 <= MIN <= MAX <= 65535", s)
+	}
+	return PortRange{uint16(min), uint16(max)}, nil
 }
 
 // ExternalServiceMode is --external-service-mode.
@@ -120,7 +163,7 @@ func configMaps(set *maps.Set) (*maps.Map[uint32, gen.SluiceConfig], *maps.Map[u
 }
 
 // UpdateNodeConfig changes the datapath's node settings with fn, keeping
-// what fn leaves alone (the SNAT port range, which has no setting here).
+// what fn leaves alone.
 func UpdateNodeConfig(set *maps.Set, fn func(*NodeConfig)) error {
 	m, m6, err := configMaps(set)
 	if err != nil {
@@ -208,6 +251,9 @@ func decodeNodeConfig(raw gen.SluiceConfig) NodeConfig {
 	if raw.ClusterMask != 0 {
 		c.LocalCIDR = netip.PrefixFrom(gen.AddrFromNet(raw.ClusterNet), maskBits(gen.AddrFromNet(raw.ClusterMask)))
 	}
+	if raw.SnatPortMin != 0 && raw.SnatPortMax != 0 {
+		c.SNATPorts = PortRange{raw.SnatPortMin, raw.SnatPortMax}
+	}
 	return c
 }
 
@@ -247,6 +293,7 @@ func encodeNodeConfig(c NodeConfig, raw gen.SluiceConfig) gen.SluiceConfig {
 	if p := c.LocalCIDR.Masked(); p.IsValid() && p.Bits() > 0 {
 		raw.ClusterNet, raw.ClusterMask = gen.NetAddr(p.Addr()), gen.NetAddr(prefixMask(p.Bits()))
 	}
+	raw.SnatPortMin, raw.SnatPortMax = c.SNATPorts.Min, c.SNATPorts.Max
 	return raw
 }
 

@@ -24,12 +24,16 @@ func TestNodeConfigRoundTripsThroughTheMap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A SNAT port range written by another tool stays.
+	// A SNAT port range written before is read back as the setting.
 	if err := raw.Put(0, gen.SluiceConfig{SnatPortMin: 40000, SnatPortMax: 40999}, ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
 	}
+	if got, err := nat.ReadNodeConfig(set); err != nil || got.SNATPorts != (nat.PortRange{Min: 40000, Max: 40999}) {
+		t.Fatalf("SNAT ports read back as %v (%v)", got.SNATPorts, err)
+	}
 	want := nat.NodeConfig{NodeIP: netip.MustParseAddr("10.0.0.5"), MasqueradeAll: true,
-		LocalCIDR: netip.MustParsePrefix("10.244.0.0/16"), SocketLBNetnsCookie: 4097}
+		LocalCIDR: netip.MustParsePrefix("10.244.0.0/16"), SocketLBNetnsCookie: 4097,
+		SNATPorts: nat.PortRange{Min: 40000, Max: 40999}}
 	if err := nat.UpdateNodeConfig(set, func(c *nat.NodeConfig) { *c = want }); err != nil {
 		t.Fatal(err)
 	}
@@ -187,5 +191,18 @@ func TestNodeConfigRefusesIPv6ByName(t *testing.T) {
 	}
 	if got, err := nat.ReadNodeConfig(set); err != nil || got != (nat.NodeConfig{}) {
 		t.Fatalf("a refused update wrote %+v (%v)", got, err)
+	}
+}
+
+func TestParsePortRange(t *testing.T) {
+	for in, want := range map[string]nat.PortRange{"1024-32767": {1024, 32767}, "20000:29999": {20000, 29999}, "7-7": {7, 7}} {
+		if got, err := nat.ParsePortRange(in); err != nil || got != want {
+			t.Errorf("%q: %v (%v), want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "1024", "0-10", "10-5", "1-65536", "a-b"} {
+		if _, err := nat.ParsePortRange(in); err == nil {
+			t.Errorf("%q: accepted", in)
+		}
 	}
 }

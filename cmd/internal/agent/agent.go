@@ -116,6 +116,10 @@ type Config struct {
 	// server return for TCP and UDP) or "hybrid" (DSR for TCP, SNAT for
 	// UDP); nat.ExternalServiceMode.
 	ExternalServiceMode string
+	// SNATPortRange is the range a SNATed flow draws its source port from
+	// when it cannot keep the client's (--snat-port-range, Calico's
+	// BPFPSNATPorts); empty: nat.DefaultSNATPorts.
+	SNATPortRange string
 	// EventsPerSecond is the flow events each CPU may write a second (0:
 	// none); FlowEvents adds service flows' starts and ends to the drops.
 	EventsPerSecond int
@@ -299,6 +303,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	if _, err := nat.ParseExternalServiceMode(cfg.ExternalServiceMode); err != nil {
 		return fail(fmt.Errorf("--external-service-mode: %w", err))
 	}
+	if _, err := snatPorts(cfg.SNATPortRange); err != nil {
+		return fail(err)
+	}
 	var maglevSize uint32
 	if maglevOpts != nil {
 		maglevSize = uint32(maglevOpts.TableSize)
@@ -338,6 +345,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if a.objs, err = gen.Load(loadOpts); err != nil {
 		return err
 	}
+	a.warnSNATOverlap()
 	if err := a.writeNodeConfig(); err != nil {
 		return err
 	}
@@ -719,6 +727,42 @@ func (a *Agent) setPodCIDRs(cidrs []netip.Prefix) {
 	}
 }
 
+// snatPorts reads --snat-port-range; empty is the datapath's default.
+func snatPorts(s string) (nat.PortRange, error) {
+	if s == "" {
+		return nat.PortRange{}, nil
+	}
+	r, err := nat.ParsePortRange(s)
+	if err != nil {
+		return r, fmt.Errorf("--snat-port-range: %w", err)
+	}
+	return r, nil
+}
+
+// warnSNATOverlap warns when the SNAT range shares ports with the node's
+// ephemeral range (net.ipv4.ip_local_port_range), which the node's own
+// connections draw from: a connection of the node to a backend from a port a
+// SNATed flow holds toward that backend would have its replies taken for
+// that flow's.
+func (a *Agent) warnSNATOverlap() {
+	r, _ := snatPorts(a.cfg.SNATPortRange)
+	if r == (nat.PortRange{}) {
+		r = nat.DefaultSNATPorts
+	}
+	raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return
+	}
+	var lo, hi uint16
+	if _, err := fmt.Sscan(string(raw), &lo, &hi); err != nil {
+		return
+	}
+	if eph := (nat.PortRange{Min: lo, Max: hi}); r.Overlaps(eph) {
+		a.log.Warn("the SNAT port range overlaps the node's ephemeral ports: a node connection to a backend may share a SNATed flow's tuple",
+			"snatPortRange", r.String(), "ipLocalPortRange", eph.String())
+	}
+}
+
 // writeNodeConfig writes the node-wide settings and the prefilter's failsafe
 // ports. The node IP and, with --detect-local-mode=NodeCIDR, the pod CIDR a
 // previous agent wrote are kept until the Node object says otherwise: no
@@ -737,6 +781,7 @@ func (a *Agent) writeNodeConfig() error {
 			MasqueradeAll: a.cfg.MasqueradeAll, ExternalMode: mode,
 			EventsPerSecond: uint32(max(a.cfg.EventsPerSecond, 0)), FlowEvents: a.cfg.FlowEvents,
 			StackRouting: a.cfg.StackRouting}
+		next.SNATPorts, _ = snatPorts(a.cfg.SNATPortRange) // checked by Start
 		if v4, v6 := firstOfEach(a.cfg.NodeIPs); v4.IsValid() || v6.IsValid() {
 			next.NodeIP, next.NodeIP6 = v4, v6
 		}
