@@ -48,6 +48,10 @@ static __always_inline int write_span(struct __sk_buff *skb)
  * carried out (policy_dispatch). */
 static __always_inline int finish(struct __sk_buff *skb, int verdict, enum hook hook, const __u32 l2_len)
 {
+	/* fib_forward reads an Ethernet frame; an L3 device's packet goes to
+	 * the stack. */
+	if (verdict == FORWARD_BY_FIB && !l2_len)
+		verdict = TC_ACT_OK;
 	if (verdict == WRITE_SPAN)
 		return write_span(skb);
 	if (verdict == TC_ACT_SHOT)

@@ -449,3 +449,54 @@ func (c *clashCase) releaseTuples(ports []uint16) {
 		c.d.DeleteCT(c.be1, held, protoTCP)
 	}
 }
+
+// A SYN that reopens an ended flow's tuple replaces that flow: its reverse
+// entry goes, unless the server closed first and holds the tuple in
+// TIME_WAIT, when the entry stays so that no other flow takes the tuple
+// until the scanner removes it.
+func TestReopenedTupleReplacesItsEndedFlow(t *testing.T) {
+	for name, serverFirst := range map[string]bool{"client closed first": false, "server closed first": true} {
+		t.Run(name, func(t *testing.T) {
+			forEachFamily(t, func(c *clashCase) {
+				c.serviceFlow()
+				c.closeFlow(serverFirst)
+				// The flow is balanced to another backend this time.
+				c.d.AddService(bpftest.Service{ID: 1, Front: c.vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: c.be2}}})
+				wantAP(t, "reopened flow's destination", c.tcp(c.client, c.vip, bpftest.SYN).Dst, c.be2)
+				_, held := c.d.Flow(c.be1, c.client, protoTCP)
+				if held != serverFirst {
+					t.Fatalf("old flow's reverse entry present: %v, want %v", held, serverFirst)
+				}
+				if _, ok := c.d.Flow(c.be2, c.client, protoTCP); !ok {
+					t.Fatal("the new flow has no reverse entry")
+				}
+			})
+		})
+	}
+}
+
+// A SNATed client reopening its tuple after its server closed first keeps
+// its port at the same backend, where the ended flow's entry still guards
+// the server's TIME_WAIT: the flow takes back its own tuple rather than
+// drawing a port (which would hold one of the range for 120 s per reuse).
+func TestSNATedClientReopeningKeepsItsPort(t *testing.T) {
+	forEachFamily(t, func(c *clashCase) {
+		c.d.Put(c.d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP), Flags: gen.SluiceConfigFlagsCFG_MASQUERADE_ALL})
+		for i := range 3 {
+			out := c.tcp(c.client, c.vip, bpftest.SYN)
+			if out.Src.Port() != c.client.Port() || out.Src.Addr() == c.client.Addr() {
+				t.Fatalf("round %d: SNATed SYN left as %v: want the node's address and the client's port", i, out.Src)
+			}
+			c.tcp(c.be1, out.Src, bpftest.SYN|bpftest.ACK)
+			c.tcp(c.client, c.vip, bpftest.ACK)
+			c.tcp(c.be1, out.Src, bpftest.FIN|bpftest.ACK)
+			c.tcp(c.client, c.vip, bpftest.FIN|bpftest.ACK)
+		}
+		if n := c.d.Counter(gen.SluiceCounterCNT_SNAT_PORT_DRAWN); n != 0 {
+			t.Fatalf("%d ports drawn, want 0", n)
+		}
+		if n := c.d.Counter(gen.SluiceCounterCNT_TUPLE_REUSED); n != 2 {
+			t.Fatalf("%d reopened tuples, want 2", n)
+		}
+	})
+}

@@ -15,8 +15,8 @@ const snatChurnDuration = 10 * time.Second
 
 // A client outside the cluster's pod CIDR (so its ClusterIP flows are
 // masqueraded to the node, as kube-proxy does with --cluster-cidr), behind a
-// workload interface, dials one ClusterIP as fast as it can, its servers
-// closing first (HTTP/1.0, idle keep-alives closed by nginx), with a
+// workload interface or outside the node on its data interface, dials one
+// ClusterIP as fast as it can, its servers closing first (HTTP/1.0, idle keep-alives closed by nginx), with a
 // small ephemeral range so that every port is reused many times a second —
 // what a client with 28,000 ports does at thousands of connections a second,
 // compressed. Each flow leaves the node as node:port, and each reuse of a
@@ -48,60 +48,69 @@ func TestOffClusterClientAtFullRateThroughSNAT(t *testing.T) {
 					ClusterNet: gen.NetAddr6(netip.MustParseAddr("fd00:200::")), ClusterMask: gen.NetAddr6(netip.MustParseAddr("ffff:fffc::"))})
 			}},
 	} {
-		t.Run(f.name, func(t *testing.T) {
-			d := newDP(t)
-			names := []string{"b1", "b2", "b3", "b4"}
-			topo := bpftest.NewTopology(t, d, append(names, "client")...)
-			topo.EnableIPv6(t)
-			f.masquerade(d, topo)
-			var backends []bpftest.Backend
-			for _, n := range names {
-				bpftest.ServeCloseFirst(t, topo.Pods[n], n, f.listen)
-				backends = append(backends, bpftest.Backend{AP: netip.AddrPortFrom(f.podIP(topo, n), 8080), Local: true})
+		for _, external := range []bool{false, true} {
+			name := f.name + "/workload client"
+			if external {
+				name = f.name + "/external client"
 			}
-			d.AddService(bpftest.Service{ID: 1, Front: f.vip, Proto: protoTCP, Backends: backends})
-			client := topo.Pods["client"]
-			client.Run("sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 40255")
-
-			stats := clientStats{ns: client, backends: names, topo: topo}
-			stats.snapshot(t)
-			res := bpftest.RunClients(client, []string{f.vip.String()}, 4, snatChurnDuration)
-			retrans, paws := stats.delta(t)
-			drops := d.Counter(gen.SluiceCounterCNT_DROP_SNAT_PORTS)
-			reused := d.Counter(gen.SluiceCounterCNT_TUPLE_REUSED)
-			drawn := d.Counter(gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
-			t.Logf("%d connections in %v (%.0f/s), %d failed, %d SYN retransmits, %d PAWS rejects, %d reopened, %d refused for want of a SNAT port",
-				res.OK+res.Failed, res.Elapsed, res.Rate(), res.Failed, retrans, paws, reused, drops)
-			if res.Failed != 0 || retrans != 0 || paws != 0 || drops != 0 {
-				logCounters(t, d)
-			}
-			for what, n := range map[string]uint64{"connections failed": uint64(res.Failed), "SYNs retransmitted": retrans,
-				"SYNs rejected against TIME_WAIT (PAWS)": paws, "flows refused for want of a SNAT port": drops,
-				// One client: every reopened tuple keeps its port.
-				"SNAT ports drawn": drawn} {
-				if n != 0 {
-					t.Errorf("%s: %d (first error: %v)", what, n, res.FirstErr)
+			t.Run(name, func(t *testing.T) {
+				d := newDP(t)
+				names := []string{"b1", "b2", "b3", "b4"}
+				topo := bpftest.NewTopology(t, d, append(names, "client")...)
+				topo.EnableIPv6(t)
+				f.masquerade(d, topo)
+				var backends []bpftest.Backend
+				for _, n := range names {
+					bpftest.ServeCloseFirst(t, topo.Pods[n], n, f.listen)
+					backends = append(backends, bpftest.Backend{AP: netip.AddrPortFrom(f.podIP(topo, n), 8080), Local: true})
 				}
-			}
-			// 256 client ports: the run must have reopened tuples for it
-			// to test anything.
-			if reused < 1000 {
-				t.Errorf("only %d tuples reopened: the client did not reuse its ports", reused)
-			}
-			// Bounded by the client's ports: a forward entry per client
-			// tuple, and per backend at most one reverse entry of that
-			// tuple (a reopened tuple replaces its old flow; an ended
-			// flow's reverse entry stays only while its server holds the
-			// tuple in TIME_WAIT, and only the same client takes it back).
-			entries, snat := conntrackEntries(d)
-			t.Logf("%d conntrack entries left, %d forward entries SNATed", entries, snat)
-			if snat == 0 {
-				t.Error("no flow was SNATed to the node's address")
-			}
-			if limit := 256 * (1 + len(names)); entries > limit {
-				t.Errorf("%d conntrack entries for 256 client ports and %d backends: want at most %d", entries, len(names), limit)
-			}
-		})
+				d.AddService(bpftest.Service{ID: 1, Front: f.vip, Proto: protoTCP, Backends: backends})
+				client := topo.Pods["client"]
+				if external {
+					client = topo.External
+				}
+				client.Run("sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 40255")
+
+				stats := clientStats{ns: client, backends: names, topo: topo}
+				stats.snapshot(t)
+				res := bpftest.RunClients(client, []string{f.vip.String()}, 4, snatChurnDuration)
+				retrans, paws := stats.delta(t)
+				drops := d.Counter(gen.SluiceCounterCNT_DROP_SNAT_PORTS)
+				reused := d.Counter(gen.SluiceCounterCNT_TUPLE_REUSED)
+				drawn := d.Counter(gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
+				t.Logf("%d connections in %v (%.0f/s), %d failed, %d SYN retransmits, %d PAWS rejects, %d reopened, %d refused for want of a SNAT port",
+					res.OK+res.Failed, res.Elapsed, res.Rate(), res.Failed, retrans, paws, reused, drops)
+				if res.Failed != 0 || retrans != 0 || paws != 0 || drops != 0 {
+					logCounters(t, d)
+				}
+				for what, n := range map[string]uint64{"connections failed": uint64(res.Failed), "SYNs retransmitted": retrans,
+					"SYNs rejected against TIME_WAIT (PAWS)": paws, "flows refused for want of a SNAT port": drops,
+					// One client: every reopened tuple keeps its port.
+					"SNAT ports drawn": drawn} {
+					if n != 0 {
+						t.Errorf("%s: %d (first error: %v)", what, n, res.FirstErr)
+					}
+				}
+				// 256 client ports: the run must have reopened tuples for it
+				// to test anything.
+				if reused < 1000 {
+					t.Errorf("only %d tuples reopened: the client did not reuse its ports", reused)
+				}
+				// Bounded by the client's ports: a forward entry per client
+				// tuple, and per backend at most one reverse entry of that
+				// tuple (a reopened tuple replaces its old flow; an ended
+				// flow's reverse entry stays only while its server holds the
+				// tuple in TIME_WAIT, and only the same client takes it back).
+				entries, snat := conntrackEntries(d)
+				t.Logf("%d conntrack entries left, %d forward entries SNATed", entries, snat)
+				if snat == 0 {
+					t.Error("no flow was SNATed to the node's address")
+				}
+				if limit := 256 * (1 + len(names)); entries > limit {
+					t.Errorf("%d conntrack entries for 256 client ports and %d backends: want at most %d", entries, len(names), limit)
+				}
+			})
+		}
 	}
 }
 

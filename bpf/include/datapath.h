@@ -240,12 +240,18 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 		return drop(CNT_DROP_MALFORMED);
 	svcstats_count(fe->svc_id, p, 0, 1);
 	/* A workload's flow SNATed to the node (not to itself) is routed here:
-	 * the stack would take its source for a spoof. */
-	int fib = !from_host && (flags & CT_NODE_SOURCE) && snat_addr;
+	 * the stack would take its source for a spoof. So is external traffic
+	 * SNATed to the node: the stack drops a packet that arrives with the
+	 * node's own address as source (a martian). */
+	int fib = (from_host || (flags & CT_NODE_SOURCE)) && snat_addr;
 	if (slot == IFSTATE_NO_POLICY)
 		return (flags & CT_HAIRPIN) ? hairpin_return(skb) : fib ? FORWARD_BY_FIB : TC_ACT_OK;
-	if (from_host)
-		return policy_handoff_pre_nat(skb, p, POLICY_DIR_EGRESS, slot);
+	if (from_host) {
+		int verdict = policy_handoff_pre_nat(skb, p, POLICY_DIR_EGRESS, slot);
+		/* fib_forward reads an Ethernet frame: an L3 device's packet
+		 * is left to the stack (finish, sluice.c). */
+		return fib && p->l3_off == ETH_HLEN ? fib_verdict(skb, verdict) : verdict;
+	}
 	/* A workload's egress is judged on the tuple the destination will see:
 	 * after NAT. */
 	int verdict = policy_handoff(skb, p, POLICY_DIR_EGRESS, slot);
@@ -472,8 +478,12 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		}
 		/* A packet entering whose verdict is known
 		 * (passes_translated) leaves its translation's store to
-		 * sl_write_span (rewrite.h). */
-		if (passes_translated(hook, v->type, v->flags, v->pol_egress, v->tcp_seen)) {
+		 * sl_write_span (rewrite.h), unless it entered from outside
+		 * and was SNATed: it may leave with the node's address as
+		 * source, to be routed by the FIB (below). */
+		if (passes_translated(hook, v->type, v->flags, v->pol_egress, v->tcp_seen) &&
+		    !(hook == HOOK_FROM_HOST && l2_len == ETH_HLEN &&
+		      (v->flags & (CT_FROM_HOST | CT_SNAT)) == (CT_FROM_HOST | CT_SNAT))) {
 			int err = ct_apply(skb, &p, v, 1);
 			if (err == SPAN_DEFERRED)
 				return WRITE_SPAN;
@@ -505,6 +515,12 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 		 * it); the node's own flows are judged as they leave. */
 		if (v->type == CT_FORWARD && hook == HOOK_FROM_HOST && v->pol_egress != POL_ALLOWED)
 			return drop(CNT_DROP_POLICY);
+		/* External traffic SNATed to the node, and the replies of a
+		 * NodePort flow to a remote backend (always SNATed), leave with
+		 * the node's address as source (new_flow). */
+		if (hook == HOOK_FROM_HOST && l2_len == ETH_HLEN &&
+		    (v->flags & (CT_FROM_HOST | CT_SNAT)) == (CT_FROM_HOST | CT_SNAT) && is_host_ip(p.saddr))
+			return FORWARD_BY_FIB;
 		if (v->type == CT_FORWARD && hook == HOOK_TO_HOST && !skb->ingress_ifindex)
 			return enforce(skb, &p, v, POLICY_DIR_INGRESS);
 		return TC_ACT_OK; /* a reply, or a hook without policy */

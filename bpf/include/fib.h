@@ -88,8 +88,10 @@ static __always_inline int fib_mtu6(struct __sk_buff *skb, __u32 *mtu)
  * destination, an expired TTL, no route) goes to the stack as before; what
  * does not fit its link is FIB_TOO_BIG. An IPv6 packet only has its length
  * checked (see above). A subprogram: the lookup's 64 bytes stay off the
- * stages' stack. Only workloads' interfaces (with an Ethernet header) call
- * it. */
+ * stages' stack. Interfaces with an Ethernet header call it: a workload's,
+ * and a data interface for external traffic SNATed to the node, which the
+ * stack would drop as a martian too (its source is the node's own
+ * address). */
 __subprog int fib_forward(struct __sk_buff *skb, __u32 *mtu)
 {
 	struct iphdr ip;

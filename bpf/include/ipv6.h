@@ -45,6 +45,8 @@
  * parser's offsets for the verifier, and is far beyond any real header chain
  * (RFC 7112 wants the whole chain in the first fragment). */
 #define IPV6_L4_OFF_MAX		2048
+/* The smallest all-ones mask that IPV6_L4_OFF_MAX fits under. */
+#define IPV6_L4_OFF_MASK	4095
 
 /* The fixed IPv6 header without bitfields. */
 struct ip6_raw {
@@ -145,6 +147,12 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct packet6 *p6)
 	}
 	if (is_ext_header(next) || off > p->l3_off + len || off > IPV6_L4_OFF_MAX)
 		return PARSE_MALFORMED;
+	/* Each way through the extension headers leaves off in a range of its
+	 * own, and the verifier would check the rest of the pipeline once for
+	 * each; masked (off is at most IPV6_L4_OFF_MAX already, so nothing
+	 * changes), the ways with extension headers share one range. */
+	if (off != p->l3_off + IPV6_HLEN)
+		asm volatile("%0 &= %1" : "+r"(off) : "i"(IPV6_L4_OFF_MASK));
 	p->l4_off = off;
 	p->proto = next;
 	return PARSE_OK;
