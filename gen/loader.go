@@ -35,7 +35,7 @@ const MaglevDefaultTableSize = 16381
 // checks they agree).
 const (
 	SNATPortMinDefault = 1024
-	SNATPortMaxDefault = 32767
+	SNATPortMaxDefault = 65535
 )
 
 // maglevMaxTableSize is the largest table the programs index (MAGLEV_MAX_SIZE).

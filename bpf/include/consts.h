@@ -42,16 +42,15 @@
 #define CT_REFRESH_NS		(NS_PER_SEC / 4)
 
 /* When a SNATed flow cannot keep the client's port, another is drawn at
- * random in this range: every unprivileged port below Linux's default
- * ephemeral range (32768-60999), so that a port drawn never takes the tuple
- * of a connection the node itself opens later (its ports come from that
- * range, and the datapath does not see them leave). Netfilter's MASQUERADE
- * draws from 1024-65535 because its conntrack also tracks the node's own
- * connections. The agent's --snat-port-range sets it (sl_config_v1's
- * snat_port_min/max) and warns when it overlaps the node's
- * net.ipv4.ip_local_port_range. */
+ * random in this range: netfilter's MASQUERADE's, every unprivileged port. A
+ * node's own connections never share a tuple with a SNATed flow: the node's
+ * flows leaving a data interface or entering a workload are tracked
+ * (host_new_flow_out, to_workload_new; datapath.h), so a draw never takes
+ * their tuple, and one that starts on a tuple a SNATed flow holds is
+ * remapped as it leaves, as netfilter remaps a local connection. The
+ * agent's --snat-port-range narrows it (sl_config_v1's snat_port_min/max). */
 #define SNAT_PORT_MIN_DEFAULT	1024
-#define SNAT_PORT_MAX_DEFAULT	32767
+#define SNAT_PORT_MAX_DEFAULT	65535
 /* How many random ports a flow whose reverse tuple is taken tries before it
  * is refused (CNT_DROP_SNAT_PORTS), as netfilter's NAT tries up to 128 and
  * then fewer. Each try is one hash probe; ports are drawn at random, so the

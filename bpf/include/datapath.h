@@ -341,11 +341,16 @@ __subprog int handled_upstream(struct __sk_buff *skb, struct packet *p, enum hoo
 }
 
 /* host_new_flow_out: a packet leaving through a data interface that no
- * conntrack entry knows and no managed interface handled. When it is the
- * node's own (no ingress interface) and the interface has a host endpoint,
- * its flow is tracked, so that replies pass by conntrack, and a TCP SYN or a
- * datagram is judged by the host endpoint's egress policy (failsafe ports
- * excepted). Anything else leaves as it is. */
+ * conntrack entry knows and no managed interface handled. When it starts a
+ * flow of the node's own (a local socket's TCP SYN or datagram, no ingress
+ * interface), the flow is tracked, as netfilter tracks a node's
+ * connections: its tuple is then known to the clash rules, so that no
+ * SNATed flow draws a port it holds toward the same destination, and it
+ * gets a port of its own when a translated flow holds its tuple there
+ * already (its replies would be taken for that flow's); and with a host
+ * endpoint on the interface its first packet is judged by the endpoint's
+ * egress policy (failsafe ports excepted), its replies passing by conntrack.
+ * Anything else leaves as it is. */
 __subprog int host_new_flow_out(struct __sk_buff *skb, struct packet *p)
 {
 	/* The cheap tests first: most of what the node sends is established
@@ -356,10 +361,14 @@ __subprog int host_new_flow_out(struct __sk_buff *skb, struct packet *p)
 	struct ifstate_key k = { .ifindex = skb->ifindex };
 	struct ifstate_value *st = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
 
-	if (!st || (st->ingress_policy == IFSTATE_NO_POLICY && st->egress_policy == IFSTATE_NO_POLICY))
-		return TC_ACT_OK;
 	/* The exit hook's slot (ifstate.h): the host endpoint's egress. */
-	return track_flow(skb, p, POLICY_DIR_INGRESS, failsafe(p) ? IFSTATE_NO_POLICY : st->ingress_policy);
+	if (st && (st->ingress_policy != IFSTATE_NO_POLICY || st->egress_policy != IFSTATE_NO_POLICY))
+		return track_flow(skb, p, POLICY_DIR_INGRESS, failsafe(p) ? IFSTATE_NO_POLICY : st->ingress_policy);
+	/* Without one, only a local socket's flows: not what the node
+	 * forwards or encapsulates. */
+	if (!skb->sk)
+		return TC_ACT_OK;
+	return track_flow(skb, p, POLICY_DIR_INGRESS, IFSTATE_NO_POLICY);
 }
 
 /* judge_other: a packet of a protocol the datapath neither balances nor

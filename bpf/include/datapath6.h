@@ -577,7 +577,7 @@ __subprog int handled_upstream6(struct __sk_buff *skb, struct packet6 *p6, enum 
 	return judge_stateless6(skb, p6, POLICY_DIR_INGRESS);
 }
 
-/* host_new_flow_out6: host_new_flow_out (datapath.h). */
+/* host_new_flow_out6: host_new_flow_out (datapath.h), whose comment states the rules. */
 __subprog int host_new_flow_out6(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_key *key)
 {
 	const struct packet *p = &p6->p;
@@ -588,9 +588,11 @@ __subprog int host_new_flow_out6(struct __sk_buff *skb, struct packet6 *p6, cons
 	struct ifstate_key k = { .ifindex = skb->ifindex };
 	struct ifstate_value *st = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
 
-	if (!st || (st->ingress_policy == IFSTATE_NO_POLICY && st->egress_policy == IFSTATE_NO_POLICY))
+	if (st && (st->ingress_policy != IFSTATE_NO_POLICY || st->egress_policy != IFSTATE_NO_POLICY))
+		return track_flow6(skb, p6, key, POLICY_DIR_INGRESS, failsafe(p) ? IFSTATE_NO_POLICY : st->ingress_policy);
+	if (!skb->sk)
 		return TC_ACT_OK;
-	return track_flow6(skb, p6, key, POLICY_DIR_INGRESS, failsafe(p) ? IFSTATE_NO_POLICY : st->ingress_policy);
+	return track_flow6(skb, p6, key, POLICY_DIR_INGRESS, IFSTATE_NO_POLICY);
 }
 
 /* NEW_FLOW_REJECT: new_flow6's "answer with a reject", which pipeline6 sends
