@@ -58,7 +58,7 @@ func BenchmarkSNATChurn(b *testing.B) {
 				{"16-services", addrs(ips, 80)},
 				{"1-service", addrs(ips[:1], 80)},
 			} {
-				before := synRetransOf(client)
+				before, backendsBefore := synRetransOf(client), backendDrops(b, e.backends)
 				var drawnBefore, dropsBefore uint64
 				if proxy == "sluice" {
 					drawnBefore = counter(b, e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
@@ -68,6 +68,11 @@ func BenchmarkSNATChurn(b *testing.B) {
 				b.ReportMetric(res.Rate(), phase.name+"-conn/s")
 				b.ReportMetric(float64(res.Failed), phase.name+"-failed")
 				b.ReportMetric(synRetransOf(client)-before, phase.name+"-syn-retrans")
+				// Why a SYN waited: a backend refused it against a
+				// TIME_WAIT tuple (PAWS), or its listen queue overflowed.
+				backendsAfter := backendDrops(b, e.backends)
+				b.ReportMetric(float64(backendsAfter["PAWSTimewait"]-backendsBefore["PAWSTimewait"]), phase.name+"-paws-rejects")
+				b.ReportMetric(float64(backendsAfter["ListenOverflows"]-backendsBefore["ListenOverflows"]), phase.name+"-listen-overflows")
 				if proxy == "sluice" {
 					b.ReportMetric(float64(counter(b, e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)-dropsBefore), phase.name+"-snat-drops")
 					b.ReportMetric(float64(counter(b, e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)-drawnBefore), phase.name+"-ports-drawn")
@@ -139,4 +144,19 @@ func synRetransOf(ns *bpftest.NetNS) float64 {
 		return 0
 	}
 	return float64(v["TCPSynRetrans"])
+}
+
+// backendDrops sums the backends' PAWSTimewait and ListenOverflows.
+func backendDrops(b *testing.B, backends []*bpftest.NetNS) map[string]uint64 {
+	sum := map[string]uint64{}
+	for _, ns := range backends {
+		v, err := bpftest.Netstat(ns, "TcpExt", "PAWSTimewait", "ListenOverflows")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for k, n := range v {
+			sum[k] += n
+		}
+	}
+	return sum
 }

@@ -63,16 +63,13 @@ type NodeConfig struct {
 type PortRange struct{ Min, Max uint16 }
 
 // DefaultSNATPorts is the datapath's built-in SNAT range
-// (SNAT_PORT_MIN/MAX_DEFAULT, bpf/include/consts.h): every unprivileged port
-// below Linux's default ephemeral range, so that no port drawn is one the
-// node's own connections take later.
+// (SNAT_PORT_MIN/MAX_DEFAULT, bpf/include/consts.h): every unprivileged port,
+// as netfilter's MASQUERADE. The node's own connections are tracked, so a
+// port drawn never takes their tuple.
 var DefaultSNATPorts = PortRange{gen.SNATPortMinDefault, gen.SNATPortMaxDefault}
 
 // String is the range as --snat-port-range takes it.
 func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
-
-// Overlaps tells whether two ranges share a port.
-func (r PortRange) Overlaps(o PortRange) bool { return r.Min <= o.Max && o.Min <= r.Max }
 
 // ParsePortRange reads "MIN-MAX" (or "MIN:MAX", Calico's BPFPSNATPorts
 // form), 1 <= MIN <= MAX <= 65535.

@@ -105,7 +105,7 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.StringVar(&cfg.ExternalServiceMode, "external-service-mode", "snat",
 		"how external traffic reaches a backend on another node: snat (through this node, as kube-proxy), dsr (direct server return: the backend sees the client and answers it directly), or hybrid (DSR for TCP, SNAT for UDP)")
 	fs.StringVar(&cfg.SNATPortRange, "snat-port-range", "",
-		"MIN-MAX: the source ports a SNATed flow draws from when it cannot keep the client's (default "+nat.DefaultSNATPorts.String()+"); keep it out of the node's net.ipv4.ip_local_port_range (Calico's BPFPSNATPorts)")
+		"MIN-MAX: the source ports a SNATed flow draws from when it cannot keep the client's (default "+nat.DefaultSNATPorts.String()+", as netfilter's MASQUERADE; Calico's BPFPSNATPorts)")
 	fs.BoolVar(&cfg.MaglevClusterIP, "maglev-cluster-ip", false, "with --lb-algorithm=maglev, ClusterIPs pick by Maglev too (otherwise only NodePorts, load balancer and external IPs)")
 	fs.Func("failsafe-ports", "TCP ports to the node that neither the XDP prefilter nor a host endpoint's policy ever blocks (default 22,6443,10256)", func(s string) error {
 		return parseList(s, &cfg.FailsafePorts, func(f string) (uint16, error) {

@@ -345,7 +345,6 @@ func (a *Agent) start(ctx context.Context) error {
 	if a.objs, err = gen.Load(loadOpts); err != nil {
 		return err
 	}
-	a.warnSNATOverlap()
 	if err := a.writeNodeConfig(); err != nil {
 		return err
 	}
@@ -737,30 +736,6 @@ func snatPorts(s string) (nat.PortRange, error) {
 		return r, fmt.Errorf("--snat-port-range: %w", err)
 	}
 	return r, nil
-}
-
-// warnSNATOverlap warns when the SNAT range shares ports with the node's
-// ephemeral range (net.ipv4.ip_local_port_range), which the node's own
-// connections draw from: a connection of the node to a backend from a port a
-// SNATed flow holds toward that backend would have its replies taken for
-// that flow's.
-func (a *Agent) warnSNATOverlap() {
-	r, _ := snatPorts(a.cfg.SNATPortRange)
-	if r == (nat.PortRange{}) {
-		r = nat.DefaultSNATPorts
-	}
-	raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return
-	}
-	var lo, hi uint16
-	if _, err := fmt.Sscan(string(raw), &lo, &hi); err != nil {
-		return
-	}
-	if eph := (nat.PortRange{Min: lo, Max: hi}); r.Overlaps(eph) {
-		a.log.Warn("the SNAT port range overlaps the node's ephemeral ports: a node connection to a backend may share a SNATed flow's tuple",
-			"snatPortRange", r.String(), "ipLocalPortRange", eph.String())
-	}
 }
 
 // writeNodeConfig writes the node-wide settings and the prefilter's failsafe
