@@ -58,7 +58,7 @@ func BenchmarkSNATChurn(b *testing.B) {
 				{"16-services", addrs(ips, 80)},
 				{"1-service", addrs(ips[:1], 80)},
 			} {
-				before, backendsBefore := synRetransOf(client), backendDrops(b, e.backends)
+				before, backendsBefore := e.synRetrans(), backendDrops(b, e.backends)
 				var drawnBefore, dropsBefore uint64
 				if proxy == "sluice" {
 					drawnBefore = counter(b, e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
@@ -67,7 +67,7 @@ func BenchmarkSNATChurn(b *testing.B) {
 				res := bpftest.RunClients(client, phase.targets, 4, d)
 				b.ReportMetric(res.Rate(), phase.name+"-conn/s")
 				b.ReportMetric(float64(res.Failed), phase.name+"-failed")
-				b.ReportMetric(synRetransOf(client)-before, phase.name+"-syn-retrans")
+				b.ReportMetric(e.synRetrans()-before, phase.name+"-syn-retrans")
 				// Why a SYN waited: a backend refused it against a
 				// TIME_WAIT tuple (PAWS), or its listen queue overflowed.
 				backendsAfter := backendDrops(b, e.backends)
@@ -135,15 +135,6 @@ func addrs(ips []string, port int) []string {
 		out = append(out, netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(port)).String())
 	}
 	return out
-}
-
-// synRetransOf reads TCPSynRetrans of a namespace.
-func synRetransOf(ns *bpftest.NetNS) float64 {
-	v, err := bpftest.Netstat(ns, "TcpExt", "TCPSynRetrans")
-	if err != nil {
-		return 0
-	}
-	return float64(v["TCPSynRetrans"])
 }
 
 // backendDrops sums the backends' PAWSTimewait and ListenOverflows.
