@@ -441,3 +441,34 @@ func TestDSRFlowsAreJudgedByTheClientsSide(t *testing.T) {
 		})
 	}
 }
+
+// A flow whose server closed first, and whose client then reopened its
+// tuple toward another backend, leaves its reverse entry alone as the guard
+// of the server's TIME_WAIT (bpf/include/ct_new.h): the scanner keeps it for
+// TCPServerTimeWait and then removes it, as it would the whole flow.
+func TestReverseEntryLeftByAReopenedTupleLastsTheServersTimeWait(t *testing.T) {
+	to := conntrack.DefaultTimeouts()
+	e := newEnv(t, to)
+	e.tcp(clientAP, vipAP, bpftest.SYN)
+	e.tcp(be1AP, clientAP, bpftest.SYN|bpftest.ACK)
+	e.tcp(clientAP, vipAP, bpftest.ACK)
+	e.tcp(be1AP, clientAP, bpftest.FIN|bpftest.ACK) // the server first
+	e.tcp(clientAP, vipAP, bpftest.FIN|bpftest.ACK)
+	// The client reopens its tuple; the Service now has another backend.
+	be2 := netip.AddrPortFrom(netip.MustParseAddr("10.2.0.9"), 8080)
+	e.dp.AddService(bpftest.Service{ID: 1, Front: vipAP, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be2}}})
+	e.tcp(clientAP, vipAP, bpftest.SYN)
+	if !e.has(be1AP, clientAP, bpftest.ProtoTCP) {
+		t.Fatal("the ended flow's reverse entry is gone: nothing guards the server's TIME_WAIT")
+	}
+	e.advance(to.TCPServerTimeWait - 10*time.Second)
+	e.scan()
+	if !e.has(be1AP, clientAP, bpftest.ProtoTCP) {
+		t.Fatalf("guard removed before the server's TIME_WAIT (%v) ended", to.TCPServerTimeWait)
+	}
+	e.advance(20 * time.Second)
+	st := e.scan()
+	if e.has(be1AP, clientAP, bpftest.ProtoTCP) {
+		t.Fatalf("guard kept past the server's TIME_WAIT (deleted %v)", st.Deleted)
+	}
+}

@@ -127,6 +127,13 @@ func (p *Pair) State() State {
 		return StateReset
 	case fwd&tcpFIN != 0 && rev&tcpFIN != 0 && rev&finFirst != 0:
 		return StateServerTimeWait
+	case !p.HasFwd && rev&tcpFIN != 0 && rev&finFirst != 0:
+		// A reverse entry alone whose server closed first: the client
+		// reopened its tuple toward another backend and its forward entry
+		// went to the new flow; this entry guards the server's TIME_WAIT
+		// (bpf/include/ct_new.h, ct_reopened). Judged as established, it
+		// would hold its tuple and a conntrack slot for an hour.
+		return StateServerTimeWait
 	case fwd&tcpFIN != 0 && rev&tcpFIN != 0:
 		return StateFinsSeen
 	case rev&(tcpSYN|tcpACK) == tcpSYN|tcpACK:
