@@ -39,7 +39,9 @@ func TestNodeConnectionAndSNATedFlowNeverShareATuple(t *testing.T) {
 			d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(topo.NodeIP), Flags: gen.SluiceConfigFlagsCFG_MASQUERADE_ALL})
 
 			const port = 41000
-			podConn := func() net.Conn { return dialFrom(t, topo.Pods["client"], netip.AddrPortFrom(topo.PodIP["client"], port), vip) }
+			podConn := func() net.Conn {
+				return dialFrom(t, topo.Pods["client"], netip.AddrPortFrom(topo.PodIP["client"], port), vip)
+			}
 			nodeConn := func() net.Conn { return dialFrom(t, topo.Node, netip.AddrPortFrom(topo.NodeIP, port), backend) }
 			var first, second net.Conn
 			if nodeFirst {
