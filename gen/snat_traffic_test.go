@@ -9,15 +9,15 @@ import (
 	"github.com/sluice-net/sluice/gen/bpftest"
 )
 
-// snatChurnDuration is how long each family's clients dial in
+// snatChurnDuration is how long the client dials in each case of
 // TestOffClusterClientAtFullRateThroughSNAT.
 const snatChurnDuration = 10 * time.Second
 
 // A client outside the cluster's pod CIDR (so its ClusterIP flows are
 // masqueraded to the node, as kube-proxy does with --cluster-cidr), behind a
 // workload interface or outside the node on its data interface, dials one
-// ClusterIP as fast as it can, its servers closing first (HTTP/1.0, idle keep-alives closed by nginx), with a
-// small ephemeral range so that every port is reused many times a second —
+// ClusterIP as fast as it can, its servers closing first (HTTP/1.0, idle
+// keep-alives closed by nginx), with a small ephemeral range so that every port is reused many times a second —
 // what a client with 28,000 ports does at thousands of connections a second,
 // compressed. Each flow leaves the node as node:port, and each reuse of a
 // client port reopens its tuple while the backends still hold the last
