@@ -17,9 +17,9 @@ const snatChurnDuration = 10 * time.Second
 // masqueraded to the node, as kube-proxy does with --cluster-cidr), behind a
 // workload interface or outside the node on its data interface, dials one
 // ClusterIP as fast as it can, its servers closing first (HTTP/1.0, idle
-// keep-alives closed by nginx), with a small ephemeral range so that every port is reused many times a second —
-// what a client with 28,000 ports does at thousands of connections a second,
-// compressed. Each flow leaves the node as node:port, and each reuse of a
+// keep-alives closed by nginx), with a small ephemeral range so that every
+// port is reused many times a second — what a client with 28,000 ports does
+// at thousands of connections a second, compressed. Each flow leaves the node as node:port, and each reuse of a
 // client port reopens its tuple while the backends still hold the last
 // connection on it in TIME_WAIT. Netfilter replaces such an ended flow and
 // keeps the port; the datapath must too, or every reopen takes a port of the
