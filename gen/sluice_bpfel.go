@@ -103,6 +103,7 @@ const (
 	SluiceConfigFlagsCFG_DSR_UDP          SluiceConfigFlags = 16
 	SluiceConfigFlagsCFG_FLOW_EVENTS      SluiceConfigFlags = 32
 	SluiceConfigFlagsCFG_STACK_ROUTING    SluiceConfigFlags = 64
+	SluiceConfigFlagsCFG_ADOPTING         SluiceConfigFlags = 128
 )
 
 type SluiceCounter uint32

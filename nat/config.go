@@ -53,6 +53,11 @@ type NodeConfig struct {
 	// node to the node's IP stack (and its netfilter), rather than the
 	// datapath handing them over (bpf/include/deliver.h; --stack-routing).
 	StackRouting bool
+	// Adopting says a takeover from another proxy is under way: datagrams
+	// no conntrack entry knows pass to the node's stack, whose netfilter
+	// may hold their flows, until the agent has adopted those
+	// (conntrack.Adopt) and clears it (CFG_ADOPTING).
+	Adopting bool
 	// SNATPorts is the range a SNATed flow draws its source port from when
 	// it cannot keep the client's (--snat-port-range). The zero value is
 	// the datapath's built-in range (DefaultSNATPorts).
@@ -232,6 +237,7 @@ func decodeNodeConfig(raw gen.SluiceConfig) NodeConfig {
 		EventsPerSecond:  raw.EventsPerSec,
 		FlowEvents:       raw.Flags&gen.SluiceConfigFlagsCFG_FLOW_EVENTS != 0,
 		StackRouting:     raw.Flags&gen.SluiceConfigFlagsCFG_STACK_ROUTING != 0,
+		Adopting:         raw.Flags&gen.SluiceConfigFlagsCFG_ADOPTING != 0,
 	}
 	switch raw.Flags & (gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP) {
 	case gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP:
@@ -258,7 +264,7 @@ func decodeNodeConfig(raw gen.SluiceConfig) NodeConfig {
 func encodeNodeConfig(c NodeConfig, raw gen.SluiceConfig) gen.SluiceConfig {
 	const ours = gen.SluiceConfigFlagsCFG_MASQUERADE_ALL | gen.SluiceConfigFlagsCFG_LOCAL_BY_IFACE | gen.SluiceConfigFlagsCFG_SOCKLB_HOST_ONLY |
 		gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP | gen.SluiceConfigFlagsCFG_FLOW_EVENTS |
-		gen.SluiceConfigFlagsCFG_STACK_ROUTING
+		gen.SluiceConfigFlagsCFG_STACK_ROUTING | gen.SluiceConfigFlagsCFG_ADOPTING
 	raw.Flags &^= ours
 	raw.NodeIp, raw.HostNetnsCookie, raw.ClusterNet, raw.ClusterMask = 0, 0, 0, 0
 	if c.NodeIP.IsValid() {
@@ -276,6 +282,9 @@ func encodeNodeConfig(c NodeConfig, raw gen.SluiceConfig) gen.SluiceConfig {
 	}
 	if c.StackRouting {
 		raw.Flags |= gen.SluiceConfigFlagsCFG_STACK_ROUTING
+	}
+	if c.Adopting {
+		raw.Flags |= gen.SluiceConfigFlagsCFG_ADOPTING
 	}
 	switch c.ExternalMode {
 	case ExternalDSR:

@@ -30,6 +30,13 @@ enum config_flags : __u32 {
 	 * node pass through the node's IP stack (and its netfilter), rather
 	 * than being handed over by the datapath (deliver.h). */
 	CFG_STACK_ROUTING = 1 << 6,
+	/* The agent is taking the node over from another proxy (kube-proxy):
+	 * netfilter may hold UDP flows it translated that Sluice has not
+	 * adopted yet (conntrack.Adopt). Until the agent clears it, a datagram
+	 * no entry knows passes untouched to the node's stack, whose
+	 * netfilter keeps it on its backend, rather than being balanced
+	 * afresh. */
+	CFG_ADOPTING = 1 << 7,
 };
 
 struct config {
@@ -79,6 +86,15 @@ static __always_inline struct config *config_get(void)
 {
 	__u32 zero = 0;
 	return bpf_map_lookup_elem(&sl_config_v1, &zero);
+}
+
+/* adopting: the agent has not yet adopted every flow netfilter translated
+ * (CFG_ADOPTING). */
+static __always_inline int adopting(void)
+{
+	struct config *cfg = config_get();
+
+	return cfg && (cfg->flags & CFG_ADOPTING);
 }
 
 static __always_inline int is_host_ip(__be32 addr)

@@ -77,6 +77,18 @@ static __always_inline int deliver_flow(struct __sk_buff *skb, int verdict, __u3
 	return ipv6 ? deliver_local6(skb, flow_seen) : deliver_local(skb, flow_seen);
 }
 
+/* stack_routed: the verdict on a workload's packet that no conntrack entry
+ * knows and that starts no flow here (a TCP segment that is not a SYN, a
+ * datagram while adopting): it goes to the node's stack, never to local
+ * delivery. Such a packet may belong to a connection netfilter translated
+ * (kube-proxy's, before this node was taken over, or one not adopted yet):
+ * only the stack applies that translation, and its replies would otherwise
+ * reach the client untranslated. */
+static __always_inline int stack_routed(int verdict)
+{
+	return verdict == TC_ACT_OK ? ROUTED_BY_STACK : verdict;
+}
+
 /* The IPv6 pipeline (datapath6.h), which pipeline() hands IPv6 packets to. */
 __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len);
 /* dsr6.h, included with datapath6.h. */
@@ -158,8 +170,10 @@ __subprog int to_workload_new(struct __sk_buff *skb, struct packet *p)
 	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
 	if (r && !(syn && (r->tcp_seen & TCP_FLAG_ACK)))
 		return enforce(skb, p, r, POLICY_DIR_INGRESS);
-	/* As at the other hooks, a TCP segment that is not a SYN starts no flow. */
-	if (p->proto == IPPROTO_TCP && !syn)
+	/* As at the other hooks, a TCP segment that is not a SYN starts no
+	 * flow; nor does a datagram while a takeover is adopting netfilter's
+	 * flows (CFG_ADOPTING): it may be one of them. */
+	if ((p->proto == IPPROTO_TCP && !syn) || (p->proto == IPPROTO_UDP && !r && adopting()))
 		return judge_stateless(skb, p, POLICY_DIR_INGRESS);
 	return track_flow(skb, p, POLICY_DIR_INGRESS, policy_slot(skb, POLICY_DIR_INGRESS));
 }
@@ -526,9 +540,13 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 			return drop(CNT_DROP_POLICY);
 		/* External traffic SNATed to the node, and the replies of a
 		 * NodePort flow to a remote backend (always SNATed), leave with
-		 * the node's address as source (new_flow). */
+		 * the node's address as source (new_flow). A flow adopted from
+		 * netfilter (conntrack.Adopt) may have been SNATed to another
+		 * address of the node (MASQUERADE picks the outgoing
+		 * interface's): any source other than the client's is one. */
 		if (hook == HOOK_FROM_HOST && l2_len == ETH_HLEN &&
-		    (v->flags & (CT_FROM_HOST | CT_SNAT)) == (CT_FROM_HOST | CT_SNAT) && is_host_ip(p.saddr))
+		    (v->flags & (CT_FROM_HOST | CT_SNAT)) == (CT_FROM_HOST | CT_SNAT) &&
+		    (is_host_ip(p.saddr) || (v->type == CT_FORWARD && v->snat_addr != key.saddr)))
 			return FORWARD_BY_FIB;
 		if (v->type == CT_FORWARD && hook == HOOK_TO_HOST && !skb->ingress_ifindex)
 			return enforce(skb, &p, v, POLICY_DIR_INGRESS);
@@ -549,8 +567,12 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	if (p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN) {
 		if (hook == HOOK_FROM_HOST)
 			return moved_flow(skb, &p);
-		return hook == HOOK_FROM_WL ? judge_stateless(skb, &p, POLICY_DIR_EGRESS) : TC_ACT_OK;
+		return hook == HOOK_FROM_WL ? stack_routed(judge_stateless(skb, &p, POLICY_DIR_EGRESS)) : TC_ACT_OK;
 	}
+	/* While a takeover adopts netfilter's flows, a datagram no entry knows
+	 * may be one of them: it goes to netfilter, on the backend it has. */
+	if (p.proto == IPPROTO_UDP && adopting())
+		return hook == HOOK_FROM_WL ? stack_routed(judge_stateless(skb, &p, POLICY_DIR_EGRESS)) : TC_ACT_OK;
 	struct fe_value *fe = fe_lookup(p.daddr, p.dport, p.proto);
 	if (fe)
 		return new_flow(skb, &p, hook, fe);

@@ -559,7 +559,7 @@ __subprog int to_workload_new6(struct __sk_buff *skb, struct packet6 *p6, const 
 		return TC_ACT_OK;
 	if (r && !(syn && (r->tcp_seen & TCP_FLAG_ACK)))
 		return enforce6(skb, p6, r, POLICY_DIR_INGRESS);
-	if (p6->p.proto == IPPROTO_TCP && !syn)
+	if ((p6->p.proto == IPPROTO_TCP && !syn) || (p6->p.proto == IPPROTO_UDP && !r && adopting()))
 		return judge_stateless6(skb, p6, POLICY_DIR_INGRESS);
 	return track_flow6(skb, p6, key, POLICY_DIR_INGRESS, policy_slot(skb, POLICY_DIR_INGRESS));
 }
@@ -794,10 +794,13 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		/* A connection moved here, with DSR (moved_flow, datapath.h). */
 		struct config *cfg = config_get();
 		if (hook != HOOK_FROM_HOST || !cfg || !(cfg->flags & CFG_DSR_TCP))
-			return hook == HOOK_FROM_WL ? judge_stateless6(skb, &p6, POLICY_DIR_EGRESS) : TC_ACT_OK;
+			return hook == HOOK_FROM_WL ? stack_routed(judge_stateless6(skb, &p6, POLICY_DIR_EGRESS)) : TC_ACT_OK;
 		fe = fe6_lookup(p6.daddr, p->dport, p->proto);
 		if (!fe || !(fe->flags & FE_EXTERNAL))
 			return TC_ACT_OK;
+	} else if (p->proto == IPPROTO_UDP && adopting()) {
+		/* A flow netfilter may hold (pipeline, datapath.h). */
+		return hook == HOOK_FROM_WL ? stack_routed(judge_stateless6(skb, &p6, POLICY_DIR_EGRESS)) : TC_ACT_OK;
 	} else {
 		fe = fe6_lookup(p6.daddr, p->dport, p->proto);
 		if (!fe)
