@@ -3,11 +3,22 @@ module github.com/sluice-net/sluice/conntrack
 go 1.26.0
 
 require (
+	github.com/mdlayher/netlink v1.7.2
 	github.com/sluice-net/sluice/gen v0.0.0
 	github.com/sluice-net/sluice/maps v0.0.0
+	github.com/ti-mo/conntrack v0.6.0
+	github.com/ti-mo/netfilter v0.5.3
 )
 
-require golang.org/x/sys v0.48.0 // indirect
+require (
+	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/josharian/native v1.1.0 // indirect
+	github.com/mdlayher/socket v0.5.1 // indirect
+	github.com/pkg/errors v0.9.1 // indirect
+	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)
 
 require (
 	github.com/cilium/ebpf v0.22.0

@@ -26,10 +26,15 @@ type StaleNAT struct {
 	Backends6  *maps.Map[gen.SluiceBeKey, gen.SluiceBe6Value]
 	HostIPs6   *maps.Map[gen.SluiceHostip6Key, gen.SluiceHostipValue]
 
-	// The snapshot, in the IPv6 layout (IPv4 addresses IPv4-mapped).
+	snap natSnapshot
+}
+
+// natSnapshot is a copy of the NAT maps, in the IPv6 layout (IPv4
+// addresses IPv4-mapped), to look frontends up as the datapath does.
+type natSnapshot struct {
 	loaded   bool
 	fe       map[gen.SluiceFe6Key]gen.SluiceFeValue
-	backends map[backendRef]bool
+	backends map[backendRef]gen.SluiceBeFlags
 	hostIPs  map[[16]uint8]bool
 	err      error
 }
@@ -48,43 +53,49 @@ var (
 
 // Prepare drops the previous snapshot; the next non-TCP flow loads a new one.
 func (s *StaleNAT) Prepare(time.Duration) error {
-	s.loaded, s.err = false, nil
+	s.snap = natSnapshot{}
 	return nil
 }
 
-func (s *StaleNAT) load() {
+// load reads the snapshot from the maps; nil IPv6 maps leave IPv6 out.
+func (s *natSnapshot) load(
+	fe4 *maps.Map[gen.SluiceFeKey, gen.SluiceFeValue], be4 *maps.Map[gen.SluiceBeKey, gen.SluiceBeValue],
+	host4 *maps.Map[gen.SluiceHostipKey, gen.SluiceHostipValue],
+	fe6 *maps.Map[gen.SluiceFe6Key, gen.SluiceFeValue], be6 *maps.Map[gen.SluiceBeKey, gen.SluiceBe6Value],
+	host6 *maps.Map[gen.SluiceHostip6Key, gen.SluiceHostipValue],
+) {
 	s.loaded = true
 	s.fe = map[gen.SluiceFe6Key]gen.SluiceFeValue{}
-	s.backends = map[backendRef]bool{}
+	s.backends = map[backendRef]gen.SluiceBeFlags{}
 	s.hostIPs = map[[16]uint8]bool{}
-	if s.err = s.Frontends.Iterate(func(k gen.SluiceFeKey, v gen.SluiceFeValue) bool {
+	if s.err = fe4.Iterate(func(k gen.SluiceFeKey, v gen.SluiceFeValue) bool {
 		s.fe[gen.SluiceFe6Key{Addr: mapped(k.Addr), Port: k.Port, Proto: k.Proto}] = v
 		return true
 	}); s.err != nil {
 		return
 	}
-	if s.err = s.Backends.Iterate(func(k gen.SluiceBeKey, v gen.SluiceBeValue) bool {
-		s.backends[backendRef{k.SvcId, mapped(v.Addr), v.Port}] = true
+	if s.err = be4.Iterate(func(k gen.SluiceBeKey, v gen.SluiceBeValue) bool {
+		s.backends[backendRef{k.SvcId, mapped(v.Addr), v.Port}] = v.Flags
 		return true
 	}); s.err != nil {
 		return
 	}
-	if s.err = s.HostIPs.Iterate(func(k gen.SluiceHostipKey, _ gen.SluiceHostipValue) bool {
+	if s.err = host4.Iterate(func(k gen.SluiceHostipKey, _ gen.SluiceHostipValue) bool {
 		s.hostIPs[mapped(k.Addr)] = true
 		return true
-	}); s.err != nil || s.Frontends6 == nil {
+	}); s.err != nil || fe6 == nil {
 		return
 	}
-	if s.err = s.Frontends6.Iterate(func(k gen.SluiceFe6Key, v gen.SluiceFeValue) bool { s.fe[k] = v; return true }); s.err != nil {
+	if s.err = fe6.Iterate(func(k gen.SluiceFe6Key, v gen.SluiceFeValue) bool { s.fe[k] = v; return true }); s.err != nil {
 		return
 	}
-	if s.err = s.Backends6.Iterate(func(k gen.SluiceBeKey, v gen.SluiceBe6Value) bool {
-		s.backends[backendRef{k.SvcId, v.Addr, v.Port}] = true
+	if s.err = be6.Iterate(func(k gen.SluiceBeKey, v gen.SluiceBe6Value) bool {
+		s.backends[backendRef{k.SvcId, v.Addr, v.Port}] = v.Flags
 		return true
 	}); s.err != nil {
 		return
 	}
-	s.err = s.HostIPs6.Iterate(func(k gen.SluiceHostip6Key, _ gen.SluiceHostipValue) bool { s.hostIPs[k.Addr] = true; return true })
+	s.err = host6.Iterate(func(k gen.SluiceHostip6Key, _ gen.SluiceHostipValue) bool { s.hostIPs[k.Addr] = true; return true })
 }
 
 // Check reports ReasonStaleNAT for a non-TCP flow whose frontend is gone or no
@@ -98,23 +109,33 @@ func (s *StaleNAT) Check(p *Pair, _ time.Duration) Reason {
 	if !ipv4 && s.Frontends6 == nil {
 		return ""
 	}
-	if !s.loaded {
-		s.load()
+	if !s.snap.loaded {
+		s.snap.load(s.Frontends, s.Backends, s.HostIPs, s.Frontends6, s.Backends6, s.HostIPs6)
 	}
-	if s.err != nil {
+	if s.snap.err != nil {
 		return ""
 	}
-	key := gen.SluiceFe6Key{Addr: p.FwdKey.Daddr, Port: p.FwdKey.Dport, Proto: p.FwdKey.Proto}
+	fe, ok := s.snap.frontend(p.FwdKey.Daddr, p.FwdKey.Dport, p.FwdKey.Proto)
+	if !ok {
+		return ReasonStaleNAT
+	}
+	if _, ok := s.snap.backends[backendRef{fe.SvcId, p.Fwd.NatAddr, p.Fwd.NatPort}]; !ok {
+		return ReasonStaleNAT
+	}
+	return ""
+}
+
+// frontend looks a destination up as the datapath does: the exact address,
+// then the NodePort wildcard for the node's own addresses.
+func (s *natSnapshot) frontend(addr [16]uint8, port uint16, proto uint8) (gen.SluiceFeValue, bool) {
+	key := gen.SluiceFe6Key{Addr: addr, Port: port, Proto: proto}
 	fe, ok := s.fe[key]
-	if !ok && s.hostIPs[key.Addr] {
+	if !ok && s.hostIPs[addr] {
 		key.Addr = wildcard6
-		if ipv4 {
+		if netip.AddrFrom16(addr).Is4In6() {
 			key.Addr = wildcard4
 		}
 		fe, ok = s.fe[key]
 	}
-	if !ok || !s.backends[backendRef{fe.SvcId, p.Fwd.NatAddr, p.Fwd.NatPort}] {
-		return ReasonStaleNAT
-	}
-	return ""
+	return fe, ok
 }

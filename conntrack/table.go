@@ -9,6 +9,7 @@ import (
 	"errors"
 	"net/netip"
 
+	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/maps"
 )
@@ -30,6 +31,10 @@ type table interface {
 	// batchDelete deletes keys, up to the first missing one (errors.Is
 	// maps.ErrKeyNotExist), and says how many it deleted.
 	batchDelete(keys []Key) (int, error)
+	// put writes k's entry (flags: ebpf.UpdateNoExist and the like).
+	put(k Key, v Entry, flags ebpf.MapUpdateFlags) error
+	// remove deletes k's entry; a missing one is no error.
+	remove(k Key) error
 }
 
 type table6 struct{ m *maps.Map[Key, Entry] }
@@ -39,6 +44,10 @@ func (t table6) capacity() uint32                           { return t.m.MaxEntr
 func (t table6) iterate(fn func(k Key, v Entry) bool) error { return t.m.Iterate(fn) }
 func (t table6) batchDelete(keys []Key) (int, error)        { return t.m.BatchDelete(keys) }
 func (t table6) lookup(k Key, out *Entry) (bool, error)     { return lookupIn(t.m, &k, out) }
+func (t table6) put(k Key, v Entry, flags ebpf.MapUpdateFlags) error {
+	return t.m.Put(k, v, flags)
+}
+func (t table6) remove(k Key) error { return ignoreMissing(t.m.Delete(k)) }
 
 // table4 converts the IPv4 map's entries; its buffers are reused across
 // calls, so a scan of a million entries makes little garbage.
@@ -73,6 +82,19 @@ func (t *table4) batchDelete(keys []Key) (int, error) {
 	return t.m.BatchDelete(t.del)
 }
 
+func (t *table4) put(k Key, v Entry, flags ebpf.MapUpdateFlags) error {
+	return t.m.Put(key4(k), entry4(v), flags)
+}
+
+func (t *table4) remove(k Key) error { return ignoreMissing(t.m.Delete(key4(k))) }
+
+func ignoreMissing(err error) error {
+	if errors.Is(err, maps.ErrKeyNotExist) {
+		return nil
+	}
+	return err
+}
+
 func lookupIn[K comparable, V any](m *maps.Map[K, V], k *K, out *V) (bool, error) {
 	err := m.Lookup(k, out)
 	if errors.Is(err, maps.ErrKeyNotExist) {
@@ -96,6 +118,12 @@ func key4(k Key) gen.SluiceCtKey {
 func entry6(v gen.SluiceCtValue) Entry {
 	return Entry{Created: v.Created, LastSeen: v.LastSeen, Peer: key6(v.Peer),
 		NatAddr: mapped(v.NatAddr), SnatAddr: mapped(v.SnatAddr), NatPort: v.NatPort, SnatPort: v.SnatPort,
+		SvcId: v.SvcId, TcpSeen: v.TcpSeen, Type: v.Type, Flags: v.Flags, PolEgress: v.PolEgress, PolIngress: v.PolIngress}
+}
+
+func entry4(v Entry) gen.SluiceCtValue {
+	return gen.SluiceCtValue{Created: v.Created, LastSeen: v.LastSeen, Peer: key4(v.Peer),
+		NatAddr: unmapped(v.NatAddr), SnatAddr: unmapped(v.SnatAddr), NatPort: v.NatPort, SnatPort: v.SnatPort,
 		SvcId: v.SvcId, TcpSeen: v.TcpSeen, Type: v.Type, Flags: v.Flags, PolEgress: v.PolEgress, PolIngress: v.PolIngress}
 }
 
