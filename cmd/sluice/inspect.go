@@ -275,10 +275,27 @@ func printUsages(usages []maps.Usage) {
 func runCleanup(args []string) error {
 	fs := flag.NewFlagSet("sluice cleanup", flag.ContinueOnError)
 	pinDir := fs.String("bpf-pin-dir", maps.DefaultPinDir, "bpffs directory of Sluice's pins")
+	handBack := fs.Bool("hand-back", true, "first write Sluice's live Service connections into netfilter's conntrack "+
+		"with their translation, so that kube-proxy (started before) keeps them on their backends")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	had := len(agent.Leftovers(*pinDir))
+	if *handBack && had > 0 {
+		report, err := agent.HandBack(*pinDir, "")
+		switch {
+		case errors.Is(err, agent.ErrNothingToHandBack):
+		case err != nil:
+			// The rest are handed back; removing Sluice is still what
+			// was asked.
+			fmt.Fprintln(os.Stderr, "hand-back:", err)
+			fmt.Println(report)
+		default:
+			fmt.Println(report)
+		}
+	}
+	// Right after the hand-back: until the programs are detached, Sluice
+	// carries the connections past the entries just written.
 	if err := agent.Cleanup(*pinDir, ""); err != nil {
 		return err
 	}

@@ -225,9 +225,14 @@ func (c *Conn) Create(f Flow, timeout time.Duration) error {
 	if !f.Client.Addr().Is4() {
 		family = nf.ProtoIPv6
 	}
+	// The reply tuple is the untranslated one, as of a flow the NAT rules
+	// have not seen yet: the kernel derives the translated reply tuple, and
+	// the NAT status that makes it translate packets, from the bindings
+	// (nf_nat_setup_info), and does nothing for a reply tuple already
+	// translated.
 	attrs := []nf.Attribute{
 		tupleAttr(ctaTupleOrig, f.Proto, f.Client, f.Frontend),
-		tupleAttr(ctaTupleReply, f.Proto, f.Backend, f.Source),
+		tupleAttr(ctaTupleReply, f.Proto, f.Frontend, f.Client),
 		u32Attr(ctaStatus, statusLive),
 		u32Attr(ctaTimeout, uint32(max(timeout/time.Second, 1))),
 	}

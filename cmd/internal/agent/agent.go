@@ -348,6 +348,11 @@ func (a *Agent) start(ctx context.Context) error {
 	if err := a.writeNodeConfig(); err != nil {
 		return err
 	}
+	// Before any program is attached: connections netfilter translated
+	// (kube-proxy's) are adopted once the Services are programmed
+	// (takeover.go).
+	takeoverFlows := newTakeoverMetrics()
+	tk, tkErr := a.checkTakeover(takeoverFlows)
 
 	ifstate, err := maps.IfState.In(a.set)
 	if err != nil {
@@ -440,7 +445,7 @@ func (a *Agent) start(ctx context.Context) error {
 	be6, _ := maps.Backends6.In(a.set)
 	hip6, _ := maps.HostIPs6.In(a.set)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), takeoverFlows)
 	metrics := kubeproxy.NewMetrics(reg)
 	counters, err := maps.Counters.In(a.set)
 	if err != nil {
@@ -498,6 +503,16 @@ func (a *Agent) start(ctx context.Context) error {
 	routes.OnChange = syncer.RoutesChanged
 	if len(cfg.NodeIPs) > 0 {
 		a.Proxier.SetNodeIPs(cfg.NodeIPs)
+	}
+	if tkErr != nil {
+		a.Proxier.Health.Repaired("takeover failed", tkErr.Error())
+	}
+	if tk != nil {
+		tk.adopter = &conntrack.Adopter{Conntrack: ct, Conntrack6: ct6, Frontends: fe, Backends: be, HostIPs: hip,
+			Frontends6: fe6, Backends6: be6, HostIPs6: hip6}
+		tk.onFault = func(what string) { a.Proxier.Health.Repaired("takeover failed", what) }
+		// Done after its two passes; a loop that returns ends the agent.
+		a.spawn(ctx, "takeover", func() error { tk.run(ctx, a.Proxier.Programmed(), a.set); <-ctx.Done(); return nil })
 	}
 	if cfg.Manifests != "" {
 		src := &kubeproxy.ManifestSource{Dir: cfg.Manifests, Log: log, Kinds: []func(*k8sruntime.Scheme) error{k8s.AddToScheme}, OnObjects: func(objs []kubeproxy.Object) {

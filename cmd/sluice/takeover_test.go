@@ -1,0 +1,472 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// The migration test: a node where kube-proxy (nftables mode, driven by a
+// real API server) serves 20 Services, with connections open through it —
+// 30 pod -> ClusterIP TCP connections, 10 external -> NodePort ones, a pod's
+// UDP session to a ClusterIP and an external client's to a NodePort, each
+// exchanging a message every 200 ms. Sluice's agent starts and programs the
+// node; kube-proxy stops and `kube-proxy --cleanup` removes its rules.
+// Later the reverse: kube-proxy starts again, the agent stops, and `sluice
+// cleanup` hands the connections back and removes Sluice. Every connection
+// must be answered throughout, by the backend it started with.
+//
+// SLUICE_TAKEOVER_RUNS=n runs it n times in a row (the issue's "five runs").
+func TestTakeoverFromKubeProxyAndBack(t *testing.T) {
+	runs := 1
+	if s := os.Getenv("SLUICE_TAKEOVER_RUNS"); s != "" {
+		var err error
+		if runs, err = strconv.Atoi(s); err != nil {
+			t.Fatalf("SLUICE_TAKEOVER_RUNS=%q: %v", s, err)
+		}
+	}
+	kubeProxy := kubeProxyBinary(t)
+	for run := 1; run <= runs; run++ {
+		t.Run(fmt.Sprintf("run-%d", run), func(t *testing.T) { migrate(t, kubeProxy) })
+	}
+}
+
+func kubeProxyBinary(t *testing.T) string {
+	t.Helper()
+	bpftest.Require(t)
+	path := os.Getenv("SLUICE_KUBE_PROXY")
+	if path == "" {
+		path = filepath.Join("..", "..", ".bin", "kube-proxy")
+	}
+	abs, err := filepath.Abs(path)
+	if _, serr := os.Stat(abs); err != nil || serr != nil {
+		if bpftest.Required() {
+			t.Fatalf("kube-proxy binary %s: %v %v (.ci/install builds it)", path, err, serr)
+		}
+		t.Skipf("no kube-proxy binary at %s (.ci/install builds it)", path)
+	}
+	return abs
+}
+
+// migrationNode is the node: its namespace runs the API server, kube-proxy
+// and the agent; pods sit behind slw* veths, the external client behind the
+// data interface sldata0.
+type migrationNode struct {
+	node     *bpftest.NetNS
+	clients  []*bpftest.NetNS
+	external *bpftest.NetNS
+	api      *apiservertest.Server
+	dir      string
+	pinDir   string
+	log      *os.File
+}
+
+const (
+	migrationNodeIP = "10.210.0.1"
+	tcpNodePort     = 30080
+	udpNodePort     = 30053
+)
+
+func newMigrationNode(t *testing.T) *migrationNode {
+	m := &migrationNode{node: bpftest.NewNetNS(t), dir: t.TempDir()}
+	for _, s := range []string{"net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"} {
+		m.node.Run("sysctl", "-qw", s)
+	}
+	var backends []string
+	for i := range 5 {
+		ip := fmt.Sprintf("10.20%d.0.2", i)
+		pod := bpftest.NewPod(t, m.node, fmt.Sprintf("slw%d", i), netip.MustParsePrefix(ip+"/24"), netip.MustParseAddr(fmt.Sprintf("10.20%d.0.1", i)))
+		if i < 2 {
+			m.clients = append(m.clients, pod)
+			continue
+		}
+		name := fmt.Sprintf("b%d", i-1)
+		bpftest.ServeTCP(t, pod, name, ":8080")
+		bpftest.ServeUDPEcho(t, pod, name, ":5353")
+		backends = append(backends, ip)
+	}
+	m.external = bpftest.NewPod(t, m.node, "sldata0", netip.MustParsePrefix("10.210.0.2/24"), netip.MustParseAddr(migrationNodeIP))
+	m.pinDir = filepath.Join(bpftest.PinDir(t), "sluice")
+	var err error
+	if m.log, err = os.Create(filepath.Join(m.dir, "agent.log")); err != nil {
+		t.Fatal(err)
+	}
+
+	m.api = apiservertest.StartIn(t, m.node)
+	ctx := context.Background()
+	c := m.api.Client
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: migrationNodeIP}}}}
+	if _, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		name := fmt.Sprintf("web%d", i)
+		spec := v1.ServiceSpec{Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt(8080)}}}
+		if i == 0 {
+			spec.Type = v1.ServiceTypeNodePort
+			spec.Ports[0].NodePort = tcpNodePort
+		}
+		m.createService(t, name, spec, v1.ProtocolTCP, 8080, backends)
+	}
+	m.createService(t, "dns", v1.ServiceSpec{Type: v1.ServiceTypeNodePort,
+		Ports: []v1.ServicePort{{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP, TargetPort: intstr.FromInt(5353), NodePort: udpNodePort}}},
+		v1.ProtocolUDP, 5353, backends)
+	return m
+}
+
+func (m *migrationNode) createService(t *testing.T, name string, spec v1.ServiceSpec, proto v1.Protocol, port int32, backends []string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := m.api.Client.CoreV1().Services("default").Create(ctx, &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pname, ready, nodeName := spec.Ports[0].Name, true, "node"
+	var eps []discovery.Endpoint
+	for _, be := range backends {
+		eps = append(eps, discovery.Endpoint{Addresses: []string{be}, NodeName: &nodeName,
+			Conditions: discovery.EndpointConditions{Ready: &ready}})
+	}
+	slice := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: name + "-1", Labels: map[string]string{discovery.LabelServiceName: name}},
+		AddressType: discovery.AddressTypeIPv4, Endpoints: eps,
+		Ports: []discovery.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}}}
+	if _, err := m.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// clusterIPs are the Services' addresses: web0..web19 on port 80, then dns
+// on 53.
+func (m *migrationNode) clusterIPs(t *testing.T) (web []netip.AddrPort, dns netip.AddrPort) {
+	t.Helper()
+	for i := range 20 {
+		svc, err := m.api.Client.CoreV1().Services("default").Get(context.Background(), fmt.Sprintf("web%d", i), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		web = append(web, netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80))
+	}
+	svc, err := m.api.Client.CoreV1().Services("default").Get(context.Background(), "dns", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return web, netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 53)
+}
+
+// startKubeProxy runs kube-proxy in nftables mode until stopped (or the test
+// ends) and waits until it serves the last Service.
+func (m *migrationNode) startKubeProxy(t *testing.T, bin string, last netip.AddrPort) *os.Process {
+	t.Helper()
+	p := apiservertest.StartProcess(t, m.node, filepath.Join(m.dir, fmt.Sprintf("kube-proxy-%d.log", time.Now().UnixNano())),
+		bin, "--kubeconfig", m.api.Kubeconfig, "--hostname-override", "node", "--proxy-mode", "nftables",
+		"--conntrack-max-per-core=0", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
+		"--v=0", "--iptables-min-sync-period=0s")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, _ := m.node.Command("nft", "list", "table", "ip", "kube-proxy").CombinedOutput()
+		if strings.Contains(string(out), last.Addr().String()) {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kube-proxy did not program %v:\n%s", last, out)
+		}
+	}
+}
+
+func stopProcess(p *os.Process) {
+	_ = p.Signal(syscall.SIGTERM)
+	for range 100 {
+		if p.Signal(syscall.Signal(0)) != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = p.Kill()
+}
+
+// session is one long-lived connection or UDP socket sending a line every
+// 200 ms. It records the backend of its first answer and every fault: an
+// error, a missing answer, an answer from another backend.
+type session struct {
+	name    string
+	backend string
+	mu      sync.Mutex
+	answers int
+	faults  []string
+}
+
+func (s *session) record(answer string, err error, at string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.faults = append(s.faults, fmt.Sprintf("%s: %v", at, err))
+		return
+	}
+	who := strings.Fields(answer + " ?")[0]
+	if s.backend == "" {
+		s.backend = who
+	} else if who != s.backend {
+		s.faults = append(s.faults, fmt.Sprintf("%s: answered by %s, the session was with %s", at, who, s.backend))
+	}
+	s.answers++
+}
+
+func (s *session) result() (backend string, answers int, faults []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.backend, s.answers, append([]string(nil), s.faults...)
+}
+
+// phase names the moment of the migration, for the faults.
+type phase struct {
+	mu   sync.Mutex
+	name string
+}
+
+func (p *phase) set(s string) { p.mu.Lock(); p.name = s; p.mu.Unlock() }
+func (p *phase) get() string  { p.mu.Lock(); defer p.mu.Unlock(); return p.name }
+
+func startTCPSession(t *testing.T, ctx context.Context, wg *sync.WaitGroup, ns *bpftest.NetNS, to netip.AddrPort, name string, ph *phase) *session {
+	t.Helper()
+	var c net.Conn
+	if err := ns.Do(func() (err error) { c, err = net.DialTimeout("tcp4", to.String(), 2*time.Second); return err }); err != nil {
+		t.Fatalf("%s: dial %v: %v", name, to, err)
+	}
+	s := &session{name: name}
+	r := bufio.NewReader(c)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer c.Close()
+		for i := 0; ctx.Err() == nil; i++ {
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			_, err := fmt.Fprintf(c, "%s-%d\n", name, i)
+			var answer string
+			if err == nil {
+				answer, err = r.ReadString('\n')
+			}
+			s.record(answer, err, ph.get())
+			if err != nil {
+				return // a broken connection stays broken
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return s
+}
+
+func startUDPSession(t *testing.T, ctx context.Context, wg *sync.WaitGroup, ns *bpftest.NetNS, to netip.AddrPort, name string, ph *phase) *session {
+	t.Helper()
+	var c *net.UDPConn
+	if err := ns.Do(func() (err error) { c, err = net.ListenUDP("udp4", nil); return err }); err != nil {
+		t.Fatal(err)
+	}
+	s := &session{name: name}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer c.Close()
+		buf := make([]byte, 512)
+		for i := 0; ctx.Err() == nil; i++ {
+			msg := fmt.Sprintf("%s-%d", name, i)
+			_, err := c.WriteToUDPAddrPort([]byte(msg), to)
+			var answer string
+			if err == nil {
+				// A lost datagram is retried once, as a resolver would.
+				c.SetReadDeadline(time.Now().Add(time.Second))
+				var n int
+				var from netip.AddrPort
+				n, from, err = c.ReadFromUDPAddrPort(buf)
+				if err == nil && from != to {
+					err = fmt.Errorf("answer from %v, want %v", from, to)
+				}
+				answer = string(buf[:n])
+			}
+			s.record(answer, err, ph.get())
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return s
+}
+
+func migrate(t *testing.T, kubeProxyBin string) {
+	m := newMigrationNode(t)
+	web, dns := m.clusterIPs(t)
+	kp := m.startKubeProxy(t, kubeProxyBin, dns)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	ph := &phase{name: "kube-proxy"}
+	var podTCP, extTCP, udp []*session
+	for i := range 30 {
+		podTCP = append(podTCP, startTCPSession(t, ctx, &wg, m.clients[i%2], web[i%20], fmt.Sprintf("pod-tcp-%d", i), ph))
+	}
+	nodePort := netip.MustParseAddrPort(fmt.Sprintf("%s:%d", migrationNodeIP, tcpNodePort))
+	for i := range 10 {
+		extTCP = append(extTCP, startTCPSession(t, ctx, &wg, m.external, nodePort, fmt.Sprintf("ext-tcp-%d", i), ph))
+	}
+	udp = append(udp, startUDPSession(t, ctx, &wg, m.clients[0], dns, "pod-udp", ph),
+		startUDPSession(t, ctx, &wg, m.external, netip.MustParseAddrPort(fmt.Sprintf("%s:%d", migrationNodeIP, udpNodePort)), "ext-udp", ph))
+	time.Sleep(time.Second)
+	sessions := append(append(append([]*session(nil), podTCP...), extTCP...), udp...)
+	initial := map[string]string{}
+	for _, s := range sessions {
+		b, n, faults := s.result()
+		if n == 0 || len(faults) > 0 {
+			t.Fatalf("%s through kube-proxy alone: %d answers, faults %v", s.name, n, faults)
+		}
+		initial[s.name] = b
+	}
+
+	// kube-proxy -> Sluice.
+	ph.set("sluice-starting")
+	metricsAddr := "127.0.0.1:19249"
+	agent := startAgentProc(t, m.node.Name, m.log, "--kubeconfig", m.api.Kubeconfig, "--hostname-override", "node",
+		"--bpf-pin-dir", m.pinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", "^sldata", "--cgroup=",
+		"--healthz-bind-address=", "--metrics-bind-address="+metricsAddr, "--min-sync-period=0s")
+	agent.waitProgrammed(t, m.pinDir, dns.String(), 6)
+	waitLog(t, agent, "pass=2")
+	ph.set("sluice-with-kube-proxy")
+	time.Sleep(time.Second)
+	ph.set("kube-proxy-stopping")
+	stopProcess(kp)
+	ph.set("kube-proxy-cleanup")
+	if out, err := m.node.Command(kubeProxyBin, "--cleanup").CombinedOutput(); err != nil {
+		t.Fatalf("kube-proxy --cleanup: %v\n%s", err, out)
+	}
+	if out, _ := m.node.Command("nft", "list", "ruleset").CombinedOutput(); strings.Contains(string(out), "kube-proxy") {
+		t.Fatalf("kube-proxy --cleanup left its rules:\n%s", out)
+	}
+	ph.set("sluice-alone")
+	mark := answered(sessions)
+	time.Sleep(3 * time.Second) // longer than a request's deadline
+	takeoverTable := tally(t, "kube-proxy -> Sluice", podTCP, extTCP, udp, initial, mark)
+	t.Log(takeoverTable)
+	adopted := takeoverMetric(t, m.node, metricsAddr, "adopted")
+
+	// Sluice -> kube-proxy.
+	ph.set("kube-proxy-starting-beside-sluice")
+	kp = m.startKubeProxy(t, kubeProxyBin, dns)
+	defer stopProcess(kp)
+	ph.set("agent-stopping")
+	agent.stop()
+	ph.set("sluice-cleanup")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("ip", "netns", "exec", m.node.Name, self, "cleanup", "--bpf-pin-dir", m.pinDir)
+	cmd.Env = append(os.Environ(), "SLUICE_AS_BINARY=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("sluice cleanup: %v\n%s", err, out)
+	}
+	t.Logf("sluice cleanup: %s", strings.TrimSpace(string(out)))
+	ph.set("kube-proxy-alone")
+	mark = answered(sessions)
+	time.Sleep(3 * time.Second)
+	handBackTable := tally(t, "Sluice -> kube-proxy", podTCP, extTCP, udp, initial, mark)
+	cancel()
+	wg.Wait()
+
+	t.Logf("\n| switch | pod->ClusterIP TCP | external->NodePort TCP | UDP sessions |\n|---|---|---|---|\n%s\n%s", takeoverTable, handBackTable)
+	for _, s := range sessions {
+		b, n, faults := s.result()
+		if len(faults) > 0 || b != initial[s.name] {
+			t.Errorf("%s (%d answers, backend %s, was %s): %s", s.name, n, b, initial[s.name], strings.Join(faults, "; "))
+		}
+	}
+	// 30 + 10 TCP and 2 UDP, each netfilter's, adopted.
+	if adopted < 42 {
+		t.Errorf("sluice_takeover_flows_total{result=\"adopted\"} = %v, want at least 42\n%s", adopted, agent.logs())
+	}
+	if !strings.Contains(string(out), "handed ") {
+		t.Errorf("sluice cleanup did not report the hand-back:\n%s", out)
+	}
+	if t.Failed() {
+		t.Logf("agent log:\n%s", agent.logs())
+	}
+}
+
+// answered is how many answers each session had so far.
+func answered(sessions []*session) map[*session]int {
+	m := map[*session]int{}
+	for _, s := range sessions {
+		_, m[s], _ = s.result()
+	}
+	return m
+}
+
+// tally is one row of the table: sessions alive on their first backend, by
+// kind: no fault, and answered at least 5 times since mark (3 s at one
+// message every 200 ms), so that a session stuck in a request counts as
+// lost even before its deadline.
+func tally(t *testing.T, name string, podTCP, extTCP, udp []*session, initial map[string]string, mark map[*session]int) string {
+	t.Helper()
+	count := func(ss []*session) string {
+		ok := 0
+		for _, s := range ss {
+			if b, n, faults := s.result(); len(faults) == 0 && b == initial[s.name] && n-mark[s] >= 5 {
+				ok++
+			}
+		}
+		return fmt.Sprintf("%d/%d", ok, len(ss))
+	}
+	return fmt.Sprintf("| %s | %s | %s | %s |", name, count(podTCP), count(extTCP), count(udp))
+}
+
+func waitLog(t *testing.T, p *agentProc, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(p.logs(), what); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent never logged %q:\n%s", what, p.logs())
+		}
+	}
+}
+
+// takeoverMetric reads sluice_takeover_flows_total{result} from the agent.
+func takeoverMetric(t *testing.T, ns *bpftest.NetNS, addr, result string) float64 {
+	t.Helper()
+	body, err := ns.Command("curl", "-sS", "http://"+addr+"/metrics").Output()
+	if err != nil {
+		t.Errorf("curl %s/metrics: %v", addr, err)
+		return 0
+	}
+	prefix := fmt.Sprintf("sluice_takeover_flows_total{result=%q} ", result)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics", prefix)
+	return 0
+}
