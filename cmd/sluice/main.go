@@ -41,7 +41,7 @@ Usage:
   sluice iface list [--json]  managed interfaces, attached programs, readiness
   sluice policy list [--json] policy slots per interface and per-rule hit counters
   sluice maps [--json]        each map's fill level and capacity
-  sluice cleanup              remove everything Sluice put on this node
+  sluice cleanup              hand live connections to netfilter, then remove everything Sluice put on this node
   sluice version
 
 Inspection reads the pinned maps (--bpf-pin-dir, default /sys/fs/bpf/sluice):
