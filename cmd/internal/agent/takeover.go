@@ -26,15 +26,14 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/conntrack/netfilter"
+	"github.com/sluice-net/sluice/gen/netlab"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
-	"github.com/vishvananda/netns"
 )
 
 // Takeover results, the values of sluice_takeover_flows_total's result label.
@@ -61,31 +60,6 @@ type takeover struct {
 // TakeoverReport counts one pass's flows by result.
 type TakeoverReport map[string]int
 
-// inNetns runs fn in the network namespace at path ("" for the current one),
-// on a thread of its own that goes back to the agent's namespace after.
-func inNetns(path string, fn func() error) error {
-	if path == "" {
-		return fn()
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("network namespace %s: %w", path, err)
-	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		return fmt.Errorf("enter network namespace %s: %w", path, err)
-	}
-	defer netns.Set(orig)
-	return fn()
-}
-
 // checkTakeover looks for connections netfilter translated, before any
 // program is attached. With some, it sets CFG_ADOPTING and returns the
 // takeover that adopts them once the Services are programmed; with none (a
@@ -95,7 +69,7 @@ func inNetns(path string, fn func() error) error {
 func (a *Agent) checkTakeover(flows *prometheus.CounterVec) (*takeover, error) {
 	t := &takeover{log: a.log, flows: flows, local: map[netip.Addr]bool{}}
 	var translated []netfilter.Flow
-	err := inNetns(a.cfg.Netns, func() error {
+	err := netlab.Enter(a.cfg.Netns, func() error {
 		var err error
 		if t.nf, err = netfilter.Dial(); err != nil {
 			return err
@@ -258,7 +232,7 @@ func HandBack(pinDir, ns string) (HandBackReport, error) {
 		return report, err
 	}
 	var nfc *netfilter.Conn
-	if err := inNetns(ns, func() (err error) { nfc, err = netfilter.Dial(); return err }); err != nil {
+	if err := netlab.Enter(ns, func() (err error) { nfc, err = netfilter.Dial(); return err }); err != nil {
 		return report, err
 	}
 	defer nfc.Close()
