@@ -136,7 +136,7 @@ func (m *Manager) apply(st *ifaceState, res *ApplyResult) error {
 			}
 		}
 		if m.opts.Sysctls {
-			return setSysctls(st.name, st.class)
+			return setSysctls(m.opts.ProcSysNet, st.name, st.class)
 		}
 		return nil
 	})

@@ -56,7 +56,12 @@ type Options struct {
 	// before 6.6; chosen automatically when TCX is not supported).
 	LegacyTC bool
 	// Sysctls sets the per-interface settings the datapath needs.
-	Sysctls  bool
+	Sysctls bool
+	// ProcSysNet is where the managed namespace's net sysctls are read and
+	// written (default /proc/sys/net). A container's own /proc/sys is
+	// read-only; a DaemonSet mounts the node's /proc/sys/net elsewhere, as
+	// Cilium's does at /host/proc/sys/net.
+	ProcSysNet string
 	Policies PolicyProvider
 	// RetryBase and RetryMax bound the backoff of a failing interface
 	// (defaults 100 ms and 30 s).

@@ -27,11 +27,18 @@ var interfaceSysctls = map[Class][][2]string{
 	L3:       {{"forwarding", "1"}, {"rp_filter", "0"}, {"accept_local", "1"}},
 }
 
-// setSysctls writes the class's settings for ifname (call inside the
-// interface's namespace: /proc/sys/net resolves in the caller's namespace).
-func setSysctls(ifname string, class Class) error {
+// DefaultProcSysNet is where net sysctls are when Options.ProcSysNet is empty.
+const DefaultProcSysNet = "/proc/sys/net"
+
+// setSysctls writes the class's settings for ifname under procSysNet (call
+// inside the interface's namespace: /proc/sys/net resolves in the caller's
+// namespace, also through a bind mount of it).
+func setSysctls(procSysNet, ifname string, class Class) error {
+	if procSysNet == "" {
+		procSysNet = DefaultProcSysNet
+	}
 	for _, kv := range interfaceSysctls[class] {
-		path := filepath.Join("/proc/sys/net/ipv4/conf", ifname, kv[0])
+		path := filepath.Join(procSysNet, "ipv4/conf", ifname, kv[0])
 		if err := os.WriteFile(path, []byte(kv[1]), 0o644); err != nil {
 			return fmt.Errorf("sysctl %s=%s: %w", path, kv[1], err)
 		}

@@ -27,6 +27,7 @@ type ProxyHealth struct {
 	nodeEligible bool
 	sourceErrs   map[string]string // source -> why it cannot be read
 	repairs      map[string]repairBody
+	warnings     map[string]string // part -> what is wrong that no restart or resync fixes
 	now          func() time.Time
 	onRequest    func(path string, code int)
 }
@@ -96,6 +97,23 @@ func (h *ProxyHealth) Repaired(kind, what string) {
 	h.repairs[kind] = r
 }
 
+// Warn records that a part of the node's setup is wrong in a way that does
+// not stop serving but that a person must fix (pins in a bpffs that goes with
+// the agent's mount namespace). /healthz stays 200, since traffic flows, and
+// lists it under warnings; an empty what clears it.
+func (h *ProxyHealth) Warn(part, what string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if what == "" {
+		delete(h.warnings, part)
+		return
+	}
+	if h.warnings == nil {
+		h.warnings = map[string]string{}
+	}
+	h.warnings[part] = what
+}
+
 // Live reports kube-proxy's own rule alone (no update waits too long),
 // without the source errors: what the Services' health-check NodePorts
 // report, since traffic still flows from the last good state and one pod's
@@ -130,6 +148,7 @@ type healthBody struct {
 	NodeEligible *bool                 `json:"nodeEligible,omitempty"`
 	SourceErrors map[string]string     `json:"sourceErrors,omitempty"`
 	Repairs      map[string]repairBody `json:"repairs,omitempty"`
+	Warnings     map[string]string     `json:"warnings,omitempty"`
 }
 
 type repairBody struct {
@@ -152,6 +171,9 @@ func (h *ProxyHealth) Handler() http.Handler {
 			}
 			if len(h.repairs) > 0 {
 				body.Repairs = maps.Clone(h.repairs)
+			}
+			if len(h.warnings) > 0 {
+				body.Warnings = maps.Clone(h.warnings)
 			}
 			if withNode {
 				eligible := h.nodeEligible

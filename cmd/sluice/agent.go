@@ -101,6 +101,8 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 		"flow events (drops, and with --flow-events flow starts and ends) each CPU may write a second for sluice monitor; 0 writes none")
 	fs.BoolVar(&cfg.StackRouting, "stack-routing", false,
 		"route pod-to-pod traffic on this node through the node's IP stack and its netfilter FORWARD chain, instead of handing it from one pod's interface to the other's in the datapath")
+	fs.StringVar(&cfg.ProcSysNet, "proc-sys-net", ifacemgr.DefaultProcSysNet,
+		"the node's /proc/sys/net, where per-interface sysctls are set (in a container, a hostPath mount of it: the container's own /proc/sys is read-only)")
 	fs.BoolVar(&cfg.FlowEvents, "flow-events", false, "write service flows' starts and ends as events too, not only drops (costs each new flow an event)")
 	fs.StringVar(&cfg.ExternalServiceMode, "external-service-mode", "snat",
 		"how external traffic reaches a backend on another node: snat (through this node, as kube-proxy), dsr (direct server return: the backend sees the client and answers it directly), or hybrid (DSR for TCP, SNAT for UDP)")

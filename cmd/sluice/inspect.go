@@ -38,9 +38,11 @@ func newInspectFlags(name string) *inspectFlags {
 // open opens the pinned maps without creating any, or says why there are
 // none to open.
 func (f *inspectFlags) open() (*maps.Set, error) {
-	if err := maps.CheckPinsReadable(*f.pinDir); err != nil {
+	dir, err := maps.ReadablePinDir(*f.pinDir)
+	if err != nil {
 		return nil, err
 	}
+	*f.pinDir = dir // the links too are read from there
 	return maps.Open(maps.OpenOptions{PinDir: *f.pinDir, NoCreate: true})
 }
 

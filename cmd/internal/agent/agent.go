@@ -127,6 +127,10 @@ type Config struct {
 	// StackRouting leaves pod-to-pod traffic on this node to the node's IP
 	// stack instead of the datapath's local delivery (nat.NodeConfig).
 	StackRouting bool
+	// ProcSysNet is the node's /proc/sys/net, where per-interface sysctls
+	// are written ("": /proc/sys/net; in a container, a hostPath mount of
+	// it, since the container's own is read-only).
+	ProcSysNet string
 }
 
 // ConntrackEntries is the conntrack map's capacity for kube-proxy's sizing
@@ -175,6 +179,9 @@ type Agent struct {
 	// address fails the start with nothing attached or pinned.
 	healthLn, metricsLn net.Listener
 	maglev              *nat.MaglevOptions // nil: random picks
+	// privatePins is set when the pins live in a bpffs the agent mounted in
+	// a mount namespace that goes with it (maps.PreparedPinDir.Private).
+	privatePins bool
 	// reattached carries the attachments the interface manager repaired to
 	// the guard, which counts them and shows them in /healthz.
 	reattached chan string
@@ -269,11 +276,21 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	// Every flag is checked: from here on the node is touched.
-	if mounted, err := maps.PreparePinDir(cfg.PinDir); err != nil {
+	pins, err := maps.PreparePinDir(cfg.PinDir)
+	if err != nil {
 		return fail(err)
-	} else if mounted {
+	}
+	switch {
+	case pins.ThroughInit:
+		log.Info("no bpffs is mounted in this mount namespace; pinning in the host's, through PID 1's root", "dir", pins.Dir)
+	case pins.Private:
+		log.Warn("no bpffs was mounted; mounted one in this process's own mount namespace: every pin goes with it, "+
+			"so a restart drops every connection and `sluice` commands elsewhere find nothing. Give the agent the host's /sys/fs/bpf "+
+			"(a hostPath volume with mountPropagation) or mount one on the host", "at", "/sys/fs/bpf", "dir", pins.Dir)
+	case pins.Mounted:
 		log.Info("no bpffs was mounted; mounted one", "at", "/sys/fs/bpf")
 	}
+	cfg.PinDir = pins.Dir
 	// Counters of an older layout carry no connection: drop them, so an
 	// upgrade that only adds counters needs no cleanup.
 	if removed, err := maps.RemoveStaleDisposable(cfg.PinDir); err != nil {
@@ -323,7 +340,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 			"from_capacity", mig.FromCapacity, "to_capacity", mig.ToCapacity, "entries", mig.Copied)
 	}
 	a := &Agent{cfg: cfg, log: log, set: set, healthLn: healthLn, metricsLn: metricsLn, reattached: make(chan string, 64),
-		maglev: maglevOpts}
+		maglev: maglevOpts, privatePins: pins.Private}
 	ctx, a.stop = context.WithCancel(ctx)
 	a.loops, ctx = errgroup.WithContext(ctx)
 	if err := a.start(ctx); err != nil {
@@ -378,7 +395,7 @@ func (a *Agent) start(ctx context.Context) error {
 		return fmt.Errorf("--default-host-endpoint %q: want \"\" or deny-ingress", cfg.DefaultHostEndpoint)
 	}
 	a.ifaces, err = ifacemgr.New(ifacemgr.Options{
-		Netns: cfg.Netns, PinDir: filepath.Join(cfg.PinDir, "links"), Classifier: classifier, IfState: ifstate, Sysctls: true,
+		Netns: cfg.Netns, PinDir: filepath.Join(cfg.PinDir, "links"), Classifier: classifier, IfState: ifstate, Sysctls: true, ProcSysNet: cfg.ProcSysNet,
 		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost,
 			FromHostL3: o.SlFromHostL3, ToHostL3: o.SlToHostL3, XDP: o.SlXdpPrefilter},
 		Policies: feed, Logger: log, ResyncInterval: cfg.CheckInterval,
@@ -479,6 +496,14 @@ func (a *Agent) start(ctx context.Context) error {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_policy_errors",
 		Help: "NetworkPolicy constructs the latest translation could not apply as written (each is logged, naming its object)"},
 		func() float64 { return float64(feed.b.Stats().Errors) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_pins_private",
+		Help: "1 when the pins are in a bpffs the agent mounted in its own mount namespace: they go with the agent, and a restart drops every connection"},
+		func() float64 {
+			if a.privatePins {
+				return 1
+			}
+			return 0
+		}))
 	var entries func() (map[string]int64, error)
 	if a.filler != nil {
 		entries = func() (map[string]int64, error) { return a.filler.Fill(a.set) }
@@ -501,6 +526,10 @@ func (a *Agent) start(ctx context.Context) error {
 		MinSyncPeriod:   minSync, SyncPeriod: cfg.SyncPeriod, OnNodeIPs: a.setNodeIPs, OnPodCIDRs: a.setPodCIDRs,
 		Routes: routes}, syncer, scanner, metrics, log)
 	routes.OnChange = syncer.RoutesChanged
+	if a.privatePins {
+		a.Proxier.Health.Warn("pins", "the bpffs at /sys/fs/bpf was mounted by the agent in its own mount namespace: "+
+			"pins go with the agent and a restart drops every connection; give it the host's /sys/fs/bpf")
+	}
 	if len(cfg.NodeIPs) > 0 {
 		a.Proxier.SetNodeIPs(cfg.NodeIPs)
 	}
