@@ -62,7 +62,7 @@ type Options struct {
 	// read-only; a DaemonSet mounts the node's /proc/sys/net elsewhere, as
 	// Cilium's does at /host/proc/sys/net.
 	ProcSysNet string
-	Policies PolicyProvider
+	Policies   PolicyProvider
 	// RetryBase and RetryMax bound the backoff of a failing interface
 	// (defaults 100 ms and 30 s).
 	RetryBase, RetryMax time.Duration

@@ -153,6 +153,11 @@ for i in $(seq "$NODES"); do
 	echo "== $name"
 	mkdir -p "$dir/bpf" "$dir/cni" "$data"
 	mount -t bpf bpf "$dir/bpf"
+	# The node's cgroup subtree, in every hierarchy; the node's own daemons
+	# run in its "system" child, pods under the kubelet's "kubepods".
+	for h in "${CGROUP_V1[@]}" systemd unified; do
+		mkdir -p "/sys/fs/cgroup/$h/slc-$name/system"
+	done
 	# The node's mount namespace: sysfs of its netns, the machine's cgroup
 	# hierarchies mounted again (sysfs hides them), the tunable stand-ins.
 	touch "$dir/mnt"
@@ -163,12 +168,12 @@ for i in $(seq "$NODES"); do
 		mkdir /sys/fs/cgroup/systemd /sys/fs/cgroup/unified
 		mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd
 		mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified
+		# What a node DaemonSet mounts as the host'"'"'s: the node'"'"'s bpffs at
+		# /sys/fs/bpf, and its cgroup2 subtree at a path the same on every node.
+		mount --bind '"$dir"'/bpf /sys/fs/bpf
+		mkdir /sys/fs/cgroup/node
+		mount --bind /sys/fs/cgroup/unified/slc-'"$name"' /sys/fs/cgroup/node
 		for t in '"${!tunables[*]}"'; do mount --bind '"$STATE"'/tunables/$(echo $t | tr / _) /proc/sys/$t; done'
-	# The node's cgroup subtree, in every hierarchy; the node's own daemons
-	# run in its "system" child, pods under the kubelet's "kubepods".
-	for h in "${CGROUP_V1[@]}" systemd unified; do
-		mkdir -p "/sys/fs/cgroup/$h/slc-$name/system"
-	done
 	cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset/slc-$name/cpuset.cpus"
 	cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset/slc-$name/cpuset.mems"
 	cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset/slc-$name/system/cpuset.cpus"
