@@ -25,14 +25,16 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The deployment manifests are accepted by a real API server (server-side dry
-// run: admission and validation, nothing stored), and the ConfigMap's config
-// file uses only keys the agent knows.
+// The deployment manifests (generated from the chart, deploy/generate.sh) are
+// accepted by a real API server (server-side dry run: admission and
+// validation, nothing stored), and the DaemonSet passes the agent only flags
+// it knows.
 func TestDeployManifestsValidate(t *testing.T) {
 	s := apiservertest.Start(t)
 	deploy := os.DirFS(filepath.Join("..", "..", "deploy"))
-	// The CRDs: TestDeployCRDs; the Grafana dashboard: TestMetricsFromTheDatapath.
-	objs, errs := kubeproxy.ReadManifests(withoutDir{deploy, []string{"crds", "grafana"}})
+	// The CRDs: TestDeployCRDs; the Grafana dashboard: TestMetricsFromTheDatapath;
+	// the chart renders deploy/sluice.yaml.
+	objs, errs := kubeproxy.ReadManifests(withoutDir{deploy, []string{"crds", "grafana", "helm"}})
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
@@ -48,11 +50,9 @@ func TestDeployManifestsValidate(t *testing.T) {
 			_, err = s.Client.RbacV1().ClusterRoles().Create(ctx, obj, dry)
 		case *rbacv1.ClusterRoleBinding:
 			_, err = s.Client.RbacV1().ClusterRoleBindings().Create(ctx, obj, dry)
-		case *v1.ConfigMap:
-			_, err = s.Client.CoreV1().ConfigMaps(obj.Namespace).Create(ctx, obj, dry)
-			checkConfigFile(t, obj.Data["config.yaml"])
 		case *appsv1.DaemonSet:
 			_, err = s.Client.AppsV1().DaemonSets(obj.Namespace).Create(ctx, obj, dry)
+			checkAgentArgs(t, obj.Spec.Template.Spec.Containers[0].Args)
 		default:
 			t.Fatalf("%s: unexpected object %T", o.File, obj)
 		}
@@ -61,7 +61,7 @@ func TestDeployManifestsValidate(t *testing.T) {
 		}
 		kinds[o.Obj.GetObjectKind().GroupVersionKind().Kind] = true
 	}
-	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"} {
+	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"} {
 		if !kinds[k] {
 			t.Errorf("deploy/ has no %s", k)
 		}
@@ -142,19 +142,19 @@ func TestDeployCRDs(t *testing.T) {
 	}
 }
 
-func checkConfigFile(t *testing.T, content string) {
+// checkAgentArgs parses a DaemonSet's arguments as the agent's command line.
+func checkAgentArgs(t *testing.T, args []string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
+	if len(args) == 0 || args[0] != "agent" {
+		t.Fatalf("DaemonSet args %q: want the agent command first", args)
 	}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	var cfg agent.Config
 	agentFlags(fs, &cfg)
-	if ignored, err := applyConfigFile(fs, path); err != nil || len(ignored) > 0 {
-		t.Fatalf("the ConfigMap's config file: %v (ignored %v)", err, ignored)
+	if err := fs.Parse(args[1:]); err != nil || fs.NArg() > 0 {
+		t.Fatalf("DaemonSet args %q: %v (left %q)", args, err, fs.Args())
 	}
-	if cfg.PinDir != "/sys/fs/bpf/sluice" || len(cfg.WorkloadPrefixes) != 3 {
-		t.Fatalf("config file not applied: %+v", cfg)
+	if cfg.PinDir != "/sys/fs/bpf/sluice" || len(cfg.WorkloadPrefixes) != 3 || cfg.ProcSysNet != "/host/proc/sys/net" {
+		t.Fatalf("DaemonSet args not applied: %+v", cfg)
 	}
 }

@@ -12,30 +12,18 @@
 #   - regression-issue-74839: the Conntrack spec's "boom" server, built from
 #     k8s.io/kubernetes by .ci/install;
 #   - coredns: CoreDNS built from source by .ci/install (test/coredns), the
-#     cluster DNS (coredns.yaml).
+#     cluster DNS (coredns.yaml);
+#   - kube-proxy: kube-proxy built by .ci/install with the nft it runs
+#     (nftables mode), for the cluster whose nodes start with kube-proxy as
+#     a DaemonSet (daemonsets.sh).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 out=${1:?usage: images.sh OUT.tar}
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/oci/blobs/sha256"
-echo '{"imageLayoutVersion":"1.0.0"}' >"$work/oci/oci-layout"
-
-# blob FILE stores FILE as a blob and prints "DIGEST SIZE".
-blob() {
-	local d s
-	d=$(sha256sum "$1" | cut -d' ' -f1)
-	s=$(stat -c %s "$1")
-	cp "$1" "$work/oci/blobs/sha256/$d"
-	echo "sha256:$d $s"
-}
-
-# layer DIR packs DIR reproducibly as an uncompressed layer; prints "DIGEST SIZE".
-layer() {
-	tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$1" -cf "$work/layer.tar" .
-	blob "$work/layer.tar"
-}
+source "$ROOT/deploy/oci.sh"
+oci_init
+trap oci_done EXIT
+work=$OCI_WORK
 
 # with_libs ROOT BIN... copies each host binary into ROOT/usr/bin with every
 # shared library it loads, at the same path.
@@ -52,25 +40,6 @@ with_libs() {
 	done
 }
 
-manifests=()
-# image NAME ENTRYPOINT_JSON CMD_JSON LAYER... writes the config and manifest.
-image() {
-	local name=$1 entry=$2 cmd=$3 diff_ids="" layers="" d s cfg man
-	shift 3
-	for l in "$@"; do
-		read -r d s <<<"$l"
-		diff_ids+="${diff_ids:+,}\"$d\""
-		layers+="${layers:+,}{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"$d\",\"size\":$s}"
-	done
-	printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Entrypoint":%s,"Cmd":%s,"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":[%s]}}' \
-		"$entry" "$cmd" "$diff_ids" >"$work/config.json"
-	read -r d s < <(blob "$work/config.json")
-	printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"%s","size":%s},"layers":[%s]}' \
-		"$d" "$s" "$layers" >"$work/manifest.json"
-	read -r d s < <(blob "$work/manifest.json")
-	manifests+=("{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"$d\",\"size\":$s,\"platform\":{\"architecture\":\"amd64\",\"os\":\"linux\"},\"annotations\":{\"io.containerd.image.name\":\"$name\",\"org.opencontainers.image.ref.name\":\"${name##*:}\"}}")
-}
-
 # The base every image shares: busybox's applets in /bin (curl, nc and the
 # rest in /usr/bin come first on PATH), /tmp, and the files a container
 # expects to exist.
@@ -83,11 +52,11 @@ done
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$work/base/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$work/base/etc/group"
 echo 'hosts: files dns' >"$work/base/etc/nsswitch.conf"
-base=$(layer "$work/base")
+base=$(oci_layer "$work/base")
 
 mkdir -p "$work/agnhost"
 cp "$BIN/agnhost" "$work/agnhost/agnhost"
-agnhost=$(layer "$work/agnhost")
+agnhost=$(oci_layer "$work/agnhost")
 
 with_libs "$work/tools" curl wget nc.openbsd ip ss socat bash
 ln -s nc.openbsd "$work/tools/usr/bin/nc"
@@ -97,20 +66,21 @@ ln -s nc.openbsd "$work/tools/usr/bin/nc"
 # through a static glibc's NSS: wget is Debian's.)
 mkdir -p "$work/tools/bin"
 ln -s /usr/bin/bash "$work/tools/bin/sh"
-tools=$(layer "$work/tools")
+tools=$(oci_layer "$work/tools")
 
-image registry.k8s.io/e2e-test-images/agnhost:2.66.1 '["/agnhost"]' '["pause"]' "$base" "$tools" "$agnhost"
-image registry.k8s.io/pause:3.10.2 '["/agnhost","pause"]' 'null' "$agnhost"
-image registry.k8s.io/e2e-test-images/busybox:1.37.0-2 'null' '["sh"]' "$base"
+oci_image registry.k8s.io/e2e-test-images/agnhost:2.66.1 '["/agnhost"]' '["pause"]' "$base" "$tools" "$agnhost"
+oci_image registry.k8s.io/pause:3.10.2 '["/agnhost","pause"]' 'null' "$agnhost"
+oci_image registry.k8s.io/e2e-test-images/busybox:1.37.0-2 'null' '["sh"]' "$base"
 mkdir -p "$work/boom"
 cp "$BIN/regression-issue-74839" "$work/boom/regression-issue-74839"
-image registry.k8s.io/e2e-test-images/regression-issue-74839:1.5 '["/regression-issue-74839"]' 'null' "$base" "$(layer "$work/boom")"
+oci_image registry.k8s.io/e2e-test-images/regression-issue-74839:1.5 '["/regression-issue-74839"]' 'null' "$base" "$(oci_layer "$work/boom")"
 mkdir -p "$work/coredns"
 cp "$BIN/coredns" "$work/coredns/coredns"
-image localhost/coredns:v1.15.0 '["/coredns"]' 'null' "$(layer "$work/coredns")"
+oci_image localhost/coredns:v1.15.0 '["/coredns"]' 'null' "$(oci_layer "$work/coredns")"
 
-(
-	IFS=,
-	echo "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.index.v1+json\",\"manifests\":[${manifests[*]}]}"
-) >"$work/oci/index.json"
-tar -C "$work/oci" -cf "$out" .
+mkdir -p "$work/kube-proxy/usr/local/bin"
+cp "$BIN/kube-proxy" "$work/kube-proxy/usr/local/bin/kube-proxy"
+with_libs "$work/kube-proxy" nft
+oci_image localhost/kube-proxy:test '["/usr/local/bin/kube-proxy"]' 'null' "$(oci_layer "$work/kube-proxy")"
+
+oci_archive "$out"
