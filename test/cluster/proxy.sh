@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # proxy.sh start|stop|restart [I] runs the cluster's Service proxy on node I
 # (default: every node): `sluice agent`, or kube-proxy in nftables mode when
-# the cluster was brought up with SLUICE_CLUSTER_PROXY=kube-proxy.
+# the cluster was brought up with SLUICE_CLUSTER_PROXY=kube-proxy. With
+# SLUICE_CLUSTER_PROXY=daemonset, start applies kube-proxy as kubeadm runs it,
+# a DaemonSet (kube-proxy.yaml), on every node at once; migrate.sh then
+# replaces it with Sluice's chart.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 PROXY=$(cat "$STATE/proxy")
@@ -27,6 +30,10 @@ start_proxy() {
 			--conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0 \
 			--healthz-bind-address 0.0.0.0:10256 --metrics-bind-address 127.0.0.1:10249
 		;;
+	daemonset)
+		echo "daemonset: kube-proxy runs as a DaemonSet on every node; migrate.sh replaces it" >&2
+		exit 1
+		;;
 	*)
 		echo "unknown proxy $PROXY" >&2
 		exit 1
@@ -38,7 +45,21 @@ healthy() { in_node "$1" bash -c 'exec 3<>/dev/tcp/127.0.0.1/10256 && printf "GE
 
 nodes=${2:-$(seq "$NODES")}
 case ${1:?usage: proxy.sh start|stop|restart [node]} in
-start | restart)
+start)
+	if [ "$PROXY" = daemonset ]; then
+		sed -e "s|@API@|$API|" -e "s|@CLUSTER_CIDR@|$(dual "$CLUSTER_CIDR" "$CLUSTER_CIDR6")|" "$(dirname "$0")/kube-proxy.yaml" |
+			kubectl_cp apply -f - >/dev/null
+		kubectl_cp -n kube-system rollout status ds/kube-proxy --timeout=120s >/dev/null
+	else
+		for i in $nodes; do
+			start_proxy "$i"
+		done
+	fi
+	for i in $nodes; do
+		wait_for "$PROXY on $(node_name "$i") healthy" 60 healthy "$i"
+	done
+	;;
+restart)
 	for i in $nodes; do
 		[ "$1" = restart ] && stop "$PROXY-$(node_name "$i")"
 		start_proxy "$i"

@@ -170,7 +170,10 @@ for i in $(seq "$NODES"); do
 		mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified
 		# What a node DaemonSet mounts as the host'"'"'s: the node'"'"'s bpffs at
 		# /sys/fs/bpf, and its cgroup2 subtree at a path the same on every node.
+		# Shared, as systemd makes every mount, so that a hostPath volume of
+		# it may ask for mountPropagation HostToContainer.
 		mount --bind '"$dir"'/bpf /sys/fs/bpf
+		mount --make-shared /sys/fs/bpf
 		mkdir /sys/fs/cgroup/node
 		mount --bind /sys/fs/cgroup/unified/slc-'"$name"' /sys/fs/cgroup/node
 		for t in '"${!tunables[*]}"'; do mount --bind '"$STATE"'/tunables/$(echo $t | tr / _) /proc/sys/$t; done'
