@@ -120,7 +120,8 @@ hold() {
 	}
 	while [ ! -e "$STOP" ]; do
 		echo "line $n" >&3 2>/dev/null
-		if ! read -r -t 5 line <&3 || [ "$line" != "line $n" ]; then
+		line=""
+		if ! read -r -t 5 line <&3 2>/dev/null || [ "$line" != "line $n" ]; then
 			echo "FAIL $1 $2: after $n echoes, $(date -u +%T) got '${line:-nothing}'"
 			return
 		fi
@@ -213,7 +214,7 @@ for f in "$work"/hold-* "$work"/dial-*; do
 	cat "$f" >>"$out/migrate.txt"
 done
 held=$(cat "$work"/hold-* | grep -c '^OK' || true)
-broken=$(cat "$work"/hold-* | grep -c -v '^OK' || true)
+broken=$(cat "$work"/hold-* | grep -c '^FAIL' || true)
 read -r dialed failed < <(cat "$work"/dial-* | awk '/^TOTAL/ {split($3, o, "="); split($4, f, "="); ok += o[2]; bad += f[2]} END {print ok + bad, bad + 0}')
 log "long-lived connections kept: $held of $((held + broken)); new connections: $dialed, failed: $failed"
 [ "$broken" = 0 ] && [ "$held" -gt 0 ] || rc=1
