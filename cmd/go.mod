@@ -4,14 +4,14 @@ go 1.26.6
 
 require (
 	github.com/cilium/ebpf v0.22.0
-	github.com/prometheus/client_golang v1.25.0
-	github.com/sluice-net/sluice/conntrack v0.0.0
-	github.com/sluice-net/sluice/examples v0.0.0-00010101000000-000000000000
-	github.com/sluice-net/sluice/gen v0.0.0
-	github.com/sluice-net/sluice/ifacemgr v0.0.0
-	github.com/sluice-net/sluice/kubeproxy v0.0.0
-	github.com/sluice-net/sluice/maps v0.0.0
-	github.com/sluice-net/sluice/nat v0.0.0
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/sluice-net/sluice/conntrack v0.1.0
+	github.com/sluice-net/sluice/examples v0.1.0
+	github.com/sluice-net/sluice/gen v0.1.0
+	github.com/sluice-net/sluice/ifacemgr v0.1.0
+	github.com/sluice-net/sluice/kubeproxy v0.1.0
+	github.com/sluice-net/sluice/maps v0.1.0
+	github.com/sluice-net/sluice/nat v0.1.0
 	golang.org/x/sys v0.48.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
@@ -19,9 +19,9 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require golang.org/x/sync v0.23.0
+require golang.org/x/sync v0.23.0 // indirect
 
-require sigs.k8s.io/network-policy-api v0.3.0
+require sigs.k8s.io/network-policy-api v0.3.0 // indirect
 
 require (
 	github.com/google/go-cmp v0.7.0 // indirect
@@ -75,8 +75,9 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
-	github.com/sluice-net/sluice/policy v0.0.0
-	github.com/sluice-net/sluice/trace v0.0.0
+	github.com/sluice-net/sluice/agent v0.1.0
+	github.com/sluice-net/sluice/policy v0.1.0
+	github.com/sluice-net/sluice/trace v0.1.0
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
@@ -112,3 +113,5 @@ replace (
 replace github.com/sluice-net/sluice/policy => ../policy
 
 replace github.com/sluice-net/sluice/trace => ../trace
+
+replace github.com/sluice-net/sluice/agent => ../agent

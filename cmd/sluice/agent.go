@@ -11,20 +11,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/ifacemgr"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 	"sigs.k8s.io/yaml"
 )
-
-// DefaultMinSyncPeriod is chosen by measurement (BenchmarkMinSyncPeriod in
-// bench, against a real API server, 1,000 Services created in a burst): a
-// sync costs what changed, so kube-proxy's 1 s only delays programming (by
-// 0.4 s after the last object). 20 ms coalesces a burst, the agent spending
-// a quarter to a third less CPU over it than with no minimum, and adds no
-// measurable delay; longer periods save little more CPU and add their length.
-const DefaultMinSyncPeriod = 20 * time.Millisecond
 
 // agentFlags binds the agent's flags (kube-proxy's names where they exist) to a
 // Config.
@@ -75,7 +67,7 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.StringVar(&cfg.HealthzBindAddress, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez (empty disables)")
 	fs.StringVar(&cfg.MetricsBindAddress, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics (empty disables)")
 	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve Go's /debug/pprof on the metrics address")
-	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", DefaultMinSyncPeriod, "least time between syncs (a burst of changes is coalesced over it)")
+	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", agent.DefaultMinSyncPeriod, "least time between syncs (a burst of changes is coalesced over it)")
 	fs.DurationVar(&cfg.SyncPeriod, "sync-period", 30*time.Second, "most time between syncs")
 	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", maps.DefaultPinDir, "bpffs directory of Sluice's pinned maps and links")
 	fs.Func("workload-iface-prefixes", "comma-separated name prefixes of pods' host-side interfaces (default cali,lxc,veth,sl)", func(s string) error {

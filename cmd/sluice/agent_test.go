@@ -19,7 +19,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/examples"
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/gen/netlab"

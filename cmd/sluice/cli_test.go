@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"

@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/examples"
 	"github.com/sluice-net/sluice/gen/netlab"

@@ -6,11 +6,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/kubeproxy"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
 	"github.com/sluice-net/sluice/policy/k8s"
@@ -156,5 +157,20 @@ func checkAgentArgs(t *testing.T, args []string) {
 	}
 	if cfg.PinDir != "/sys/fs/bpf/sluice" || len(cfg.WorkloadPrefixes) != 3 || cfg.ProcSysNet != "/host/proc/sys/net" {
 		t.Fatalf("DaemonSet args not applied: %+v", cfg)
+	}
+}
+
+// The agent's flags start from agent.DefaultConfig, so a custom agent built
+// on it behaves as `sluice agent` with no flags.
+func TestFlagDefaultsAreTheAgentDefaults(t *testing.T) {
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	var cfg agent.Config
+	agentFlags(fs, &cfg)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg.NodeName = "" // the host's name, which DefaultConfig leaves to the caller
+	if want := agent.DefaultConfig(); !reflect.DeepEqual(cfg, want) {
+		t.Fatalf("flag defaults\n%+v\nagent.DefaultConfig\n%+v", cfg, want)
 	}
 }

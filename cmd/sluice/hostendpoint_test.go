@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/gen/netlab"
 )
 

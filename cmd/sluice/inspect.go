@@ -13,7 +13,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/ifacemgr"

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/agent"
 )
 
 // kubeadm's kube-proxy ConfigMap (config.conf) as `kubeadm init` writes it:
@@ -115,7 +115,7 @@ func TestKubeProxyConfiguration(t *testing.T) {
 	if cfg.Kubeconfig != "/var/lib/kube-proxy/kubeconfig.conf" || cfg.ClusterCIDR != netip.MustParsePrefix("10.244.0.0/16") {
 		t.Fatalf("kubeconfig %q, cluster CIDR %v", cfg.Kubeconfig, cfg.ClusterCIDR)
 	}
-	if cfg.HealthzBindAddress != "0.0.0.0:10256" || cfg.MinSyncPeriod != DefaultMinSyncPeriod || cfg.SyncPeriod != 30*time.Second {
+	if cfg.HealthzBindAddress != "0.0.0.0:10256" || cfg.MinSyncPeriod != agent.DefaultMinSyncPeriod || cfg.SyncPeriod != 30*time.Second {
 		t.Fatalf("defaults changed by zero values: %+v", cfg)
 	}
 
