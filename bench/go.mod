@@ -4,7 +4,7 @@ go 1.26.6
 
 require (
 	github.com/cilium/ebpf v0.22.0
-	github.com/sluice-net/sluice/gen v0.0.0
+	github.com/sluice-net/sluice/gen v0.1.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 )
@@ -58,7 +58,7 @@ require (
 
 require (
 	github.com/google/gopacket v1.1.19 // indirect
-	github.com/sluice-net/sluice/kubeproxy v0.0.0
+	github.com/sluice-net/sluice/kubeproxy v0.1.0
 	golang.org/x/sys v0.48.0 // indirect
 )
 

@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/mdlayher/netlink v1.7.2
-	github.com/sluice-net/sluice/gen v0.0.0
-	github.com/sluice-net/sluice/maps v0.0.0
+	github.com/sluice-net/sluice/gen v0.1.0
+	github.com/sluice-net/sluice/maps v0.1.0
 	github.com/ti-mo/conntrack v0.6.0
 	github.com/ti-mo/netfilter v0.5.3
 )

@@ -4,9 +4,9 @@ go 1.26.6
 
 require (
 	github.com/cilium/ebpf v0.22.0
-	github.com/sluice-net/sluice/gen v0.0.0
-	github.com/sluice-net/sluice/maps v0.0.0-00010101000000-000000000000
-	github.com/sluice-net/sluice/policy v0.0.0
+	github.com/sluice-net/sluice/gen v0.1.0
+	github.com/sluice-net/sluice/maps v0.1.0
+	github.com/sluice-net/sluice/policy v0.1.0
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sys v0.48.0

@@ -5,10 +5,10 @@ go 1.26.6
 require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/prometheus/client_golang v1.25.0
-	github.com/sluice-net/sluice/conntrack v0.0.0
-	github.com/sluice-net/sluice/gen v0.0.0
-	github.com/sluice-net/sluice/maps v0.0.0
-	github.com/sluice-net/sluice/nat v0.0.0
+	github.com/sluice-net/sluice/conntrack v0.1.0
+	github.com/sluice-net/sluice/gen v0.1.0
+	github.com/sluice-net/sluice/maps v0.1.0
+	github.com/sluice-net/sluice/nat v0.1.0
 	golang.org/x/sys v0.48.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/cilium/ebpf v0.22.0
-	github.com/sluice-net/sluice/gen v0.0.0
+	github.com/sluice-net/sluice/gen v0.1.0
 	golang.org/x/sys v0.48.0
 )
 

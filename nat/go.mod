@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/cilium/ebpf v0.22.0
-	github.com/sluice-net/sluice/gen v0.0.0
-	github.com/sluice-net/sluice/maps v0.0.0
+	github.com/sluice-net/sluice/gen v0.1.0
+	github.com/sluice-net/sluice/maps v0.1.0
 	golang.org/x/sys v0.48.0
 )
 

@@ -9,8 +9,8 @@ replace (
 
 require (
 	github.com/cilium/ebpf v0.22.0
-	github.com/sluice-net/sluice/gen v0.0.0
-	github.com/sluice-net/sluice/maps v0.0.0-00010101000000-000000000000
+	github.com/sluice-net/sluice/gen v0.1.0
+	github.com/sluice-net/sluice/maps v0.1.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 	sigs.k8s.io/network-policy-api v0.3.0

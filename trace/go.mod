@@ -5,9 +5,9 @@ go 1.26.0
 require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/google/gopacket v1.1.19
-	github.com/sluice-net/sluice/conntrack v0.0.0
-	github.com/sluice-net/sluice/gen v0.0.0
-	github.com/sluice-net/sluice/maps v0.0.0
+	github.com/sluice-net/sluice/conntrack v0.1.0
+	github.com/sluice-net/sluice/gen v0.1.0
+	github.com/sluice-net/sluice/maps v0.1.0
 )
 
 require golang.org/x/sys v0.48.0 // indirect
