@@ -1,0 +1,14 @@
+module github.com/sluice-net/sluice/examples/ctlist
+
+go 1.26.6
+
+require (
+	github.com/cilium/ebpf v0.22.0
+	github.com/sluice-net/sluice/gen v0.1.0
+	github.com/sluice-net/sluice/maps v0.1.0
+)
+
+require (
+	github.com/google/gopacket v1.1.19 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)
