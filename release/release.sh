@@ -67,6 +67,17 @@ proxy() {
 	(cd release/modproxy && GOWORK=off go run . -version "$(cat "$root/VERSION")" -out "$out" "${dirs[@]}")
 }
 
+# forget_served removes this repository's modules from the module cache
+# (they are read-only there), and nothing else.
+forget_served() {
+	local cache
+	cache=$(go env GOMODCACHE)
+	for d in "$cache/${prefix%/}" "$cache/cache/download/${prefix%/}"; do
+		[ -d "$d" ] && chmod -R u+w "$d" && rm -rf "$d"
+	done
+	return 0
+}
+
 examples() {
 	local work rc=0 ex
 	work=$(mktemp -d)
@@ -76,15 +87,19 @@ examples() {
 		[ -f "$ex/go.mod" ] || continue
 		echo "== $ex, GOWORK=off, the modules from the proxy"
 		cp -r "$ex" "$work/ex"
-		# The sums of the modules served here change with every commit:
-		# they are added here, never committed (nor checked against the
-		# public checksum database).
-		(cd "$work/ex" && GOWORK=off GOPROXY="file://$work/proxy,$(go env GOPROXY)" GONOSUMDB="${prefix%/}" GOFLAGS=-mod=mod \
+		# The modules served here change with every commit under one
+		# version: the module cache, and the go command's index of it
+		# (GODEBUG=goindex=0), must not answer for them from an earlier
+		# run; their sums are added here, never committed (nor checked
+		# against the public checksum database).
+		forget_served
+		(cd "$work/ex" && GODEBUG=goindex=0 GOWORK=off GONOSUMDB="${prefix%/}" GOFLAGS=-mod=mod GOPROXY="file://$work/proxy,$(go env GOPROXY)" \
 			go test -count=1 -v -bench . -benchtime 1x ./... 2>&1) >"$work/log" || rc=1
 		grep -E '^(--- |ok|FAIL|panic|Benchmark)' "$work/log" || true
 		[ $rc = 0 ] || tail -40 "$work/log"
 		rm -rf "$work/ex"
 	done
+	forget_served
 	return $rc
 }
 

@@ -6,8 +6,6 @@ require (
 	github.com/sluice-net/sluice/agent v0.1.0
 	github.com/sluice-net/sluice/gen v0.1.0
 	github.com/sluice-net/sluice/kubeproxy v0.1.0
-	k8s.io/api v0.37.2
-	k8s.io/apimachinery v0.37.2
 )
 
 require (
@@ -72,6 +70,8 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
+	k8s.io/api v0.37.2 // indirect
+	k8s.io/apimachinery v0.37.2 // indirect
 	k8s.io/client-go v0.37.2 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect

@@ -1,6 +1,6 @@
 // Command customagent is a Sluice agent fed by a JSON file of services
 // instead of Kubernetes: the datapath, conntrack, interfaces and health are
-// the agent package's; the source is its own. Run as root on a node:
+// the agent package's; only the source is its own. Run as root on a node:
 //
 //	customagent -services services.json -node-ip 10.0.0.1
 package main
@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 
@@ -18,23 +19,16 @@ import (
 	"github.com/sluice-net/sluice/kubeproxy"
 )
 
-// A service is one frontend and the backends it balances over.
-type service struct {
-	Name       string   `json:"name"`
-	IP         string   `json:"ip"`
-	Port       int32    `json:"port"`
-	Protocol   string   `json:"protocol"` // TCP or UDP
-	TargetPort int32    `json:"targetPort"`
-	Backends   []string `json:"backends"` // IPs
-}
-
 func main() {
 	cfg := agent.DefaultConfig()
-	file := flag.String("services", "services.json", "the services, a JSON list")
+	file := flag.String("services", "services.json", "the services: a JSON list of kubeproxy.SimpleService")
 	flag.StringVar(&cfg.NodeName, "node", "custom", "this node's name")
 	flag.StringVar(&cfg.PinDir, "pin-dir", cfg.PinDir, "bpffs directory of the pins")
-	flag.StringVar(&cfg.Netns, "netns", "", "the node's network namespace (default: this one)")
-	flag.Func("node-ip", "this node's IP", func(s string) error { return parseIP(s, &cfg) })
+	flag.Func("node-ip", "this node's IP", func(s string) error {
+		ip, err := netip.ParseAddr(s)
+		cfg.NodeIPs = append(cfg.NodeIPs, ip)
+		return err
+	})
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -46,22 +40,22 @@ func main() {
 
 // run serves the services in file until ctx ends.
 func run(ctx context.Context, cfg agent.Config, file string) error {
+	var services []kubeproxy.SimpleService
 	data, err := os.ReadFile(file)
-	var services []service
 	if err == nil {
 		err = json.Unmarshal(data, &services)
 	}
-	if err != nil {
-		return err
-	}
 	for _, s := range services {
-		if err := s.check(); err != nil {
-			return fmt.Errorf("%s: service %q: %w", file, s.Name, err)
+		if err == nil {
+			err = s.Check()
 		}
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", file, err)
 	}
 	cfg.Source = func(ctx context.Context, p *kubeproxy.Proxier) {
 		for _, s := range services {
-			svc, slice := s.objects()
+			svc, slice := s.Objects()
 			p.Tracker().OnService(svc, false)
 			p.Tracker().OnEndpointSlice(slice, false)
 		}
