@@ -336,7 +336,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	var capacity map[string]uint32
 	if n := ConntrackEntries(cfg.ConntrackMaxPerCore, cfg.ConntrackMin, runtime.NumCPU()); n > 0 {
-		capacity = map[string]uint32{maps.Conntrack.Name: n}
+		// Both families' tables: kube-proxy's nf_conntrack_max counts both.
+		capacity = map[string]uint32{maps.Conntrack.Name: n, maps.Conntrack6.Name: n}
 	}
 	// A conntrack table sized anew, or a map of an older layout, is
 	// migrated: its entries move into the new map, and what the programs

@@ -112,7 +112,7 @@ type keepAlive struct {
 
 func dialKeepAlive(t *testing.T, ns, addr string) *keepAlive {
 	var c net.Conn
-	if err := netlab.Enter(ns, func() (err error) { c, err = net.DialTimeout("tcp4", addr, 2*time.Second); return err }); err != nil {
+	if err := netlab.Enter(ns, func() (err error) { c, err = net.DialTimeout("tcp", addr, 2*time.Second); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
