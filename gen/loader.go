@@ -26,20 +26,28 @@ type LoadOptions struct {
 	DryRun bool
 }
 
-// MaglevDefaultTableSize is the object's own Maglev table size.
-const MaglevDefaultTableSize = 16381
-
-// SNATPortMinDefault and SNATPortMaxDefault are the range a SNATed flow
-// draws its port from when sl_config_v1 names none (SNAT_PORT_MIN_DEFAULT
-// and SNAT_PORT_MAX_DEFAULT, bpf/include/consts.h; TestConstantsMatchTheC
-// checks they agree).
+// Constants of the C headers (bpf/include) the Go side needs; each is the
+// #define named beside it, and TestConstantsMatchTheC checks they agree, so
+// the rest of the repository takes them from here and restates none.
 const (
+	// MaglevDefaultTableSize is the object's own Maglev table size
+	// (MAGLEV_DEFAULT_SIZE).
+	MaglevDefaultTableSize = 16381
+	// MaglevMaxTableSize is the largest table the programs index
+	// (MAGLEV_MAX_SIZE).
+	MaglevMaxTableSize = 131071
+	// SNATPortMinDefault and SNATPortMaxDefault are the range a SNATed flow
+	// draws its port from when sl_config_v1 names none
+	// (SNAT_PORT_MIN_DEFAULT, SNAT_PORT_MAX_DEFAULT).
 	SNATPortMinDefault = 1024
 	SNATPortMaxDefault = 65535
+	// ConntrackEntries is each conntrack table's built-in size, two entries
+	// a flow (SL_CT_MAX).
+	ConntrackEntries = 524288
+	// IfstateNoPolicy is the policy slot of an interface without a policy
+	// program (IFSTATE_NO_POLICY).
+	IfstateNoPolicy = 0xffffffff
 )
-
-// maglevMaxTableSize is the largest table the programs index (MAGLEV_MAX_SIZE).
-const maglevMaxTableSize = 131071
 
 // Spec returns a fresh copy of the collection spec of every Sluice program and map.
 func Spec() (*ebpf.CollectionSpec, error) {
@@ -92,8 +100,8 @@ func sizeMaglev(spec *ebpf.CollectionSpec, size uint32) error {
 	if size == 0 {
 		return nil
 	}
-	if size > maglevMaxTableSize {
-		return fmt.Errorf("maglev table size %d: over the datapath's %d", size, maglevMaxTableSize)
+	if size > MaglevMaxTableSize {
+		return fmt.Errorf("maglev table size %d: over the datapath's %d", size, MaglevMaxTableSize)
 	}
 	if err := spec.Variables[SluiceVarMaglevSize].Set(size); err != nil {
 		return fmt.Errorf("maglev table size: %w", err)

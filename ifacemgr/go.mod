@@ -6,7 +6,6 @@ require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/sluice-net/sluice/gen v0.1.0
 	github.com/sluice-net/sluice/maps v0.1.0
-	github.com/sluice-net/sluice/policy v0.1.0
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sys v0.48.0
@@ -17,5 +16,4 @@ require github.com/google/gopacket v1.1.19 // indirect
 replace (
 	github.com/sluice-net/sluice/gen => ../gen
 	github.com/sluice-net/sluice/maps => ../maps
-	github.com/sluice-net/sluice/policy => ../policy
 )

@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluice-net/sluice/policy"
-
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
 	slmaps "github.com/sluice-net/sluice/maps"
@@ -39,7 +37,7 @@ type PolicyProvider interface {
 }
 
 // NoPolicy is the slot value meaning "no policy program".
-const NoPolicy = policy.NoPolicy
+const NoPolicy = gen.IfstateNoPolicy
 
 // Options configures a Manager.
 type Options struct {

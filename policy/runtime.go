@@ -8,11 +8,12 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/gen"
 )
 
 // NoPolicy is the slot value meaning "no policy program" in the interface
 // state (IFSTATE_NO_POLICY in bpf/include/ifstate.h).
-const NoPolicy = 0xffffffff
+const NoPolicy = gen.IfstateNoPolicy
 
 // Runtime loads compiled policies into the program array and hands out their
 // slots; the interface manager writes an endpoint's slots into

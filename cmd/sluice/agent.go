@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/agent"
+	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/ifacemgr"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
+	"github.com/sluice-net/sluice/nat/maglev"
 	"sigs.k8s.io/yaml"
 )
 
@@ -82,13 +84,14 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.StringVar(&cfg.PodInterfaceNamePrefix, "pod-interface-name-prefix", "",
 		"with --detect-local-mode=InterfaceNamePrefix: traffic entering interfaces named so is local")
 	fs.IntVar(&cfg.ConntrackMaxPerCore, "conntrack-max-per-core", 0,
-		"flows tracked per CPU, as kube-proxy's: the table holds max(conntrack-min, this × CPUs) flows (0: the built-in 262,144 flows)")
+		"flows tracked per CPU, as kube-proxy's: each family's table holds max(conntrack-min, this × CPUs) flows (0: the built-in "+thousands(gen.ConntrackEntries/2)+" flows)")
 	fs.IntVar(&cfg.ConntrackMin, "conntrack-min", 131072, "least flows tracked whatever the CPU count, with --conntrack-max-per-core")
 	fs.DurationVar(&cfg.ConntrackScanPeriod, "conntrack-scan-period", 10*time.Second, "first conntrack scan interval (it adapts)")
 	fs.BoolVar(&cfg.MasqueradeAll, "masquerade-all", false, "SNAT every Service flow to the node IP")
 	fs.StringVar(&cfg.LBAlgorithm, "lb-algorithm", "random",
 		"how new flows pick a backend: random, or maglev (consistent hashing: every node picks the same backend for a flow from outside)")
-	fs.IntVar(&cfg.MaglevTableSize, "maglev-table-size", 16381, "slots of each Service's Maglev table: a prime, 251-131071 (4 bytes each)")
+	fs.IntVar(&cfg.MaglevTableSize, "maglev-table-size", maglev.DefaultSize,
+		fmt.Sprintf("slots of each Service's Maglev table: a prime, %d-%d (4 bytes each)", maglev.MinSize, maglev.MaxSize))
 	fs.IntVar(&cfg.EventsPerSecond, "events-per-second", 1000,
 		"flow events (drops, and with --flow-events flow starts and ends) each CPU may write a second for sluice monitor; 0 writes none")
 	fs.BoolVar(&cfg.StackRouting, "stack-routing", false,
@@ -236,4 +239,14 @@ func runAgent(ctx context.Context, args []string) error {
 		log.Warn("kube-proxy configuration fields that do not apply to Sluice are ignored", "file", *configFile, "fields", ignored)
 	}
 	return agent.Run(ctx, cfg, log)
+}
+
+// thousands writes n with commas between groups of three digits, as the
+// README and help texts write sizes.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }

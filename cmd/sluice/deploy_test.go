@@ -3,17 +3,21 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluice-net/sluice/agent"
+	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/kubeproxy"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
+	"github.com/sluice-net/sluice/nat/maglev"
 	"github.com/sluice-net/sluice/policy/k8s"
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
@@ -172,5 +176,25 @@ func TestFlagDefaultsAreTheAgentDefaults(t *testing.T) {
 	cfg.NodeName = "" // the host's name, which DefaultConfig leaves to the caller
 	if want := agent.DefaultConfig(); !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("flag defaults\n%+v\nagent.DefaultConfig\n%+v", cfg, want)
+	}
+}
+
+// The README states the built-in sizes the C headers set (through gen):
+// a change there must show here.
+func TestREADMEStatesTheBuiltInSizes(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(readme)), " ")
+	for _, want := range []string{
+		"keeps the built-in " + thousands(gen.ConntrackEntries/2) + " flows",
+		"for the built-in " + thousands(gen.ConntrackEntries) + " entries",
+		fmt.Sprintf("is a prime from %d to %d", maglev.MinSize, maglev.MaxSize),
+		fmt.Sprintf("(`sl_maglev%d`)", maglev.DefaultSize),
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the README does not say %q", want)
+		}
 	}
 }

@@ -18,17 +18,19 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+
+	"github.com/sluice-net/sluice/gen"
 )
 
 // DefaultSize is the default number of slots: a prime above 100 times the
 // backends of a large Service (Maglev's rule of thumb for an even spread).
 // A table of it takes 64 KiB as 32-bit slots.
-const DefaultSize = 16381
+const DefaultSize = gen.MaglevDefaultTableSize
 
 // MinSize and MaxSize bound the table sizes Build accepts.
 const (
 	MinSize = 251
-	MaxSize = 131071
+	MaxSize = gen.MaglevMaxTableSize
 )
 
 // Backend is one backend: a name stable across nodes (its address and port)
