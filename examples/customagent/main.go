@@ -1,8 +1,5 @@
 // Command customagent is a Sluice agent fed by a JSON file of services
-// instead of Kubernetes: the datapath, conntrack, interfaces and health are
-// the agent package's; only the source is its own. Run as root on a node:
-//
-//	customagent -services services.json -node-ip 10.0.0.1
+// (kubeproxy.SimpleService) instead of Kubernetes, run as root on a node.
 package main
 
 import (
@@ -21,15 +18,13 @@ import (
 
 func main() {
 	cfg := agent.DefaultConfig()
-	file := flag.String("services", "services.json", "the services: a JSON list of kubeproxy.SimpleService")
+	file := flag.String("services", "services.json", "the services: a JSON list")
 	flag.StringVar(&cfg.NodeName, "node", "custom", "this node's name")
-	flag.StringVar(&cfg.PinDir, "pin-dir", cfg.PinDir, "bpffs directory of the pins")
-	flag.Func("node-ip", "this node's IP", func(s string) error {
-		ip, err := netip.ParseAddr(s)
-		cfg.NodeIPs = append(cfg.NodeIPs, ip)
-		return err
-	})
-	flag.Parse()
+	var nodeIP netip.Addr
+	flag.TextVar(&nodeIP, "node-ip", netip.Addr{}, "this node's IP")
+	if flag.Parse(); nodeIP.IsValid() {
+		cfg.NodeIPs = []netip.Addr{nodeIP}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if err := run(ctx, cfg, *file); err != nil {
@@ -45,10 +40,8 @@ func run(ctx context.Context, cfg agent.Config, file string) error {
 	if err == nil {
 		err = json.Unmarshal(data, &services)
 	}
-	for _, s := range services {
-		if err == nil {
-			err = s.Check()
-		}
+	for i := 0; err == nil && i < len(services); i++ {
+		err = services[i].Check()
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", file, err)
