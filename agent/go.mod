@@ -64,6 +64,7 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/sluice-net/sluice/netlab v0.1.0
 	github.com/sluice-net/sluice/policy v0.1.0
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect
@@ -97,3 +98,5 @@ replace (
 )
 
 replace github.com/sluice-net/sluice/policy => ../policy
+
+replace github.com/sluice-net/sluice/netlab => ../netlab

@@ -31,7 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/conntrack/netfilter"
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 )

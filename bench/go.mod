@@ -5,6 +5,7 @@ go 1.26.6
 require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/sluice-net/sluice/gen v0.1.0
+	github.com/sluice-net/sluice/nat v0.1.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 )
@@ -34,6 +35,7 @@ require (
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/sluice-net/sluice/netlab v0.1.0 // indirect
 	github.com/stretchr/testify v1.12.1 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
@@ -57,9 +59,9 @@ require (
 )
 
 require (
-	github.com/google/gopacket v1.1.19 // indirect
+	github.com/google/gopacket v1.1.19
 	github.com/sluice-net/sluice/kubeproxy v0.1.0
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/sys v0.48.0
 )
 
 replace github.com/sluice-net/sluice/gen => ../gen
@@ -71,3 +73,5 @@ replace github.com/sluice-net/sluice/nat => ../nat
 replace github.com/sluice-net/sluice/conntrack => ../conntrack
 
 replace github.com/sluice-net/sluice/maps => ../maps
+
+replace github.com/sluice-net/sluice/netlab => ../netlab

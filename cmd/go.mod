@@ -76,6 +76,7 @@ require (
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/sluice-net/sluice/agent v0.1.0
+	github.com/sluice-net/sluice/netlab v0.1.0
 	github.com/sluice-net/sluice/policy v0.1.0
 	github.com/sluice-net/sluice/trace v0.1.0
 	github.com/spf13/pflag v1.0.10 // indirect
@@ -115,3 +116,5 @@ replace github.com/sluice-net/sluice/policy => ../policy
 replace github.com/sluice-net/sluice/trace => ../trace
 
 replace github.com/sluice-net/sluice/agent => ../agent
+
+replace github.com/sluice-net/sluice/netlab => ../netlab

@@ -1,6 +1,6 @@
 module github.com/sluice-net/sluice/conntrack
 
-go 1.26.0
+go 1.26.6
 
 require (
 	github.com/mdlayher/netlink v1.7.2
@@ -15,6 +15,7 @@ require (
 	github.com/josharian/native v1.1.0 // indirect
 	github.com/mdlayher/socket v0.5.1 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
+	github.com/sluice-net/sluice/netlab v0.1.0 // indirect
 	golang.org/x/net v0.59.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
@@ -29,3 +30,5 @@ replace (
 	github.com/sluice-net/sluice/gen => ../gen
 	github.com/sluice-net/sluice/maps => ../maps
 )
+
+replace github.com/sluice-net/sluice/netlab => ../netlab

@@ -1,6 +1,6 @@
 module github.com/sluice-net/sluice/gen
 
-go 1.26.0
+go 1.26.6
 
 require (
 	github.com/cilium/ebpf v0.22.0
@@ -10,8 +10,11 @@ require (
 require github.com/google/gopacket v1.1.19
 
 require (
+	github.com/sluice-net/sluice/netlab v0.1.0
 	golang.org/x/net v0.59.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 )
 
 tool github.com/cilium/ebpf/cmd/bpf2go
+
+replace github.com/sluice-net/sluice/netlab => ../netlab

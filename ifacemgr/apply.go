@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 	slmaps "github.com/sluice-net/sluice/maps"
 
 	"github.com/cilium/ebpf"

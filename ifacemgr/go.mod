@@ -11,9 +11,14 @@ require (
 	golang.org/x/sys v0.48.0
 )
 
-require github.com/google/gopacket v1.1.19 // indirect
+require (
+	github.com/google/gopacket v1.1.19 // indirect
+	github.com/sluice-net/sluice/netlab v0.1.0
+)
 
 replace (
 	github.com/sluice-net/sluice/gen => ../gen
 	github.com/sluice-net/sluice/maps => ../maps
 )
+
+replace github.com/sluice-net/sluice/netlab => ../netlab

@@ -3,7 +3,7 @@ package ifacemgr
 import (
 	"fmt"
 
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 	"golang.org/x/sys/unix"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluice-net/sluice/gen/bpftest"
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/ifacemgr"
 )
 

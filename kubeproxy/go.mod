@@ -51,6 +51,7 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/sluice-net/sluice/netlab v0.1.0 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
@@ -75,3 +76,5 @@ replace (
 	github.com/sluice-net/sluice/maps => ../maps
 	github.com/sluice-net/sluice/nat => ../nat
 )
+
+replace github.com/sluice-net/sluice/netlab => ../netlab

@@ -1,6 +1,6 @@
 module github.com/sluice-net/sluice/maps
 
-go 1.26.0
+go 1.26.6
 
 require (
 	github.com/cilium/ebpf v0.22.0
@@ -8,6 +8,11 @@ require (
 	golang.org/x/sys v0.48.0
 )
 
-require github.com/google/gopacket v1.1.19 // indirect
+require (
+	github.com/google/gopacket v1.1.19 // indirect
+	github.com/sluice-net/sluice/netlab v0.1.0 // indirect
+)
 
 replace github.com/sluice-net/sluice/gen => ../gen
+
+replace github.com/sluice-net/sluice/netlab => ../netlab

@@ -1,6 +1,6 @@
 module github.com/sluice-net/sluice/nat
 
-go 1.26.0
+go 1.26.6
 
 require (
 	github.com/cilium/ebpf v0.22.0
@@ -9,9 +9,14 @@ require (
 	golang.org/x/sys v0.48.0
 )
 
-require github.com/google/gopacket v1.1.19 // indirect
+require (
+	github.com/google/gopacket v1.1.19 // indirect
+	github.com/sluice-net/sluice/netlab v0.1.0 // indirect
+)
 
 replace (
 	github.com/sluice-net/sluice/gen => ../gen
 	github.com/sluice-net/sluice/maps => ../maps
 )
+
+replace github.com/sluice-net/sluice/netlab => ../netlab

@@ -1,6 +1,6 @@
 module github.com/sluice-net/sluice/trace
 
-go 1.26.0
+go 1.26.6
 
 require (
 	github.com/cilium/ebpf v0.22.0
@@ -10,10 +10,15 @@ require (
 	github.com/sluice-net/sluice/maps v0.1.0
 )
 
-require golang.org/x/sys v0.48.0 // indirect
+require (
+	github.com/sluice-net/sluice/netlab v0.1.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)
 
 replace (
 	github.com/sluice-net/sluice/conntrack => ../conntrack
 	github.com/sluice-net/sluice/gen => ../gen
 	github.com/sluice-net/sluice/maps => ../maps
 )
+
+replace github.com/sluice-net/sluice/netlab => ../netlab

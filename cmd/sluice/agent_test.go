@@ -22,7 +22,7 @@ import (
 	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/examples"
 	"github.com/sluice-net/sluice/gen/bpftest"
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 )

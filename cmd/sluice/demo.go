@@ -21,7 +21,7 @@ import (
 	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/examples"
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 	"golang.org/x/sys/unix"

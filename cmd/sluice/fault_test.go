@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/gen"
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 )
 
 // syncBuffer is a log sink the agent's goroutines write to while the test

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/sluice-net/sluice/agent"
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 )
 
 // A HostEndpoint for every data interface that admits only the external

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 )
 
 // The two-node cluster of TestMultiNode made dual-stack: each node also has

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/gen/bpftest"
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/ifacemgr"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"

@@ -9,5 +9,6 @@ require (
 
 require (
 	github.com/google/gopacket v1.1.19 // indirect
+	github.com/sluice-net/sluice/netlab v0.1.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )

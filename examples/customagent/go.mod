@@ -6,6 +6,7 @@ require (
 	github.com/sluice-net/sluice/agent v0.1.0
 	github.com/sluice-net/sluice/gen v0.1.0
 	github.com/sluice-net/sluice/kubeproxy v0.1.0
+	github.com/sluice-net/sluice/netlab v0.1.0
 )
 
 require (

@@ -14,7 +14,7 @@ import (
 
 	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/gen/bpftest"
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 )
 
 // The custom agent serves a service from its JSON file to a pod on a real

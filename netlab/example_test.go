@@ -5,7 +5,7 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/sluice-net/sluice/gen/netlab"
+	"github.com/sluice-net/sluice/netlab"
 )
 
 // A node with a pod behind a veth, as a CNI plugin would make it, then a
