@@ -75,3 +75,5 @@ replace github.com/sluice-net/sluice/conntrack => ../conntrack
 replace github.com/sluice-net/sluice/maps => ../maps
 
 replace github.com/sluice-net/sluice/netlab => ../netlab
+
+tool github.com/cilium/ebpf/cmd/bpf2go

@@ -117,7 +117,7 @@ const pairChunk = 1_000
 // much.
 var pairedFloor struct {
 	once  sync.Once
-	objs  gen.FloorObjects
+	objs  FloorObjects
 	frame []byte
 	err   error
 }
@@ -126,7 +126,7 @@ var pairedFloor struct {
 func floorProgram(b *testing.B) (*ebpf.Program, []byte) {
 	b.Helper()
 	pairedFloor.once.Do(func() {
-		if pairedFloor.err = gen.LoadFloorObjects(&pairedFloor.objs, nil); pairedFloor.err != nil {
+		if pairedFloor.err = LoadFloorObjects(&pairedFloor.objs, nil); pairedFloor.err != nil {
 			return
 		}
 		pairedFloor.frame = bpftest.TCPPacket(clientAP, serviceAddr(0), bpftest.ACK)
@@ -240,8 +240,8 @@ func fixed(frame []byte) func(int) []byte { return func(int) []byte { return fra
 // closely two alternating sums agree on this machine.
 func benchFloor(b *testing.B) {
 	bpftest.Require(b)
-	var objs gen.FloorObjects
-	if err := gen.LoadFloorObjects(&objs, nil); err != nil {
+	var objs FloorObjects
+	if err := LoadFloorObjects(&objs, nil); err != nil {
 		b.Fatal(err)
 	}
 	defer objs.Close()
@@ -257,8 +257,8 @@ func BenchmarkPacket(b *testing.B) {
 	b.Run("floor", benchFloor)
 	b.Run("floor-ipv6", func(b *testing.B) {
 		bpftest.Require(b)
-		var objs gen.FloorObjects
-		if err := gen.LoadFloorObjects(&objs, nil); err != nil {
+		var objs FloorObjects
+		if err := LoadFloorObjects(&objs, nil); err != nil {
 			b.Fatal(err)
 		}
 		defer objs.Close()
@@ -396,8 +396,8 @@ func measureHot(b *testing.B, prog *ebpf.Program, frame []byte) float64 {
 func BenchmarkPacketHot(b *testing.B) {
 	b.Run("floor", func(b *testing.B) {
 		bpftest.Require(b)
-		var objs gen.FloorObjects
-		if err := gen.LoadFloorObjects(&objs, nil); err != nil {
+		var objs FloorObjects
+		if err := LoadFloorObjects(&objs, nil); err != nil {
 			b.Fatal(err)
 		}
 		defer objs.Close()
@@ -438,8 +438,8 @@ func BenchmarkPacketHot(b *testing.B) {
 // conntrack structure would have.
 func BenchmarkNewFlowFloor(b *testing.B) {
 	b.Run("floor", benchFloor)
-	var objs gen.FloorObjects
-	if err := gen.LoadFloorObjects(&objs, nil); err != nil {
+	var objs FloorObjects
+	if err := LoadFloorObjects(&objs, nil); err != nil {
 		b.Fatal(err)
 	}
 	defer objs.Close()
@@ -460,8 +460,8 @@ func BenchmarkNewFlowFloor(b *testing.B) {
 	}
 	// The same writes into an open-addressing table in an array map
 	// (bpf/tablefloor.c): the floor of another conntrack structure.
-	var table gen.TableFloorObjects
-	if err := gen.LoadTableFloorObjects(&table, nil); err != nil {
+	var table TableFloorObjects
+	if err := LoadTableFloorObjects(&table, nil); err != nil {
 		b.Fatal(err)
 	}
 	defer table.Close()

@@ -54,8 +54,8 @@ func BenchmarkConnect(b *testing.B) {
 // rewrite the packet, so every repetition takes the same path).
 func BenchmarkXDP(b *testing.B) {
 	d := bpftest.NewDatapath(b, nodeIP)
-	var floor gen.FloorObjects
-	if err := gen.LoadFloorObjects(&floor, nil); err != nil {
+	var floor FloorObjects
+	if err := LoadFloorObjects(&floor, nil); err != nil {
 		b.Fatal(err)
 	}
 	defer floor.Close()

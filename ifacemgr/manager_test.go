@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
@@ -193,14 +194,16 @@ func TestInterfacesComeAndGo(t *testing.T) {
 func TestForeignProgramSurvivesAttachAndDetach(t *testing.T) {
 	e := newMgrEnv(t)
 	v := bpftest.NewVeth(t, e.node, bpftest.NewNetNS(t))
-	// Someone else's program on the same hook, attached first.
-	var floor gen.FloorObjects
-	if err := gen.LoadFloorObjects(&floor, nil); err != nil {
+	// Someone else's program on the same hook, attached first: one that
+	// lets every packet pass.
+	other, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "foreign", Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()}}) // TC_ACT_UNSPEC: the next program decides
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer floor.Close()
+	defer other.Close()
 	if err := e.node.Do(func() error {
-		l, err := link.AttachTCX(link.TCXOptions{Interface: e.ifindex(v.Name), Program: floor.FloorParseLookup, Attach: ebpf.AttachTCXIngress})
+		l, err := link.AttachTCX(link.TCXOptions{Interface: e.ifindex(v.Name), Program: other, Attach: ebpf.AttachTCXIngress})
 		if err == nil {
 			t.Cleanup(func() { l.Close() })
 		}
@@ -208,7 +211,7 @@ func TestForeignProgramSurvivesAttachAndDetach(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	foreign := progID(t, floor.FloorParseLookup)
+	foreign := progID(t, other)
 
 	m := e.manager(e.programs(e.d.Objs))
 	if res := m.Apply(); len(res.Failed) != 0 {
