@@ -1,4 +1,4 @@
-package gen_test
+package datapathtest_test
 
 import (
 	"bufio"
