@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluice-net/sluice/kubeproxy/healthcheck"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -64,8 +65,8 @@ type Proxier struct {
 	tracker   *Tracker
 	syncer    *nat.Syncer
 	flusher   Flusher
-	Health    *ProxyHealth
-	svcHealth *ServiceHealth
+	Health    *healthcheck.ProxyHealth
+	svcHealth *healthcheck.ServiceHealth
 	metrics   *Metrics
 	runner    *Runner
 
@@ -79,7 +80,7 @@ type Proxier struct {
 	ports       map[nat.ServicePortName]*nat.ServicePort
 	eps         map[nat.ServicePortName][]nat.Endpoint
 	portsBySvc  map[types.NamespacedName][]nat.ServicePortName
-	checks      map[types.NamespacedName]HealthCheck
+	checks      map[types.NamespacedName]healthcheck.HealthCheck
 	noLocal     map[types.NamespacedName][2]bool // internal, external policy Local without local endpoints
 	pending     map[nat.ServicePortName]bool     // changes of a failed sync, retried
 	reportedBad map[string]bool
@@ -104,24 +105,24 @@ func NewProxier(cfg Config, syncer *nat.Syncer, flusher Flusher, metrics *Metric
 	p := &Proxier{
 		cfg: cfg, log: log, syncer: syncer, flusher: flusher, metrics: metrics,
 		conv:        Converter{NodeName: cfg.NodeName, NodePortMin: cfg.NodePortMin, NodePortMax: cfg.NodePortMax},
-		Health:      NewProxyHealth(2 * cfg.SyncPeriod),
+		Health:      healthcheck.NewProxyHealth(2 * cfg.SyncPeriod),
 		node:        nat.Node{Name: cfg.NodeName, AllNodePortIPs: len(cfg.NodePortAddresses) == 0 && !cfg.NodePortPrimary},
 		ports:       map[nat.ServicePortName]*nat.ServicePort{},
 		eps:         map[nat.ServicePortName][]nat.Endpoint{},
 		portsBySvc:  map[types.NamespacedName][]nat.ServicePortName{},
-		checks:      map[types.NamespacedName]HealthCheck{},
+		checks:      map[types.NamespacedName]healthcheck.HealthCheck{},
 		noLocal:     map[types.NamespacedName][2]bool{},
 		pending:     map[nat.ServicePortName]bool{},
 		reportedBad: map[string]bool{},
 		programmed:  make(chan struct{}),
 	}
-	p.svcHealth = NewServiceHealth(cfg.HealthCheckBindIP, p.Health, log)
+	p.svcHealth = healthcheck.NewServiceHealth(cfg.HealthCheckBindIP, p.Health, log)
 	if metrics != nil {
-		p.Health.onRequest = func(path string, code int) {
+		p.Health.OnRequest(func(path string, code int) {
 			if path == "/healthz" {
 				metrics.Healthz.WithLabelValues(fmt.Sprint(code)).Inc()
 			}
-		}
+		})
 	}
 	p.tracker = newTracker(p.changed, &p.conv)
 	p.runner = NewRunner(p.Sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
@@ -376,7 +377,7 @@ func (p *Proxier) updateService(key types.NamespacedName, sc ServiceChange) {
 	p.portsBySvc[key] = names
 	p.noLocal[key] = noLocal
 	if sp := ports[0]; sp.ExternalPolicy == nat.PolicyLocal && sp.HealthCheckNodePort != 0 {
-		p.checks[key] = HealthCheck{Service: key, Port: sp.HealthCheckNodePort, LocalEndpoints: len(localIPs)}
+		p.checks[key] = healthcheck.HealthCheck{Service: key, Port: sp.HealthCheckNodePort, LocalEndpoints: len(localIPs)}
 	} else {
 		delete(p.checks, key)
 	}

@@ -1,4 +1,9 @@
-package kubeproxy
+// Package healthcheck serves kube-proxy's health endpoints: the proxy's own
+// /healthz and /livez (ProxyHealth) and one health-check NodePort per
+// Service with externalTrafficPolicy Local (ServiceHealth), with the bodies
+// kube-proxy writes, so load balancers and probes read Sluice as they read
+// kube-proxy. It owns those listeners and nothing else.
+package healthcheck
 
 import (
 	"encoding/json"
@@ -112,6 +117,14 @@ func (h *ProxyHealth) Warn(part, what string) {
 		h.warnings = map[string]string{}
 	}
 	h.warnings[part] = what
+}
+
+// OnRequest calls fn with the path and status code of every request served
+// (the proxier counts /healthz answers in a metric). Set it before serving.
+func (h *ProxyHealth) OnRequest(fn func(path string, code int)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.onRequest = fn
 }
 
 // Live reports kube-proxy's own rule alone (no update waits too long),

@@ -1,4 +1,4 @@
-package kubeproxy
+package healthcheck
 
 import (
 	"encoding/json"
