@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	proxymetrics "github.com/sluice-net/sluice/kubeproxy/metrics"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -493,7 +494,7 @@ func (a *Agent) start(ctx context.Context) error {
 	hip6, _ := maps.HostIPs6.In(a.set)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), takeoverFlows)
-	metrics := kubeproxy.NewMetrics(reg)
+	metrics := proxymetrics.NewMetrics(reg)
 	counters, err := maps.Counters.In(a.set)
 	if err != nil {
 		return err
@@ -502,12 +503,12 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	reg.MustRegister(kubeproxy.NewCounterCollector(func() (map[string]uint64, error) { return maps.ReadCounters(counters, names) }))
+	reg.MustRegister(proxymetrics.NewCounterCollector(func() (map[string]uint64, error) { return maps.ReadCounters(counters, names) }))
 	if filler, err := maps.NewFiller(); err != nil {
 		a.log.Warn("no map fill metrics: the kernel's map counts cannot be read", "err", err)
 	} else {
 		a.filler = filler
-		reg.MustRegister(kubeproxy.NewMapFillCollector(func() (map[string]int64, error) { return filler.Fill(a.set) },
+		reg.MustRegister(proxymetrics.NewMapFillCollector(func() (map[string]int64, error) { return filler.Fill(a.set) },
 			a.set.Capacities))
 	}
 	svcStats, err := maps.SvcStats.In(a.set)
@@ -518,8 +519,8 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	reg.MustRegister(kubeproxy.NewServiceCollector(syncer.ServiceIDs, svcStats),
-		kubeproxy.NewRuleCollector(ruleCtrs, func(id uint32) (string, string, bool) {
+	reg.MustRegister(proxymetrics.NewServiceCollector(syncer.ServiceIDs, svcStats),
+		proxymetrics.NewRuleCollector(ruleCtrs, func(id uint32) (string, string, bool) {
 			r, ok := feed.b.Rule(id)
 			return r.Policy, r.Rule, ok
 		}))
@@ -655,7 +656,7 @@ const ProxyMode = "sluice-ebpf"
 // do not read), and keeps /healthz unhealthy while a managed interface is not
 // ready, its programs missing or running on other maps; ifacemgr repairs the
 // attachments themselves.
-func (a *Agent) guard(ctx context.Context, metrics *kubeproxy.Metrics) {
+func (a *Agent) guard(ctx context.Context, metrics *proxymetrics.Metrics) {
 	t := time.NewTicker(cmp.Or(a.cfg.CheckInterval, 10*time.Second))
 	defer t.Stop()
 	for {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sluice-net/sluice/kubeproxy/healthcheck"
+	proxymetrics "github.com/sluice-net/sluice/kubeproxy/metrics"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -67,7 +68,7 @@ type Proxier struct {
 	flusher   Flusher
 	Health    *healthcheck.ProxyHealth
 	svcHealth *healthcheck.ServiceHealth
-	metrics   *Metrics
+	metrics   *proxymetrics.Metrics
 	runner    *Runner
 
 	mu             sync.Mutex
@@ -92,7 +93,7 @@ type Proxier struct {
 }
 
 // NewProxier wires a proxier; flusher and metrics may be nil.
-func NewProxier(cfg Config, syncer *nat.Syncer, flusher Flusher, metrics *Metrics, log *slog.Logger) *Proxier {
+func NewProxier(cfg Config, syncer *nat.Syncer, flusher Flusher, metrics *proxymetrics.Metrics, log *slog.Logger) *Proxier {
 	if cfg.MinSyncPeriod == 0 {
 		cfg.MinSyncPeriod = time.Second
 	}

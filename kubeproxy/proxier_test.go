@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	proxymetrics "github.com/sluice-net/sluice/kubeproxy/metrics"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -34,7 +35,7 @@ type env struct {
 	set     *maps.Set
 	p       *kubeproxy.Proxier
 	reg     *prometheus.Registry
-	metrics *kubeproxy.Metrics
+	metrics *proxymetrics.Metrics
 }
 
 func newEnv(t *testing.T, cfg kubeproxy.Config) *env {
@@ -55,7 +56,7 @@ func newEnv(t *testing.T, cfg kubeproxy.Config) *env {
 	}
 	cfg.HealthCheckBindIP = "127.0.0.1"
 	reg := prometheus.NewRegistry()
-	m := kubeproxy.NewMetrics(reg)
+	m := proxymetrics.NewMetrics(reg)
 	p := kubeproxy.NewProxier(cfg, syncer, nil, m, nil)
 	p.SetNodeIPs([]netip.Addr{netip.MustParseAddr("10.0.0.1")})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -622,7 +623,7 @@ func TestMaglevTablesFullShowInHealthz(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := kubeproxy.NewMetrics(prometheus.NewRegistry())
+	m := proxymetrics.NewMetrics(prometheus.NewRegistry())
 	p := kubeproxy.NewProxier(kubeproxy.Config{NodeName: "node-a", MinSyncPeriod: 20 * time.Millisecond, SyncPeriod: time.Hour,
 		HealthCheckBindIP: "127.0.0.1"}, syncer, nil, m, nil)
 	p.SetNodeIPs([]netip.Addr{netip.MustParseAddr("10.0.0.1")})

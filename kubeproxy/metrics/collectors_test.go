@@ -1,6 +1,7 @@
-package kubeproxy_test
+package metrics_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -9,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
-	"github.com/sluice-net/sluice/kubeproxy"
+	"github.com/sluice-net/sluice/kubeproxy/metrics"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 )
@@ -59,7 +60,7 @@ func TestServiceAndRuleCollectors(t *testing.T) {
 		return "", "", false // 43: a removed policy's
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(kubeproxy.NewServiceCollector(ids, stats), kubeproxy.NewRuleCollector(rules, names))
+	reg.MustRegister(metrics.NewServiceCollector(ids, stats), metrics.NewRuleCollector(rules, names))
 	both := uint64(2)
 	if cpus == 1 {
 		both = 1
@@ -75,8 +76,8 @@ sluice_service_new_flows_total{ip_family="IPv4",namespace="demo",port="http",ser
 # TYPE sluice_service_packets_total counter
 sluice_service_packets_total{direction="reply",ip_family="IPv4",namespace="demo",port="http",service="web"} RP
 sluice_service_packets_total{direction="to_service",ip_family="IPv4",namespace="demo",port="http",service="web"} FP
-`, "NF", itoa(int32(3*both)))
-	want = strings.ReplaceAll(strings.ReplaceAll(want, "RP", itoa(int32(4*both))), "FP", itoa(int32(6*both)))
+`, "NF", strconv.FormatUint(3*both, 10))
+	want = strings.ReplaceAll(strings.ReplaceAll(want, "RP", strconv.FormatUint(4*both, 10)), "FP", strconv.FormatUint(6*both, 10))
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sluice_policy_rule_hits_total",
 		"sluice_service_new_flows_total", "sluice_service_packets_total"); err != nil {
 		t.Fatal(err)

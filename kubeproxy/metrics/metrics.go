@@ -1,4 +1,8 @@
-package kubeproxy
+// Package metrics defines the agent's Prometheus metrics: kube-proxy's where
+// the meaning is the same (kubeproxy_*), Sluice's own (sluice_*), and the
+// collectors that read the datapath's counters and maps at each scrape. It
+// registers what it is given a registry for and touches nothing else.
+package metrics
 
 import (
 	"strconv"
