@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	proxymetrics "github.com/sluice-net/sluice/kubeproxy/metrics"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -273,7 +274,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.Manifests != "" {
 		// A missing folder is not an empty cluster: starting would remove
 		// every Service the node's pins still serve.
-		if err := kubeproxy.CheckManifestDir(cfg.Manifests); err != nil {
+		if err := source.CheckManifestDir(cfg.Manifests); err != nil {
 			return nil, fmt.Errorf("--manifests: %w", err)
 		}
 	}
@@ -579,7 +580,7 @@ func (a *Agent) start(ctx context.Context) error {
 		feed.Update(k8s.Cluster{}) // no NetworkPolicy comes from it
 		a.spawn(ctx, "source", func() error { cfg.Source(ctx, a.Proxier); return nil })
 	case cfg.Manifests != "":
-		src := &kubeproxy.ManifestSource{Dir: cfg.Manifests, Log: log, Kinds: []func(*k8sruntime.Scheme) error{k8s.AddToScheme}, OnObjects: func(objs []kubeproxy.Object) {
+		src := &source.ManifestSource{Dir: cfg.Manifests, Log: log, Kinds: []func(*k8sruntime.Scheme) error{k8s.AddToScheme}, OnObjects: func(objs []source.Object) {
 			feed.Update(clusterOf(objs))
 		}}
 		a.spawn(ctx, "manifests", func() error { src.Run(ctx, a.Proxier); return nil })
@@ -596,7 +597,7 @@ func (a *Agent) start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := kubeproxy.RunInformers(ctx, client, a.Proxier, 15*time.Minute); err != nil {
+		if err := source.RunInformers(ctx, client, a.Proxier, 15*time.Minute); err != nil {
 			return err
 		}
 		policies, err := policyInformers(ctx, client, dyn, log, feed.Update)

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 	"log/slog"
 	"slices"
 	"time"
@@ -29,7 +30,7 @@ import (
 )
 
 // clusterOf picks the policy inputs out of a folder's objects.
-func clusterOf(objs []kubeproxy.Object) k8s.Cluster {
+func clusterOf(objs []source.Object) k8s.Cluster {
 	var c k8s.Cluster
 	for _, o := range objs {
 		addObject(&c, o.Obj)

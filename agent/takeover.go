@@ -31,9 +31,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/conntrack/netfilter"
-	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
+	"github.com/sluice-net/sluice/netlab"
 )
 
 // Takeover results, the values of sluice_takeover_flows_total's result label.

@@ -3,6 +3,7 @@ package kubeproxy_test
 import (
 	"context"
 	"fmt"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +22,7 @@ func TestAgainstRealAPIServer(t *testing.T) {
 	s := apiservertest.Start(t)
 	e := newEnv(t, kubeproxy.Config{})
 	ctx := context.Background()
-	if err := kubeproxy.RunInformers(ctx, s.Client, e.p, 0); err != nil {
+	if err := source.RunInformers(ctx, s.Client, e.p, 0); err != nil {
 		t.Fatal(err)
 	}
 	follow := func(what string, cond func() bool) {
@@ -105,7 +106,7 @@ func TestFirstSyncProgramsTheWholeInitialList(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newEnv(t, kubeproxy.Config{})
-	if err := kubeproxy.RunInformers(ctx, s.Client, e.p, 0); err != nil {
+	if err := source.RunInformers(ctx, s.Client, e.p, 0); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -2,6 +2,7 @@ package kubeproxy_test
 
 import (
 	"fmt"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -65,7 +66,7 @@ func BenchmarkEndpointSliceToMaps(b *testing.B) {
 func BenchmarkManifestOneFileChanged(b *testing.B) {
 	p := benchProxier(b)
 	dir := benchManifestFolder(b)
-	src := &kubeproxy.ManifestSource{Dir: dir}
+	src := &source.ManifestSource{Dir: dir}
 	src.Sync(p)
 	cpu0 := cpuTime()
 	i := 0
@@ -84,7 +85,7 @@ func BenchmarkManifestOneFileChanged(b *testing.B) {
 // interval and an inotify-watched folder only every recheck (30 s).
 func BenchmarkManifestFolderUnchanged(b *testing.B) {
 	p := benchProxier(b)
-	src := &kubeproxy.ManifestSource{Dir: benchManifestFolder(b)}
+	src := &source.ManifestSource{Dir: benchManifestFolder(b)}
 	src.Sync(p)
 	cpu0 := cpuTime()
 	i := 0

@@ -3,6 +3,7 @@ package kubeproxy_test
 import (
 	"bytes"
 	"context"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -71,7 +72,7 @@ func TestManifestFolderSource(t *testing.T) {
 	write("dns.json", dnsJSON)
 	write("README.txt", "not a manifest")
 	// Polling, as where inotify is not available.
-	src := &kubeproxy.ManifestSource{Dir: dir, Interval: 20 * time.Millisecond, Poll: true}
+	src := &source.ManifestSource{Dir: dir, Interval: 20 * time.Millisecond, Poll: true}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go src.Run(ctx, e.p)
@@ -98,7 +99,7 @@ func TestManifestFolderSource(t *testing.T) {
 func TestReadManifestsReportsBadDocuments(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(webYAML), 0o644)
-	objs, errs := kubeproxy.ReadManifests(os.DirFS(dir))
+	objs, errs := source.ReadManifests(os.DirFS(dir))
 	if len(objs) != 3 {
 		t.Fatalf("%d objects, want 3", len(objs))
 	}
@@ -112,7 +113,7 @@ func TestReadManifestsReportsBadDocuments(t *testing.T) {
 func runSource(t *testing.T, e *env, dir string, log *slog.Logger) {
 	t.Helper()
 	// Checks far apart: what a test sees in time, inotify told.
-	src := &kubeproxy.ManifestSource{Dir: dir, Interval: time.Hour, Recheck: time.Hour, Log: log}
+	src := &source.ManifestSource{Dir: dir, Interval: time.Hour, Recheck: time.Hour, Log: log}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go src.Run(ctx, e.p)
@@ -279,15 +280,15 @@ spec: {clusterIP: 10.96.0.99, ports: [{name: http, port: 80}]}
 }
 
 func TestCheckManifestDir(t *testing.T) {
-	if err := kubeproxy.CheckManifestDir(filepath.Join(t.TempDir(), "missing")); err == nil || !strings.Contains(err.Error(), "no such file") {
+	if err := source.CheckManifestDir(filepath.Join(t.TempDir(), "missing")); err == nil || !strings.Contains(err.Error(), "no such file") {
 		t.Fatalf("missing folder: %v", err)
 	}
 	file := filepath.Join(t.TempDir(), "f.yaml")
 	writeFile(t, file, "")
-	if err := kubeproxy.CheckManifestDir(file); err == nil || !strings.Contains(err.Error(), "not a directory") {
+	if err := source.CheckManifestDir(file); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Fatalf("a file: %v", err)
 	}
-	if err := kubeproxy.CheckManifestDir(t.TempDir()); err != nil {
+	if err := source.CheckManifestDir(t.TempDir()); err != nil {
 		t.Fatal(err)
 	}
 }

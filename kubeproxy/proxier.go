@@ -130,6 +130,15 @@ func NewProxier(cfg Config, syncer *nat.Syncer, flusher Flusher, metrics *proxym
 	return p
 }
 
+// NodeName is the name of the Node this proxier serves.
+func (p *Proxier) NodeName() string { return p.cfg.NodeName }
+
+// Routes is where the Nodes' pod routes go (nil: none are kept).
+func (p *Proxier) Routes() *NodeRoutes { return p.cfg.Routes }
+
+// Metrics are the proxier's metrics (nil: none).
+func (p *Proxier) Metrics() *proxymetrics.Metrics { return p.metrics }
+
 // Programmed is closed once a sync has programmed the dataplane with every
 // Service and EndpointSlice of the initial list.
 func (p *Proxier) Programmed() <-chan struct{} { return p.programmed }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	proxymetrics "github.com/sluice-net/sluice/kubeproxy/metrics"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -156,7 +157,7 @@ func TestInformersDriveTheMaps(t *testing.T) {
 	hs.Labels[kubeproxy.LabelHeadless] = ""
 	create(hs)
 
-	if err := kubeproxy.RunInformers(ctx, client, e.p, 0); err != nil {
+	if err := source.RunInformers(ctx, client, e.p, 0); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("every service type programmed", func() bool {

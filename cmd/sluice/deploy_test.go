@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/gen"
-	"github.com/sluice-net/sluice/kubeproxy"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
 	"github.com/sluice-net/sluice/nat/maglev"
 	"github.com/sluice-net/sluice/policy/k8s"
@@ -39,7 +39,7 @@ func TestDeployManifestsValidate(t *testing.T) {
 	deploy := os.DirFS(filepath.Join("..", "..", "deploy"))
 	// The CRDs: TestDeployCRDs; the Grafana dashboard: TestMetricsFromTheDatapath;
 	// the chart renders deploy/sluice.yaml.
-	objs, errs := kubeproxy.ReadManifests(withoutDir{deploy, []string{"crds", "grafana", "helm"}})
+	objs, errs := source.ReadManifests(withoutDir{deploy, []string{"crds", "grafana", "helm"}})
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}

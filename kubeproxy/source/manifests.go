@@ -1,10 +1,15 @@
-package kubeproxy
+// Package source feeds a kubeproxy.Proxier its objects, as kube-proxy's
+// pkg/proxy/config does: informers on an API server (RunInformers), or a
+// folder of manifests, followed with inotify (ManifestSource). It reads;
+// it writes nothing to the API server or the folder.
+package source
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluice-net/sluice/kubeproxy"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -204,7 +209,7 @@ const settleTime = 20 * time.Millisecond
 
 // Run reads the folder, tells the proxier that Services and EndpointSlices are
 // listed, and re-reads it whenever a file changes, until ctx ends.
-func (m *ManifestSource) Run(ctx context.Context, p *Proxier) {
+func (m *ManifestSource) Run(ctx context.Context, p *kubeproxy.Proxier) {
 	if m.Interval == 0 {
 		m.Interval = time.Second
 	}
@@ -270,7 +275,7 @@ func (m *ManifestSource) log() *slog.Logger {
 }
 
 // Sync re-reads what changed in the folder and sends the differences.
-func (m *ManifestSource) Sync(p *Proxier) {
+func (m *ManifestSource) Sync(p *kubeproxy.Proxier) {
 	stamp, err := m.readFolder(p)
 	m.setUnreadable(p, err)
 	if err != nil || (stamp == m.stamp && m.seen != nil) {
@@ -296,7 +301,7 @@ func (m *ManifestSource) Sync(p *Proxier) {
 				t.OnEndpointSlice(obj, false)
 			}
 		case *v1.Node:
-			if obj.Name == p.cfg.NodeName {
+			if obj.Name == p.NodeName() {
 				p.OnNode(obj)
 			}
 		}
@@ -313,14 +318,14 @@ func (m *ManifestSource) Sync(p *Proxier) {
 		}
 	}
 	m.seen = next
-	if p.cfg.Routes != nil {
+	if p.Routes() != nil {
 		var nodes []*v1.Node
 		for _, o := range next {
 			if n, ok := o.Obj.(*v1.Node); ok {
 				nodes = append(nodes, n)
 			}
 		}
-		p.cfg.Routes.SetNodes(nodes)
+		p.Routes().SetNodes(nodes)
 	}
 	if m.OnObjects != nil {
 		m.OnObjects(slices.Collect(maps.Values(next)))
@@ -331,7 +336,7 @@ func (m *ManifestSource) Sync(p *Proxier) {
 // or time changed, logging and counting their bad documents. It returns a
 // stamp of the folder, or an error when the folder cannot be read (nothing
 // is changed then).
-func (m *ManifestSource) readFolder(p *Proxier) (string, error) {
+func (m *ManifestSource) readFolder(p *kubeproxy.Proxier) (string, error) {
 	if err := CheckManifestDir(m.Dir); err != nil {
 		return "", err
 	}
@@ -392,8 +397,8 @@ func (m *ManifestSource) readFolder(p *Proxier) (string, error) {
 			m.log().Error("manifest document not applied; the objects this file held before are kept until it parses",
 				"dir", m.Dir, "err", err)
 		}
-		if p.metrics != nil {
-			p.metrics.ManifestErrors.Add(float64(len(mf.errs)))
+		if p.Metrics() != nil {
+			p.Metrics().ManifestErrors.Add(float64(len(mf.errs)))
 		}
 		files[f.rel] = mf
 	}
@@ -441,7 +446,7 @@ func (m *ManifestSource) objects() map[string]Object {
 
 // setUnreadable records the folder's state: logged when it changes, and
 // reported in the proxier's health and metrics while it lasts.
-func (m *ManifestSource) setUnreadable(p *Proxier, err error) {
+func (m *ManifestSource) setUnreadable(p *kubeproxy.Proxier, err error) {
 	switch {
 	case err != nil && m.unreadable == nil:
 		m.log().Error("manifests folder cannot be read; keeping every object as last read", "dir", m.Dir, "err", err)
@@ -450,12 +455,12 @@ func (m *ManifestSource) setUnreadable(p *Proxier, err error) {
 	}
 	m.unreadable = err
 	p.Health.SetSourceError("manifests", err)
-	if p.metrics != nil {
+	if p.Metrics() != nil {
 		v := 0.0
 		if err != nil {
 			v = 1
 		}
-		p.metrics.SourceUnreadable.WithLabelValues("manifests").Set(v)
+		p.Metrics().SourceUnreadable.WithLabelValues("manifests").Set(v)
 	}
 }
 

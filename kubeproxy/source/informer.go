@@ -1,12 +1,12 @@
-package kubeproxy
+package source
 
 import (
 	"context"
 	"fmt"
+	"github.com/sluice-net/sluice/kubeproxy"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -21,24 +21,24 @@ import (
 // EndpointSlices without the headless label, and this Node (every Node too,
 // when Config.Routes is set). It returns once
 // the informers have started; they stop with ctx.
-func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, resync time.Duration) error {
+func RunInformers(ctx context.Context, client kubernetes.Interface, p *kubeproxy.Proxier, resync time.Duration) error {
 	// Services and slices have informers of their own, without the
 	// namespace index a factory's informers keep for listers: the proxier
 	// lists nothing, and the index held every object's key once more.
 	noIndexes := cache.Indexers{}
 	svcInf := coreinformers.NewFilteredServiceInformer(client, metav1.NamespaceAll, resync, noIndexes,
-		func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelServiceProxyName })
+		func(o *metav1.ListOptions) { o.LabelSelector = "!" + kubeproxy.LabelServiceProxyName })
 	sliceInf := discoveryinformers.NewFilteredEndpointSliceInformer(client, metav1.NamespaceAll, resync, noIndexes,
-		func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless })
+		func(o *metav1.ListOptions) { o.LabelSelector = "!" + kubeproxy.LabelHeadless })
 	for _, inf := range []cache.SharedIndexInformer{svcInf, sliceInf} {
 		if err := inf.SetTransform(p.Tracker().Transform); err != nil {
 			return err
 		}
 	}
-	slim := informers.WithTransform(Slim)
+	slim := informers.WithTransform(kubeproxy.Slim)
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync, slim,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.cfg.NodeName).String()
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.NodeName()).String()
 		}))
 
 	t := p.Tracker()
@@ -65,7 +65,7 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 		return err
 	}
 	factories := []informers.SharedInformerFactory{nodeFactory}
-	if routes := p.cfg.Routes; routes != nil {
+	if routes := p.Routes(); routes != nil {
 		// Every Node, for the route lookup (the factory above sees this
 		// node only).
 		all := informers.NewSharedInformerFactoryWithOptions(client, resync, slim)
@@ -92,36 +92,9 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *Proxier, 
 	return nil
 }
 
-// Slim drops from an informer's object what the proxier never reads, before
-// the informer's cache keeps it: managed fields (on a small object often
-// most of its bytes), owner references, every annotation but an
-// EndpointSlice's trigger time, each endpoint's target reference (the Pod
-// it names) and deprecated topology, and a Node's image list. (The
-// proxier's own Service and EndpointSlice informers keep less still: a
-// record of each conversion, Tracker.Transform.)
-func Slim(obj any) (any, error) {
-	switch o := obj.(type) {
-	case *v1.Service:
-		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
-	case *discovery.EndpointSlice:
-		o.ManagedFields, o.OwnerReferences = nil, nil
-		for i := range o.Endpoints {
-			o.Endpoints[i].TargetRef, o.Endpoints[i].DeprecatedTopology = nil, nil
-		}
-		if t, ok := o.Annotations[AnnotationTriggerTime]; ok {
-			o.Annotations = map[string]string{AnnotationTriggerTime: t}
-		} else {
-			o.Annotations = nil
-		}
-	case *v1.Node:
-		o.ManagedFields, o.Annotations, o.Status.Images = nil, nil, nil
-	}
-	return obj, nil
-}
-
 // trackerHandler hands a Tracker its informers' events, with the object
 // before an update.
-func trackerHandler(t *Tracker) cache.ResourceEventHandlerFuncs {
+func trackerHandler(t *kubeproxy.Tracker) cache.ResourceEventHandlerFuncs {
 	h := handler(t.OnTransformed)
 	h.UpdateFunc = t.OnTransformedUpdate
 	return h

@@ -1,4 +1,4 @@
-package kubeproxy
+package source
 
 import (
 	"encoding/binary"
