@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-net/sluice/netlab"
 	slmaps "github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/netlab"
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"

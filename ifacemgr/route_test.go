@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/sluice-net/sluice/gen/bpftest"
-	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/ifacemgr"
+	"github.com/sluice-net/sluice/netlab"
 )
 
 // A pod's host-side interface is found whether the node routes the pod's IP

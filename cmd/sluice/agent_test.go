@@ -22,9 +22,9 @@ import (
 	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/examples"
 	"github.com/sluice-net/sluice/gen/bpftest"
-	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
+	"github.com/sluice-net/sluice/netlab"
 )
 
 func TestConfigFileAndFlags(t *testing.T) {
@@ -167,11 +167,7 @@ func TestAgentRestartKeepsTrafficFlowing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(10 * time.Second); !a.Ready(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("agent not ready")
-			}
-		}
+		eventually(t, "agent ready", a.Ready)
 		return a, stop
 	}
 
@@ -311,11 +307,7 @@ func TestAgentClusterCIDRAndMasqueradeAll(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { stop(); a.Close() }()
-		for deadline := time.Now().Add(10 * time.Second); !a.Ready(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("agent not ready")
-			}
-		}
+		eventually(t, "agent ready", a.Ready)
 		for _, c := range []struct{ from, want string }{
 			{"client", "saw client 10.200.0.2:"},
 			{"external", "saw client 10.210.0.2:"},
@@ -360,11 +352,7 @@ func TestAgentExportsDatapathMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	for deadline := time.Now().Add(10 * time.Second); !a.Ready(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("agent not ready")
-		}
-	}
+	eventually(t, "agent ready", a.Ready)
 	err = netlab.Enter(topo.ns(topo.pods["client"]), func() error {
 		c, err := net.DialTimeout("tcp4", "10.96.0.99:80", 2*time.Second)
 		if err == nil {

@@ -21,9 +21,9 @@ import (
 	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/examples"
-	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
+	"github.com/sluice-net/sluice/netlab"
 	"golang.org/x/sys/unix"
 )
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,21 +46,15 @@ func TestDetectLocalModes(t *testing.T) {
 			p := d.start(t, c.flags...)
 			defer p.stop()
 			if c.podCIDR != "" {
-				for deadline := time.Now().Add(5 * time.Second); !strings.Contains(p.logs(), "local traffic is the Node's pod CIDR"); time.Sleep(20 * time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatalf("the pod CIDR was never applied:\n%s", p.logs())
-					}
-				}
+				waitFor(t, 10*time.Second, "the pod CIDR applied", func() bool { return strings.Contains(p.logs(), "local traffic is the Node's pod CIDR") }, p.logs)
 			}
 			// The pins show the previous agent's interface state until this
 			// one has applied its own: ask until the answer settles.
 			var body string
-			for deadline := time.Now().Add(5 * time.Second); !strings.Contains(body, "saw client "+c.seen+":"); time.Sleep(50 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("answer %q: the backend should see %s\n%s", body, c.seen, p.logs())
-				}
+			waitFor(t, 10*time.Second, "the backend sees "+c.seen, func() bool {
 				body, _ = get(d.pod("client"), "10.96.0.10:80", "", 2*time.Second)
-			}
+				return strings.Contains(body, "saw client "+c.seen+":")
+			}, func() string { return fmt.Sprintf("last answer %q\n%s", body, p.logs()) })
 		})
 	}
 }

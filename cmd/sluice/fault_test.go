@@ -59,11 +59,7 @@ func TestFaultsNeverBreakTraffic(t *testing.T) {
 	}()
 	within := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within 5 s: %s", what)
-			}
-		}
+		waitFor(t, 5*time.Second, what, cond, nil)
 	}
 	health := func() (int, map[string]any) {
 		code, body, err := fetchIn(node, healthz+"/healthz", "", time.Second)

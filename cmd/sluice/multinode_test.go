@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/gen/bpftest"
-	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/ifacemgr"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
+	"github.com/sluice-net/sluice/netlab"
 )
 
 // cluster: nodes (two, or as newClusterOf names them) and an external host

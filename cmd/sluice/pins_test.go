@@ -31,7 +31,7 @@ func TestPinsThatDieWithTheAgentAreAWarning(t *testing.T) {
 		t.Cleanup(func() { _ = os.RemoveAll(pinDir) })
 	}
 	node := d.topo.ns(d.topo.node)
-	p := startAgentProc(t, node, d.log, "--manifests", d.manifests, "--hostname-override", "sluice-demo", "--bpf-pin-dir", pinDir,
+	p := startAgentProc(t, d.topo.node, d.log, "--manifests", d.manifests, "--hostname-override", "sluice-demo", "--bpf-pin-dir", pinDir,
 		"--workload-iface-prefixes", "slw", "--data-ifaces", "^sldata", "--cgroup=", "--min-sync-period", "50ms",
 		"--healthz-bind-address", healthz, "--metrics-bind-address", metricsAddr)
 	var body map[string]any

@@ -44,11 +44,7 @@ func TestPolicyRestartKeepsSlots(t *testing.T) {
 	refused := func() bool { _, err := get(client, "10.203.0.2:8080", "", 200*time.Millisecond); return err != nil }
 
 	first := d.start(t)
-	for deadline := time.Now().Add(10 * time.Second); !(admitted() && refused()); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the policies never took effect:\n%s", first.logs())
-		}
-	}
+	waitFor(t, 10*time.Second, "the policies in effect", func() bool { return admitted() && refused() }, first.logs)
 	if n := strings.Count(first.logs(), "policy compiled"); n != 2 {
 		t.Fatalf("the first agent compiled %d policies, want 2:\n%s", n, first.logs())
 	}

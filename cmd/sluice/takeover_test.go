@@ -442,11 +442,7 @@ func tally(t *testing.T, name string, podTCP, extTCP, udp []*session, initial ma
 
 func waitLog(t *testing.T, p *agentProc, what string) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(p.logs(), what); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent never logged %q:\n%s", what, p.logs())
-		}
-	}
+	waitFor(t, 20*time.Second, fmt.Sprintf("the agent logs %q", what), func() bool { return strings.Contains(p.logs(), what) }, p.logs)
 }
 
 // takeoverMetric reads sluice_takeover_flows_total{result} from the agent.

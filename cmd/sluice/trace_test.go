@@ -12,8 +12,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
-	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/netlab"
 	"github.com/sluice-net/sluice/trace"
 )
 
