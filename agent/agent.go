@@ -98,8 +98,8 @@ type Config struct {
 	// a managed interface named PodInterfaceNamePrefix...).
 	DetectLocalMode        string
 	PodInterfaceNamePrefix string
-	// ConntrackMaxPerCore and ConntrackMin size the conntrack table as
-	// kube-proxy sizes nf_conntrack_max (see ConntrackEntries); a
+	// ConntrackMaxPerCore and ConntrackMin size the conntrack tables as
+	// kube-proxy sizes nf_conntrack_max (maps.ConntrackCapacity); a
 	// MaxPerCore of 0 keeps the built-in size.
 	ConntrackMaxPerCore, ConntrackMin int
 	// LBAlgorithm is how a new flow's backend is picked: "random" (the
@@ -159,18 +159,6 @@ func DefaultConfig() Config {
 		ConntrackScanPeriod: 10 * time.Second, CheckInterval: 10 * time.Second, ConntrackMin: 131072,
 		LBAlgorithm: "random", MaglevTableSize: maglev.DefaultSize, ExternalServiceMode: "snat", EventsPerSecond: 1000,
 	}
-}
-
-// ConntrackEntries is the conntrack map's capacity for kube-proxy's sizing
-// flags: room for max(min, maxPerCore × CPUs) flows, two entries each (a
-// netfilter conntrack holds both directions in one entry; Sluice has a
-// forward and a reverse entry). 0: maxPerCore is 0, keep the built-in size.
-func ConntrackEntries(maxPerCore, minFlows, cpus int) uint32 {
-	if maxPerCore <= 0 {
-		return 0
-	}
-	flows := max(minFlows, maxPerCore*cpus)
-	return uint32(min(2*flows, 1<<30))
 }
 
 // maglevOptions reads --lb-algorithm and the Maglev flags: nil for random
@@ -278,7 +266,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 			return nil, fmt.Errorf("--manifests: %w", err)
 		}
 	}
-	if err := checkDetectLocal(cfg); err != nil {
+	if err := cfg.localTraffic().Check(); err != nil {
 		return nil, err
 	}
 	if cfg.ConntrackMaxPerCore < 0 || cfg.ConntrackMin < 0 {
@@ -336,11 +324,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	} else if stale = slices.DeleteFunc(stale, maps.CanUpgrade); len(stale) > 0 {
 		return fail(fmt.Errorf("pin directory %s holds maps of an older layout %v: run `sluice cleanup --bpf-pin-dir %s` (this drops live connections), then start again", cfg.PinDir, stale, cfg.PinDir))
 	}
-	var capacity map[string]uint32
-	if n := ConntrackEntries(cfg.ConntrackMaxPerCore, cfg.ConntrackMin, runtime.NumCPU()); n > 0 {
-		// Both families' tables: kube-proxy's nf_conntrack_max counts both.
-		capacity = map[string]uint32{maps.Conntrack.Name: n, maps.Conntrack6.Name: n}
-	}
+	capacity := maps.ConntrackCapacity(cfg.ConntrackMaxPerCore, cfg.ConntrackMin, runtime.NumCPU())
 	// A conntrack table sized anew, or a map of an older layout, is
 	// migrated: its entries move into the new map, and what the programs
 	// still attached add meanwhile is copied once the new ones replace them
@@ -431,7 +415,7 @@ func (a *Agent) start(ctx context.Context) error {
 		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost,
 			FromHostL3: o.SlFromHostL3, ToHostL3: o.SlToHostL3, XDP: o.SlXdpPrefilter},
 		Policies: feed, Logger: log, ResyncInterval: cfg.CheckInterval,
-		LocalTrafficPrefix: localTrafficPrefix(cfg),
+		LocalTrafficPrefix: cfg.localTraffic().Prefix(),
 		OnRepair: func(iface string, hook ifacemgr.Hook) {
 			select {
 			case a.reattached <- fmt.Sprintf("%s %s", iface, hook):
@@ -736,68 +720,25 @@ func firstOfEach[T netip.Addr | netip.Prefix](list []T) (v4, v6 T) {
 	return v4, v6
 }
 
-// kube-proxy's --detect-local-mode values that apply without a CNI of
-// Sluice's own.
-const (
-	LocalModeClusterCIDR         = "ClusterCIDR"
-	LocalModeNodeCIDR            = "NodeCIDR"
-	LocalModeInterfaceNamePrefix = "InterfaceNamePrefix"
-)
-
-// localTrafficPrefix is the interface prefix of local traffic, in the
-// InterfaceNamePrefix mode only.
-func localTrafficPrefix(cfg Config) string {
-	if cfg.DetectLocalMode == LocalModeInterfaceNamePrefix {
-		return cfg.PodInterfaceNamePrefix
-	}
-	return ""
-}
-
-// checkDetectLocal validates --detect-local-mode and what it needs.
-func checkDetectLocal(cfg Config) error {
-	switch cfg.DetectLocalMode {
-	case "", LocalModeClusterCIDR:
-		if c := cfg.ClusterCIDR; c.IsValid() && !c.Addr().Is4() {
-			return fmt.Errorf("--cluster-cidr %s: not an IPv4 CIDR (ClusterCIDR6 holds the IPv6 one)", c)
-		}
-		if c := cfg.ClusterCIDR6; c.IsValid() && !c.Addr().Is6() {
-			return fmt.Errorf("--cluster-cidr %s: not an IPv6 CIDR", c)
-		}
-	case LocalModeNodeCIDR:
-	case LocalModeInterfaceNamePrefix:
-		if cfg.PodInterfaceNamePrefix == "" {
-			return errors.New("--detect-local-mode=InterfaceNamePrefix needs --pod-interface-name-prefix")
-		}
-	case "BridgeInterface":
-		return errors.New("--detect-local-mode=BridgeInterface is not supported: use InterfaceNamePrefix with the pods' interface prefix, ClusterCIDR or NodeCIDR")
-	default:
-		return fmt.Errorf("--detect-local-mode %q: want ClusterCIDR, NodeCIDR or InterfaceNamePrefix", cfg.DetectLocalMode)
-	}
-	return nil
+// localTraffic is how the agent tells the cluster's own traffic
+// (--detect-local-mode and the flags it reads).
+func (cfg Config) localTraffic() nat.LocalTraffic {
+	return nat.LocalTraffic{Mode: cfg.DetectLocalMode, ClusterCIDR: cfg.ClusterCIDR, ClusterCIDR6: cfg.ClusterCIDR6,
+		InterfacePrefix: cfg.PodInterfaceNamePrefix}
 }
 
 // setPodCIDRs writes this Node's first pod CIDR of each family as that
 // family's local-traffic CIDR (--detect-local-mode=NodeCIDR).
 func (a *Agent) setPodCIDRs(cidrs []netip.Prefix) {
-	if a.cfg.DetectLocalMode != LocalModeNodeCIDR {
+	if a.cfg.DetectLocalMode != nat.LocalModeNodeCIDR {
 		return
 	}
-	v4, v6 := firstOfEach(cidrs)
-	if !v4.IsValid() && !v6.IsValid() {
+	if v4, v6 := firstOfEach(cidrs); !v4.IsValid() && !v6.IsValid() {
 		a.log.Warn("--detect-local-mode=NodeCIDR: the Node has no pod CIDR yet; ClusterIP traffic is not masqueraded until it has", "node", a.cfg.NodeName)
 		return
 	}
 	changed := false
-	err := nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) {
-		if v4.IsValid() {
-			changed = changed || c.LocalCIDR != v4.Masked()
-			c.LocalCIDR = v4.Masked()
-		}
-		if v6.IsValid() {
-			changed = changed || c.LocalCIDR6 != v6.Masked()
-			c.LocalCIDR6 = v6.Masked()
-		}
-	})
+	err := nat.UpdateNodeConfig(a.set, func(c *nat.NodeConfig) { changed = a.cfg.localTraffic().PodCIDRs(c, cidrs) })
 	switch {
 	case err != nil:
 		a.log.Error("writing the Node's pod CIDR", "err", err)
@@ -840,15 +781,7 @@ func (a *Agent) writeNodeConfig() error {
 		if v4, v6 := firstOfEach(a.cfg.NodeIPs); v4.IsValid() || v6.IsValid() {
 			next.NodeIP, next.NodeIP6 = v4, v6
 		}
-		switch a.cfg.DetectLocalMode {
-		case LocalModeInterfaceNamePrefix:
-			next.LocalByInterface = true
-		case LocalModeNodeCIDR:
-			// Written when the Node tells its pod CIDRs (setPodCIDRs).
-			next.LocalCIDR, next.LocalCIDR6 = c.LocalCIDR, c.LocalCIDR6
-		default:
-			next.LocalCIDR, next.LocalCIDR6 = a.cfg.ClusterCIDR, a.cfg.ClusterCIDR6
-		}
+		a.cfg.localTraffic().Apply(&next, *c) // NodeCIDR: written when the Node tells them (setPodCIDRs)
 		*c = next
 	})
 	if err != nil {

@@ -568,3 +568,17 @@ func RemoveStaleDisposable(dir string) ([]string, error) {
 	}
 	return removed, nil
 }
+
+// ConntrackCapacity sizes both families' conntrack tables for kube-proxy's
+// flags (--conntrack-max-per-core, --conntrack-min), for
+// OpenOptions.Capacity: room for max(minFlows, maxPerCore × cpus) flows, two
+// entries each (a netfilter conntrack holds both directions in one entry;
+// Sluice has a forward and a reverse entry), at most 2^30. A maxPerCore of 0
+// gives nil: the built-in size.
+func ConntrackCapacity(maxPerCore, minFlows, cpus int) map[string]uint32 {
+	if maxPerCore <= 0 {
+		return nil
+	}
+	n := uint32(min(2*max(minFlows, maxPerCore*cpus), 1<<30))
+	return map[string]uint32{Conntrack.Name: n, Conntrack6.Name: n}
+}

@@ -107,7 +107,7 @@ func PreparePinDir(dir string) (PreparedPinDir, error) {
 }
 
 // throughInit returns dir under PID 1's root when PID 1 is another process
-// in another mount namespace whose bpfRoot is a bpffs.
+// in another mount namespace whose /sys/fs/bpf is a bpffs.
 func throughInit(dir string) (string, bool) {
 	if os.Getpid() == 1 || sharesInitMounts() {
 		return "", false
