@@ -7,7 +7,6 @@ import (
 	"fmt"
 	proxymetrics "github.com/sluice-net/sluice/kubeproxy/metrics"
 	"github.com/sluice-net/sluice/kubeproxy/source"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -915,72 +914,9 @@ func (a *Agent) Close() {
 	a.set.Close()
 }
 
-// Cleanup removes everything Sluice put on the node whose pins are in pinDir:
-// TC and XDP programs of the namespace netns ("" for the current one), socket
-// LB programs, maps and pins. It only ever removes Sluice's own objects (pins
-// named sl_* and cgroup_*, the links folder), refuses a pinDir that is not a
-// directory on a bpffs, and removes pinDir itself only when it held Sluice's
-// pins. A missing pinDir is nothing to clean. Leftovers tells what is left.
-func Cleanup(pinDir, netns string) error {
-	if _, err := os.Stat(pinDir); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err := maps.CheckPinDir(pinDir); err != nil {
-		return err
-	}
-	had := len(Leftovers(pinDir)) > 0
-	var errs []error
-	set, err := maps.Open(maps.OpenOptions{PinDir: pinDir, NoCreate: true})
-	var ifstate *maps.Map[gen.SluiceIfstateKey, gen.SluiceIfstateValue]
-	if err == nil {
-		ifstate, _ = maps.IfState.In(set)
-	}
-	m, merr := ifacemgr.New(ifacemgr.Options{Netns: netns, PinDir: filepath.Join(pinDir, "links"), IfState: ifstate,
-		Classifier: ifacemgr.Classifier{DataIfaces: regexp.MustCompile(`^$`)}})
-	if merr == nil {
-		errs = append(errs, m.Cleanup())
-		m.Close()
-	} else {
-		errs = append(errs, merr)
-	}
-	errs = append(errs, ifacemgr.RemoveSocketLB(pinDir))
-	if err == nil {
-		errs = append(errs, set.Unpin())
-		set.Close()
-	}
-	// Whatever is still pinned under Sluice's names — pins of another layout,
-	// same-named maps of another size the set could not open, links of
-	// interfaces that are gone — goes too.
-	for _, path := range Leftovers(pinDir) {
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	if had {
-		_ = os.Remove(filepath.Join(pinDir, "links"))
-		_ = os.Remove(pinDir) // only when empty: other owners' pins stay
-	}
-	if left := Leftovers(pinDir); len(left) > 0 {
-		errs = append(errs, fmt.Errorf("cleanup of %s left %s", pinDir, strings.Join(left, ", ")))
-	}
-	return errors.Join(errs...)
-}
+// Cleanup removes everything the agent put on the node whose pins are in
+// pinDir (ifacemgr.CleanupNode).
+func Cleanup(pinDir, netns string) error { return ifacemgr.CleanupNode(pinDir, netns) }
 
-// Leftovers lists the paths of Sluice's pins under pinDir: maps (sl_*, and
-// migrating-sl_* left by a failed migration), socket-LB links (cgroup_*) and
-// TC/XDP link pins (links/*).
-func Leftovers(pinDir string) []string {
-	var left []string
-	entries, _ := os.ReadDir(pinDir)
-	for _, e := range entries {
-		if name := e.Name(); !e.IsDir() && (strings.HasPrefix(name, maps.NamePrefix) || strings.HasPrefix(name, "cgroup_") ||
-			strings.HasPrefix(name, maps.MigratingPrefix)) {
-			left = append(left, filepath.Join(pinDir, name))
-		}
-	}
-	links, _ := os.ReadDir(filepath.Join(pinDir, "links"))
-	for _, e := range links {
-		left = append(left, filepath.Join(pinDir, "links", e.Name()))
-	}
-	return left
-}
+// Leftovers lists what of Sluice's is pinned in pinDir (ifacemgr.Leftovers).
+func Leftovers(pinDir string) []string { return ifacemgr.Leftovers(pinDir) }

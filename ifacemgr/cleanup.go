@@ -4,6 +4,12 @@ package ifacemgr
 
 import (
 	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
 
 	slmaps "github.com/sluice-net/sluice/maps"
 
@@ -85,4 +91,74 @@ func (m *Manager) Cleanup() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// CleanupNode removes everything Sluice put on the node whose pins are in pinDir:
+// TC and XDP programs of the namespace netns ("" for the current one), socket
+// LB programs, maps and pins. It only ever removes Sluice's own objects (pins
+// named sl_* and cgroup_*, the links folder), refuses a pinDir that is not a
+// directory on a bpffs, and removes pinDir itself only when it held Sluice's
+// pins. A missing pinDir is nothing to clean. Leftovers tells what is left.
+func CleanupNode(pinDir, netns string) error {
+	if _, err := os.Stat(pinDir); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := slmaps.CheckPinDir(pinDir); err != nil {
+		return err
+	}
+	had := len(Leftovers(pinDir)) > 0
+	var errs []error
+	set, err := slmaps.Open(slmaps.OpenOptions{PinDir: pinDir, NoCreate: true})
+	var ifstate *slmaps.Map[gen.SluiceIfstateKey, gen.SluiceIfstateValue]
+	if err == nil {
+		ifstate, _ = slmaps.IfState.In(set)
+	}
+	m, merr := New(Options{Netns: netns, PinDir: filepath.Join(pinDir, "links"), IfState: ifstate,
+		Classifier: Classifier{DataIfaces: regexp.MustCompile(`^$`)}})
+	if merr == nil {
+		errs = append(errs, m.Cleanup())
+		m.Close()
+	} else {
+		errs = append(errs, merr)
+	}
+	errs = append(errs, RemoveSocketLB(pinDir))
+	if err == nil {
+		errs = append(errs, set.Unpin())
+		set.Close()
+	}
+	// Whatever is still pinned under Sluice's names — pins of another layout,
+	// same-named maps of another size the set could not open, links of
+	// interfaces that are gone — goes too.
+	for _, path := range Leftovers(pinDir) {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if had {
+		_ = os.Remove(filepath.Join(pinDir, "links"))
+		_ = os.Remove(pinDir) // only when empty: other owners' pins stay
+	}
+	if left := Leftovers(pinDir); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("cleanup of %s left %s", pinDir, strings.Join(left, ", ")))
+	}
+	return errors.Join(errs...)
+}
+
+// Leftovers lists the paths of Sluice's pins under pinDir: maps (sl_*, and
+// migrating-sl_* left by a failed migration), socket-LB links (cgroup_*) and
+// TC/XDP link pins (links/*).
+func Leftovers(pinDir string) []string {
+	var left []string
+	entries, _ := os.ReadDir(pinDir)
+	for _, e := range entries {
+		if name := e.Name(); !e.IsDir() && (strings.HasPrefix(name, slmaps.NamePrefix) || strings.HasPrefix(name, "cgroup_") ||
+			strings.HasPrefix(name, slmaps.MigratingPrefix)) {
+			left = append(left, filepath.Join(pinDir, name))
+		}
+	}
+	links, _ := os.ReadDir(filepath.Join(pinDir, "links"))
+	for _, e := range links {
+		left = append(left, filepath.Join(pinDir, "links", e.Name()))
+	}
+	return left
 }
