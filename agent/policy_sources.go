@@ -3,12 +3,12 @@ package agent
 import (
 	"context"
 	"fmt"
-	"github.com/sluice-net/sluice/kubeproxy/source"
 	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/sluice-net/sluice/kubeproxy"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 	"github.com/sluice-net/sluice/policy/k8s"
 	v1 "k8s.io/api/core/v1"
 	netv1 "k8s.io/api/networking/v1"

@@ -3,7 +3,6 @@ package kubeproxy_test
 import (
 	"context"
 	"fmt"
-	"github.com/sluice-net/sluice/kubeproxy/source"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/sluice-net/sluice/kubeproxy"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )

@@ -2,7 +2,6 @@ package kubeproxy_test
 
 import (
 	"fmt"
-	"github.com/sluice-net/sluice/kubeproxy/source"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/kubeproxy"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 	discovery "k8s.io/api/discovery/v1"

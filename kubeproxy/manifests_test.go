@@ -3,7 +3,6 @@ package kubeproxy_test
 import (
 	"bytes"
 	"context"
-	"github.com/sluice-net/sluice/kubeproxy/source"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/kubeproxy"
+	"github.com/sluice-net/sluice/kubeproxy/source"
 )
 
 const webYAML = `# two services and a slice in one file

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluice-net/sluice/kubeproxy/healthcheck"
-	proxymetrics "github.com/sluice-net/sluice/kubeproxy/metrics"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -15,6 +13,8 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/conntrack"
+	"github.com/sluice-net/sluice/kubeproxy/healthcheck"
+	proxymetrics "github.com/sluice-net/sluice/kubeproxy/metrics"
 	"github.com/sluice-net/sluice/nat"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"

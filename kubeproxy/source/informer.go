@@ -3,7 +3,6 @@ package source
 import (
 	"context"
 	"fmt"
-	"github.com/sluice-net/sluice/kubeproxy"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -14,6 +13,8 @@ import (
 	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/sluice-net/sluice/kubeproxy"
 )
 
 // RunInformers feeds the proxier from the API server with shared informers, as

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluice-net/sluice/kubeproxy"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -27,6 +26,8 @@ import (
 	npav1alpha1 "sigs.k8s.io/network-policy-api/apis/v1alpha1"
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-net/sluice/kubeproxy"
 )
 
 // Object is one object read from a manifest file.
