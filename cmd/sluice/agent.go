@@ -9,12 +9,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/ifacemgr"
-	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 	"github.com/sluice-net/sluice/nat/maglev"
 	"sigs.k8s.io/yaml"
@@ -24,6 +22,7 @@ import (
 // Config.
 func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *string) {
 	host, _ := os.Hostname()
+	def := agent.DefaultConfig() // every default comes from it
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "path to a kubeconfig file")
 	fs.StringVar(&cfg.Master, "master", "", "address of the Kubernetes API server (overrides the kubeconfig)")
 	fs.StringVar(&cfg.Manifests, "manifests", "", "a folder of Service/EndpointSlice/Node manifests to use instead of an API server")
@@ -66,40 +65,40 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.Func("node-ips", "comma-separated node IPs, when no Node object gives them (manifests)", func(s string) error {
 		return parseList(s, &cfg.NodeIPs, netip.ParseAddr)
 	})
-	fs.StringVar(&cfg.HealthzBindAddress, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez (empty disables)")
-	fs.StringVar(&cfg.MetricsBindAddress, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics (empty disables)")
+	fs.StringVar(&cfg.HealthzBindAddress, "healthz-bind-address", def.HealthzBindAddress, "address of /healthz and /livez (empty disables)")
+	fs.StringVar(&cfg.MetricsBindAddress, "metrics-bind-address", def.MetricsBindAddress, "address of /metrics (empty disables)")
 	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve Go's /debug/pprof on the metrics address")
-	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", agent.DefaultMinSyncPeriod, "least time between syncs (a burst of changes is coalesced over it)")
-	fs.DurationVar(&cfg.SyncPeriod, "sync-period", 30*time.Second, "most time between syncs")
-	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", maps.DefaultPinDir, "bpffs directory of Sluice's pinned maps and links")
+	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", def.MinSyncPeriod, "least time between syncs (a burst of changes is coalesced over it)")
+	fs.DurationVar(&cfg.SyncPeriod, "sync-period", def.SyncPeriod, "most time between syncs")
+	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", def.PinDir, "bpffs directory of Sluice's pinned maps and links")
 	fs.Func("workload-iface-prefixes", "comma-separated name prefixes of pods' host-side interfaces (default cali,lxc,veth,sl)", func(s string) error {
 		cfg.WorkloadPrefixes = splitComma(s)
 		return nil
 	})
 	fs.StringVar(&cfg.DataIfaces, "data-ifaces", "", "regex of node data interfaces (default: those holding a default route)")
-	fs.StringVar(&cfg.Cgroup, "cgroup", "/sys/fs/cgroup", "cgroup v2 for socket-level load balancing (empty disables it)")
-	fs.DurationVar(&cfg.CheckInterval, "check-interval", 10*time.Second, "how often pins and attachments are verified and repaired")
+	fs.StringVar(&cfg.Cgroup, "cgroup", def.Cgroup, "cgroup v2 for socket-level load balancing (empty disables it)")
+	fs.DurationVar(&cfg.CheckInterval, "check-interval", def.CheckInterval, "how often pins and attachments are verified and repaired")
 	fs.StringVar(&cfg.DetectLocalMode, "detect-local-mode", "",
 		"what traffic is the cluster's own, not masqueraded to a ClusterIP: ClusterCIDR (default: sources in --cluster-cidr), NodeCIDR (in this Node's pod CIDR) or InterfaceNamePrefix")
 	fs.StringVar(&cfg.PodInterfaceNamePrefix, "pod-interface-name-prefix", "",
 		"with --detect-local-mode=InterfaceNamePrefix: traffic entering interfaces named so is local")
 	fs.IntVar(&cfg.ConntrackMaxPerCore, "conntrack-max-per-core", 0,
 		"flows tracked per CPU, as kube-proxy's: each family's table holds max(conntrack-min, this × CPUs) flows (0: the built-in "+thousands(gen.ConntrackEntries/2)+" flows)")
-	fs.IntVar(&cfg.ConntrackMin, "conntrack-min", 131072, "least flows tracked whatever the CPU count, with --conntrack-max-per-core")
-	fs.DurationVar(&cfg.ConntrackScanPeriod, "conntrack-scan-period", 10*time.Second, "first conntrack scan interval (it adapts)")
+	fs.IntVar(&cfg.ConntrackMin, "conntrack-min", def.ConntrackMin, "least flows tracked whatever the CPU count, with --conntrack-max-per-core")
+	fs.DurationVar(&cfg.ConntrackScanPeriod, "conntrack-scan-period", def.ConntrackScanPeriod, "first conntrack scan interval (it adapts)")
 	fs.BoolVar(&cfg.MasqueradeAll, "masquerade-all", false, "SNAT every Service flow to the node IP")
-	fs.StringVar(&cfg.LBAlgorithm, "lb-algorithm", "random",
+	fs.StringVar(&cfg.LBAlgorithm, "lb-algorithm", def.LBAlgorithm,
 		"how new flows pick a backend: random, or maglev (consistent hashing: every node picks the same backend for a flow from outside)")
-	fs.IntVar(&cfg.MaglevTableSize, "maglev-table-size", maglev.DefaultSize,
+	fs.IntVar(&cfg.MaglevTableSize, "maglev-table-size", def.MaglevTableSize,
 		fmt.Sprintf("slots of each Service's Maglev table: a prime, %d-%d (4 bytes each)", maglev.MinSize, maglev.MaxSize))
-	fs.IntVar(&cfg.EventsPerSecond, "events-per-second", 1000,
+	fs.IntVar(&cfg.EventsPerSecond, "events-per-second", def.EventsPerSecond,
 		"flow events (drops, and with --flow-events flow starts and ends) each CPU may write a second for sluice monitor; 0 writes none")
 	fs.BoolVar(&cfg.StackRouting, "stack-routing", false,
 		"route pod-to-pod traffic on this node through the node's IP stack and its netfilter FORWARD chain, instead of handing it from one pod's interface to the other's in the datapath")
-	fs.StringVar(&cfg.ProcSysNet, "proc-sys-net", ifacemgr.DefaultProcSysNet,
+	fs.StringVar(&cfg.ProcSysNet, "proc-sys-net", def.ProcSysNet,
 		"the node's /proc/sys/net, where per-interface sysctls are set (in a container, a hostPath mount of it: the container's own /proc/sys is read-only)")
 	fs.BoolVar(&cfg.FlowEvents, "flow-events", false, "write service flows' starts and ends as events too, not only drops (costs each new flow an event)")
-	fs.StringVar(&cfg.ExternalServiceMode, "external-service-mode", "snat",
+	fs.StringVar(&cfg.ExternalServiceMode, "external-service-mode", def.ExternalServiceMode,
 		"how external traffic reaches a backend on another node: snat (through this node, as kube-proxy), dsr (direct server return: the backend sees the client and answers it directly), or hybrid (DSR for TCP, SNAT for UDP)")
 	fs.StringVar(&cfg.SNATPortRange, "snat-port-range", "",
 		"MIN-MAX: the source ports a SNATed flow draws from when it cannot keep the client's (default "+nat.DefaultSNATPorts.String()+", as netfilter's MASQUERADE; Calico's BPFPSNATPorts)")

@@ -197,10 +197,11 @@ echo "== helm upgrade: $new_image on kube-proxy's ports, one node after the othe
 helm_cp upgrade sluice "$ROOT/deploy/helm/sluice" --namespace kube-system -f "$dir/sluice-values.yaml" \
 	--set image.tag="${new_image##*:}" --set config.conntrack-max-per-core=65536
 kubectl_cp -n kube-system rollout status ds/sluice --timeout=180s
+# Both families' tables on every node.
 migrated=$(kubectl_cp -n kube-system logs -l k8s-app=sluice | grep -c 'migrating a map.s entries into a new map.*sl_ct' || true)
-log "sluice upgraded to $new_image on every node; the conntrack table migrated on $migrated nodes"
-if [ "$migrated" -lt "$NODES" ]; then
-	echo "the upgrade migrated the conntrack table on $migrated nodes, not on all $NODES" >&2
+log "sluice upgraded to $new_image on every node; $migrated conntrack tables migrated (IPv4 and IPv6, $NODES nodes)"
+if [ "$migrated" -lt $((2 * NODES)) ]; then
+	echo "the upgrade migrated $migrated conntrack tables, not both of every node's $NODES" >&2
 	rc=1
 fi
 for i in $(seq "$NODES"); do
