@@ -63,6 +63,16 @@ type Config struct {
 	ConntrackTCPEstablished, ConntrackUDP time.Duration
 	HealthzBindAddress                    string
 	MetricsBindAddress                    string
+	// ServiceMetrics chooses the service ports with series of their own
+	// (proxymetrics.ServiceSeries: active, all or none; "" is active), and
+	// ServiceMetricsLimit bounds active's (0: 100).
+	ServiceMetrics      string
+	ServiceMetricsLimit int
+	// IPv6Tables sizes the IPv6 tables: "full" (the built-in sizes and the
+	// conntrack flags), "minimal" (maps.IPv6MinimalCapacity), or "auto"
+	// (or ""): full when the node has IPv6 (an address beyond link-local
+	// in its namespace, an IPv6 node IP or cluster CIDR), minimal when not.
+	IPv6Tables string
 	// Profiling serves Go's /debug/pprof on the metrics address
 	// (kube-proxy's enableProfiling).
 	Profiling        bool
@@ -157,7 +167,31 @@ func DefaultConfig() Config {
 		PinDir: maps.DefaultPinDir, Cgroup: "/sys/fs/cgroup", ProcSysNet: ifacemgr.DefaultProcSysNet,
 		ConntrackScanPeriod: 10 * time.Second, CheckInterval: 10 * time.Second, ConntrackMin: 131072,
 		LBAlgorithm: "random", MaglevTableSize: maglev.DefaultSize, ExternalServiceMode: "snat", EventsPerSecond: 1000,
+		ServiceMetrics: string(proxymetrics.ServiceSeriesActive), ServiceMetricsLimit: proxymetrics.DefaultServiceSeriesLimit,
+		IPv6Tables: "auto",
 	}
+}
+
+// nodeHasIPv6 reads --ipv6-tables: whether the IPv6 tables get their full
+// size, and, when not, why.
+func (cfg Config) nodeHasIPv6() (bool, string, error) {
+	switch cfg.IPv6Tables {
+	case "full":
+		return true, "", nil
+	case "minimal":
+		return false, "--ipv6-tables=minimal", nil
+	case "", "auto":
+	default:
+		return false, "", fmt.Errorf("--ipv6-tables %q: want auto, full or minimal", cfg.IPv6Tables)
+	}
+	if _, v6 := firstOfEach(cfg.NodeIPs); v6.IsValid() || cfg.ClusterCIDR6.IsValid() {
+		return true, "", nil
+	}
+	has, err := ifacemgr.HasGlobalIPv6(cfg.Netns)
+	if err != nil {
+		return false, "", fmt.Errorf("--ipv6-tables=auto: %w", err)
+	}
+	return has, "the node has no IPv6 address beyond link-local, no IPv6 node IP and no IPv6 cluster CIDR", nil
 }
 
 // maglevOptions reads --lb-algorithm and the Maglev flags: nil for random
@@ -338,6 +372,21 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	if _, err := snatPorts(cfg.SNATPortRange); err != nil {
 		return fail(err)
 	}
+	if _, err := proxymetrics.ParseServiceSeries(cmp.Or(cfg.ServiceMetrics, string(proxymetrics.ServiceSeriesActive))); err != nil {
+		return fail(fmt.Errorf("--service-metrics: %w", err))
+	}
+	if cfg.ServiceMetricsLimit < 0 {
+		return fail(fmt.Errorf("--service-metrics-limit %d: want 0 (the default, %d) or more", cfg.ServiceMetricsLimit, proxymetrics.DefaultServiceSeriesLimit))
+	}
+	if ipv6, why, err := cfg.nodeHasIPv6(); err != nil {
+		return fail(err)
+	} else if !ipv6 {
+		if capacity == nil {
+			capacity = map[string]uint32{}
+		}
+		maps.MergeCapacity(capacity, maps.IPv6MinimalCapacity())
+		log.Info("IPv6 tables are minimal: "+why+"; --ipv6-tables=full sizes them for IPv6 Services", "capacity", maps.IPv6MinimalCapacity())
+	}
 	var maglevSize uint32
 	if maglevOpts != nil {
 		maglevSize = uint32(maglevOpts.TableSize)
@@ -495,6 +544,7 @@ func (a *Agent) start(ctx context.Context) error {
 		reg.MustRegister(proxymetrics.NewMapFillCollector(func() (map[string]int64, error) { return filler.Fill(a.set) },
 			a.set.Capacities))
 	}
+	reg.MustRegister(proxymetrics.NewMapMemoryCollector(a.set.KernelBytes))
 	svcStats, err := maps.SvcStats.In(a.set)
 	if err != nil {
 		return err
@@ -503,7 +553,12 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	reg.MustRegister(proxymetrics.NewServiceCollector(syncer.ServiceIDs, svcStats),
+	svcCollector, err := proxymetrics.NewServiceCollector(proxymetrics.ServiceCollectorOptions{IDs: syncer.ServiceIDs, Stats: svcStats,
+		Series: proxymetrics.ServiceSeries(cfg.ServiceMetrics), Limit: cfg.ServiceMetricsLimit, Logger: log})
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(svcCollector,
 		proxymetrics.NewRuleCollector(ruleCtrs, func(id uint32) (string, string, bool) {
 			r, ok := feed.b.Rule(id)
 			return r.Policy, r.Rule, ok

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -20,6 +21,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // BenchmarkAgentMemory: each proxy's resident memory (VmRSS) once it has
@@ -54,42 +56,55 @@ func BenchmarkAgentMemory(b *testing.B) {
 	for _, n := range sizes {
 		for _, proxy := range []string{"sluice", "nftables"} {
 			b.Run(fmt.Sprintf("services=%d/%s", n, proxy), func(b *testing.B) {
-				var rss residentMemory
+				var at proxyAtScale
 				measured := false
 				for b.Loop() {
 					if !measured { // once: b.N's growth reuses it
-						rss, measured = memoryAt(b, proxy, n, sluice, kubeProxy), true
+						at, measured = memoryAt(b, proxy, n, sluice, kubeProxy), true
 					}
 				}
-				b.ReportMetric(rss.total, "rss-MB")
+				b.ReportMetric(at.rss.total, "rss-MB")
 				// What the process allocated, and the pages of its binary
 				// it touched (the same for every size: code and tables).
-				b.ReportMetric(rss.anon, "anon-MB")
-				b.ReportMetric(rss.file, "file-MB")
+				b.ReportMetric(at.rss.anon, "anon-MB")
+				b.ReportMetric(at.rss.file, "file-MB")
+				b.ReportMetric(at.metricsKB, "metrics-KB")
+				b.ReportMetric(at.scrapeCPUMs, "scrape-cpu-ms")
 			})
 		}
 	}
+}
+
+// proxyAtScale is what memoryAt measures of a proxy: its memory, and its
+// /metrics as a Prometheus scrape gets it (the size, and the proxy's CPU
+// time a scrape costs, averaged over 30).
+type proxyAtScale struct {
+	rss                    residentMemory
+	metricsKB, scrapeCPUMs float64
 }
 
 // residentMemory is a process's resident set (VmRSS) and its two parts,
 // anonymous (RssAnon) and file-backed (RssFile), in MB.
 type residentMemory struct{ total, anon, file float64 }
 
-func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) residentMemory {
+func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) proxyAtScale {
 	e := newBaselineEnv(b)
 	start := time.Now()
 	e.createServicesWithEndpoints(b, n, 10)
 	b.Logf("created %d Services and their EndpointSlices in %v", n, time.Since(start).Round(time.Second))
 	profiles := os.Getenv("SLUICE_BENCH_HEAP_PROFILE")
 	var extra []string
-	if profiles != "" && proxy == "sluice" {
-		extra = []string{"--metrics-bind-address=127.0.0.1:10249", "--profiling"}
+	if proxy == "sluice" { // on kube-proxy's address, with its default flags
+		extra = []string{"--metrics-bind-address=127.0.0.1:10249"}
+		if profiles != "" {
+			extra = append(extra, "--profiling")
+		}
 	}
 	p := e.startProxy(b, proxy, sluice, kubeProxy, extra...)
 	probe := e.createServices(b, "probe", 1, e.backendIPs[0])
 	e.waitFor(b, probe[0]+":80", "b1", 10*time.Minute)
 	time.Sleep(3 * time.Second) // the sync that programmed the probe settles
-	if extra != nil {
+	if profiles != "" && proxy == "sluice" {
 		// The runtime's own figures first (heap in use, idle, returned), as
 		// they were at the RSS reading; then the profile, after a GC.
 		defer e.saveHeapProfile(b, "http://127.0.0.1:10249/debug/pprof/heap?gc=1", filepath.Join(profiles, fmt.Sprintf("sluice-%d.heap", n)))
@@ -114,7 +129,31 @@ func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) resid
 	if len(fields) != 0 {
 		b.Fatalf("/proc status lacks %v", slices.Collect(maps.Keys(fields)))
 	}
-	return m
+	at := proxyAtScale{rss: m}
+	const scrapes = 30
+	size := e.scrape(b, "http://127.0.0.1:10249/metrics") // the first: a collector's state set up
+	cpu := processCPU(b, p.Pid)
+	for range scrapes {
+		size = e.scrape(b, "http://127.0.0.1:10249/metrics")
+	}
+	at.scrapeCPUMs = float64(processCPU(b, p.Pid)-cpu) / float64(time.Millisecond) / scrapes
+	at.metricsKB = float64(size) / 1000
+	return at
+}
+
+// scrape fetches url in the node namespace as Prometheus would (text
+// format) and returns the bytes it served.
+func (e *baselineEnv) scrape(b *testing.B, url string) int {
+	out, err := exec.Command("ip", "netns", "exec", e.node.Name, "curl", "-sSf", "-o", "/dev/null", "-w", "%{size_download}",
+		"-H", "Accept: text/plain;version=0.0.4", url).CombinedOutput()
+	if err != nil {
+		b.Fatalf("%s: %v: %s", url, err, out)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		b.Fatalf("%s: size %q: %v", url, out, err)
+	}
+	return n
 }
 
 // createServicesWithEndpoints creates n Services with perService endpoints
@@ -130,8 +169,24 @@ func (e *baselineEnv) createServicesWithEndpoints(b *testing.B, n, perService in
 			defer wg.Done()
 			for i := w; i < n; i += 16 {
 				name := fmt.Sprintf("m%d", i)
-				if _, err := e.api.Client.CoreV1().Services("default").Create(ctx, &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
-					Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}, metav1.CreateOptions{}); err != nil {
+				// As `kubectl apply` of a Helm-labelled manifest creates it:
+				// the manifest in the last-applied annotation, and the
+				// API server's managedFields for kubectl's field manager.
+				svc := &v1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+					ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{
+						"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod", "app.kubernetes.io/version": "1.24.3",
+						"app.kubernetes.io/component": "server", "app.kubernetes.io/part-of": "shop", "app.kubernetes.io/managed-by": "Helm",
+						"helm.sh/chart": "shop-server-4.2.1", "team": "checkout"}},
+					Spec: v1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod"},
+						Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromString("http")}}}}
+				applied, err := json.Marshal(svc)
+				if err != nil {
+					errs <- err
+					return
+				}
+				svc.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": string(applied) + "\n",
+					"meta.helm.sh/release-name": name + "-prod", "meta.helm.sh/release-namespace": "default"}
+				if _, err := e.api.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{FieldManager: "kubectl-client-side-apply"}); err != nil {
 					errs <- err
 					return
 				}
@@ -153,7 +208,7 @@ func (e *baselineEnv) createServicesWithEndpoints(b *testing.B, n, perService in
 					s.Endpoints[j].TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: "default", Name: fmt.Sprintf("%s-%d-x7k2p", name, j),
 						UID: types.UID(fmt.Sprintf("00000000-0000-0000-%04d-%012d", j, i))}
 				}
-				if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+				if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, s, metav1.CreateOptions{FieldManager: "endpointslice-controller"}); err != nil {
 					errs <- err
 					return
 				}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/sluice-net/sluice/netlab"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,4 +25,26 @@ func NetnsCookie(path string) (uint64, error) {
 		return nil
 	})
 	return cookie, err
+}
+
+// HasGlobalIPv6 tells whether the network namespace at path ("" for the
+// current one) has an IPv6 address beyond loopback and link-local on any
+// interface: a node without one serves no IPv6 Service, and its IPv6 tables
+// can be minimal.
+func HasGlobalIPv6(path string) (bool, error) {
+	var found bool
+	err := netlab.Enter(path, func() error {
+		addrs, err := netlink.AddrList(nil, netlink.FAMILY_V6)
+		if err != nil {
+			return fmt.Errorf("list IPv6 addresses: %w", err)
+		}
+		for _, a := range addrs {
+			if ip := a.IP; ip.IsGlobalUnicast() && !ip.IsLinkLocalUnicast() {
+				found = true
+				return nil
+			}
+		}
+		return nil
+	})
+	return found, err
 }

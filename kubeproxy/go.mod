@@ -5,6 +5,7 @@ go 1.26.6
 require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/prometheus/common v0.72.0
 	github.com/sluice-net/sluice/conntrack v0.1.0
 	github.com/sluice-net/sluice/gen v0.1.0
 	github.com/sluice-net/sluice/maps v0.1.0
@@ -49,7 +50,6 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/sluice-net/sluice/netlab v0.1.0 // indirect
 	github.com/x448/float16 v0.8.4 // indirect

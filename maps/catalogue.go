@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultPinDir is where the agent pins its maps unless told otherwise.
@@ -214,6 +216,12 @@ type Set struct {
 	dir        string
 	maps       map[string]*ebpf.Map
 	migrations []*Migration
+
+	// infoMu guards what a scrape learns once of a map that never
+	// changes: its id, and the kernel memory of a preallocated one.
+	infoMu     sync.Mutex
+	ids        map[string]ebpf.MapID
+	fixedBytes map[string]uint64
 }
 
 // Open creates or reuses every catalogue map pinned under opts.PinDir.
@@ -336,6 +344,68 @@ func (s *Set) Capacities() map[string]uint32 {
 		out[name] = m.MaxEntries()
 	}
 	return out
+}
+
+// KernelBytes is the memory the kernel holds for each map of the set, as it
+// charges it (fdinfo's memlock): what a map costs the node whether it is
+// full or empty, since most are preallocated. A preallocated map's is read
+// once; an LPM trie's, which grows with its entries, at every call.
+func (s *Set) KernelBytes() (map[string]uint64, error) {
+	s.infoMu.Lock()
+	defer s.infoMu.Unlock()
+	out := make(map[string]uint64, len(s.maps))
+	for name, m := range s.maps {
+		if n, ok := s.fixedBytes[name]; ok {
+			out[name] = n
+			continue
+		}
+		info, err := m.Info()
+		if err != nil {
+			return nil, fmt.Errorf("map %s: %w", name, err)
+		}
+		n, _ := info.Memlock()
+		out[name] = n
+		if preallocated(m) {
+			if s.fixedBytes == nil {
+				s.fixedBytes = map[string]uint64{}
+			}
+			s.fixedBytes[name] = n
+		}
+	}
+	return out, nil
+}
+
+// preallocated tells whether the kernel allocates all of a map's memory
+// when it creates it: its memory never changes.
+func preallocated(m *ebpf.Map) bool {
+	switch m.Type() {
+	case ebpf.Array, ebpf.PerCPUArray, ebpf.ProgramArray, ebpf.RingBuf:
+		return true
+	case ebpf.Hash, ebpf.PerCPUHash, ebpf.LRUHash, ebpf.LRUCPUHash:
+		return m.Flags()&unix.BPF_F_NO_PREALLOC == 0
+	}
+	return false
+}
+
+// mapID is the kernel's id of the set's map name, read once.
+func (s *Set) mapID(name string, m *ebpf.Map) (ebpf.MapID, bool, error) {
+	s.infoMu.Lock()
+	defer s.infoMu.Unlock()
+	if id, ok := s.ids[name]; ok {
+		return id, true, nil
+	}
+	info, err := m.Info()
+	if err != nil {
+		return 0, false, fmt.Errorf("map %s: %w", name, err)
+	}
+	id, ok := info.ID()
+	if ok {
+		if s.ids == nil {
+			s.ids = map[string]ebpf.MapID{}
+		}
+		s.ids[name] = id
+	}
+	return id, ok, nil
 }
 
 // Close closes the handles; the pins, and so the maps, stay.
@@ -581,4 +651,29 @@ func ConntrackCapacity(maxPerCore, minFlows, cpus int) map[string]uint32 {
 	}
 	n := uint32(min(2*max(minFlows, maxPerCore*cpus), 1<<30))
 	return map[string]uint32{Conntrack.Name: n, Conntrack6.Name: n}
+}
+
+// IPv6MinimalCapacity are the capacities, for OpenOptions.Capacity, of the
+// IPv6 tables on a node without IPv6: its link-local flows tracked, no
+// IPv6 Service. It saves about 140 MiB of kernel memory over the built-in
+// sizes (`sluice maps`, KERNEL), nearly all of it the conntrack table's.
+// A node that gains IPv6 has them sized anew, and migrated, when the agent
+// restarts.
+func IPv6MinimalCapacity() map[string]uint32 {
+	return map[string]uint32{
+		Conntrack6.Name: 8192,
+		Backends6.Name:  1024, Frontends6.Name: 1024, Affinity6.Name: 1024, Sockets6.Name: 1024,
+		Fragments6.Name: 256,
+	}
+}
+
+// MergeCapacity sets into's capacity of each map in from to the smaller of
+// the two (from's where into has none): a minimal table is not made bigger
+// by a flag meant for a family the node has.
+func MergeCapacity(into, from map[string]uint32) {
+	for name, c := range from {
+		if have, ok := into[name]; !ok || c < have {
+			into[name] = c
+		}
+	}
 }

@@ -77,11 +77,10 @@ func (f *Filler) Fill(s *Set) (map[string]int64, error) {
 			out[name] = int64(m.MaxEntries())
 			continue
 		}
-		info, err := m.Info()
+		id, ok, err := s.mapID(name, m)
 		if err != nil {
-			return nil, fmt.Errorf("map %s: %w", name, err)
+			return nil, err
 		}
-		id, ok := info.ID()
 		if !ok {
 			continue
 		}

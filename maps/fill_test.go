@@ -6,6 +6,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/maps"
 )
 
@@ -89,4 +90,71 @@ func TestFillCountsWithoutAWalk(t *testing.T) {
 		}
 	}
 	check(map[string]int64{gen.SluiceMapSlCtV2: 400})
+}
+
+// Each map's kernel memory is what the kernel charges for it: a
+// preallocated conntrack table at least its capacity times an entry, a
+// per-CPU array at least that times the CPUs, an empty LPM trie nothing;
+// `sluice maps` (Usages)
+// reports the same figures.
+func TestKernelBytes(t *testing.T) {
+	set := openSet(t)
+	kernel, err := set.KernelBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct := set.Map(gen.SluiceMapSlCtV2)
+	if least := uint64(ct.MaxEntries()) * uint64(ct.KeySize()+ct.ValueSize()); kernel[gen.SluiceMapSlCtV2] < least {
+		t.Errorf("%s: %d bytes, less than its %d entries of %d bytes", gen.SluiceMapSlCtV2, kernel[gen.SluiceMapSlCtV2], ct.MaxEntries(), ct.KeySize()+ct.ValueSize())
+	}
+	stats := set.Map(gen.SluiceMapSlSvcstatsV1)
+	if least := uint64(stats.MaxEntries()) * uint64(stats.ValueSize()) * uint64(ebpf.MustPossibleCPU()); kernel[gen.SluiceMapSlSvcstatsV1] < least {
+		t.Errorf("%s: %d bytes, less than %d", gen.SluiceMapSlSvcstatsV1, kernel[gen.SluiceMapSlSvcstatsV1], least)
+	}
+	usages, err := maps.Usages(set, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range usages {
+		// An LPM trie allocates per entry: empty, it holds nothing.
+		if (u.KernelBytes == 0 && u.Type != ebpf.LPMTrie.String()) || u.KernelBytes != kernel[u.Name] {
+			t.Errorf("%s (%s): Usages says %d kernel bytes, KernelBytes %d", u.Name, u.Type, u.KernelBytes, kernel[u.Name])
+		}
+	}
+}
+
+// A node without IPv6 opens its IPv6 tables at IPv6MinimalCapacity: the
+// kernel holds at least 130 MiB less for the set, and a conntrack flag's
+// size does not undo it (MergeCapacity keeps the smaller).
+func TestIPv6MinimalCapacitySavesKernelMemory(t *testing.T) {
+	total := func(set *maps.Set) uint64 {
+		kernel, err := set.KernelBytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum uint64
+		for _, n := range kernel {
+			sum += n
+		}
+		return sum
+	}
+	full := openSet(t)
+	capacity := maps.ConntrackCapacity(65536, 131072, 4)
+	maps.MergeCapacity(capacity, maps.IPv6MinimalCapacity())
+	if capacity[gen.SluiceMapSlCt6V1] != 8192 || capacity[gen.SluiceMapSlCtV2] != 2*262144 {
+		t.Fatalf("merged capacities %v", capacity)
+	}
+	minimal, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t), Capacity: maps.IPv6MinimalCapacity()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer minimal.Close()
+	if got := minimal.Map(gen.SluiceMapSlCt6V1).MaxEntries(); got != 8192 {
+		t.Fatalf("%s: capacity %d", gen.SluiceMapSlCt6V1, got)
+	}
+	f, m := total(full), total(minimal)
+	t.Logf("kernel memory of the maps: %.1f MiB with full IPv6 tables, %.1f MiB minimal", float64(f)/(1<<20), float64(m)/(1<<20))
+	if f < m+130<<20 {
+		t.Fatalf("minimal IPv6 tables save %.1f MiB, want at least 130", float64(f-m)/(1<<20))
+	}
 }

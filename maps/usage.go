@@ -10,7 +10,10 @@ type Usage struct {
 	Type     string `json:"type"`
 	Entries  int    `json:"entries"`
 	Capacity uint32 `json:"capacity"`
-	Doc      string `json:"doc"`
+	// KernelBytes is the memory the kernel holds for the map (0 where it
+	// does not say).
+	KernelBytes uint64 `json:"kernel_bytes"`
+	Doc         string `json:"doc"`
 }
 
 // Usages counts the entries of every map of the set (arrays count their
@@ -28,13 +31,17 @@ func Usages(s *Set, f *Filler) ([]Usage, error) {
 			return nil, err
 		}
 	}
+	kernel, err := s.KernelBytes()
+	if err != nil {
+		return nil, err
+	}
 	var out []Usage
 	for _, info := range cat {
 		m := s.Map(info.Name)
 		if m == nil {
 			continue
 		}
-		u := Usage{Name: info.Name, Type: m.Type().String(), Capacity: m.MaxEntries(), Doc: info.Doc}
+		u := Usage{Name: info.Name, Type: m.Type().String(), Capacity: m.MaxEntries(), KernelBytes: kernel[info.Name], Doc: info.Doc}
 		if n, ok := counted[info.Name]; ok {
 			u.Entries = int(n)
 		} else if u.Entries, err = walkCount(m); err != nil {

@@ -41,17 +41,19 @@ func (s *Syncer) ServiceID(name ServicePortName) (uint32, bool) {
 	return id, ok
 }
 
-// ServiceIDs lists the ids of every service port's backend sets (its main
-// set, and one per remote node whose NodePort it programs): the ids the
-// datapath counts the service's traffic under (sl_svcstats_v1).
-func (s *Syncer) ServiceIDs() map[ServicePortName][]uint32 {
+// ServiceIDs yields every service port with the ids of its backend sets
+// (its main set, and one per remote node whose NodePort it programs): the
+// ids the datapath counts the service's traffic under (sl_svcstats_v1). It
+// holds the syncer's lock while it yields: the caller must not call the
+// syncer meanwhile.
+func (s *Syncer) ServiceIDs(yield func(ServicePortName, uint32) bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[ServicePortName][]uint32, len(s.ids.byKey))
 	for k, id := range s.ids.byKey {
-		out[k.name] = append(out[k.name], id)
+		if !yield(k.name, id) {
+			return
+		}
 	}
-	return out
 }
 
 // idAllocator hands out service ids; an id freed in one Apply is reused only

@@ -14,12 +14,28 @@ type Frontend struct {
 	Service   string         `json:"service"` // "namespace/name:port", or "" if unnamed
 	ServiceID uint32         `json:"serviceID"`
 	Address   netip.AddrPort `json:"address"` // all ones (255.255.255.255, ffff:...:ffff) is the NodePort wildcard
-	Protocol  string         `json:"protocol"`
-	Flags     []string       `json:"flags,omitempty"`
-	Count     uint32         `json:"count"`
-	Local     uint32         `json:"local"`
-	Affinity  uint32         `json:"affinitySeconds,omitempty"`
-	Backends  []Backend      `json:"backends"`
+	// AllNodeAddresses marks the NodePort wildcard: the port on every node
+	// address of the family (Address holds the datapath's all-ones key).
+	AllNodeAddresses bool      `json:"allNodeAddresses,omitempty"`
+	Protocol         string    `json:"protocol"`
+	Flags            []string  `json:"flags,omitempty"`
+	Count            uint32    `json:"count"`
+	Local            uint32    `json:"local"`
+	Affinity         uint32    `json:"affinitySeconds,omitempty"`
+	Backends         []Backend `json:"backends"`
+}
+
+// Shown is the frontend's address as people write it: the NodePort
+// wildcard as the family's unspecified address, 0.0.0.0:30080 or
+// [::]:30080, the way a socket on every address shows.
+func (f Frontend) Shown() netip.AddrPort {
+	if !f.AllNodeAddresses {
+		return f.Address
+	}
+	if f.Address.Addr().Is6() {
+		return netip.AddrPortFrom(netip.IPv6Unspecified(), f.Address.Port())
+	}
+	return netip.AddrPortFrom(netip.IPv4Unspecified(), f.Address.Port())
 }
 
 // Backend is one backend of a programmed frontend.
@@ -82,7 +98,7 @@ func ReadFrontends(set *maps.Set) ([]Frontend, error) {
 		}
 		f := Frontend{ServiceID: v.SvcId, Protocol: Protocol(proto).String(), Address: addr,
 			Count: v.Count, Local: v.LocalCount, Affinity: v.AffinityTimeout, Flags: flagNames(v.Flags),
-			Backends: backends[v.SvcId]}
+			Backends: backends[v.SvcId], AllNodeAddresses: addr.Addr() == wildcardFor(addr.Addr())}
 		if n, err := names.Get(gen.SluiceSvcnameKey{SvcId: v.SvcId}); err == nil {
 			f.Service = gen.CString(n.Name[:])
 		}

@@ -25,7 +25,7 @@ func (f *fixture) frontendList() map[string]string {
 		for _, b := range fe.Backends {
 			bs = append(bs, b.Address.String())
 		}
-		out[fe.Service+" "+fe.Address.String()+" "+fe.Protocol] = strings.Join(bs, ",")
+		out[fe.Service+" "+fe.Shown().String()+" "+fe.Protocol] = strings.Join(bs, ",")
 	}
 	return out
 }
@@ -68,15 +68,15 @@ func TestSyncerDualStackServiceProgramsEachFamily(t *testing.T) {
 	}
 	got := f.frontendList()
 	want := map[string]string{
-		"default/web:p 10.96.0.10:80 TCP":                                          "10.2.0.7:8080",
-		"default/web:p 192.0.2.10:80 TCP":                                          "10.2.0.7:8080",
-		"default/web:p 10.0.0.1:30080 TCP":                                         "10.2.0.7:8080",
-		"default/web:p 255.255.255.255:30080 TCP":                                  "10.2.0.7:8080",
-		"default/web:p (IPv6) [fd00:96::10]:80 TCP":                                "[fd00:2::7]:8080,[fd00:2::8]:8080",
-		"default/web:p (IPv6) [2001:db8::10]:80 TCP":                               "[fd00:2::7]:8080,[fd00:2::8]:8080",
-		"default/web:p (IPv6) [2001:db8::20]:80 TCP":                               "[fd00:2::7]:8080,[fd00:2::8]:8080",
-		"default/web:p (IPv6) [fd00::1]:30080 TCP":                                 "[fd00:2::7]:8080,[fd00:2::8]:8080",
-		"default/web:p (IPv6) [ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:30080 TCP": "[fd00:2::7]:8080,[fd00:2::8]:8080",
+		"default/web:p 10.96.0.10:80 TCP":            "10.2.0.7:8080",
+		"default/web:p 192.0.2.10:80 TCP":            "10.2.0.7:8080",
+		"default/web:p 10.0.0.1:30080 TCP":           "10.2.0.7:8080",
+		"default/web:p 0.0.0.0:30080 TCP":            "10.2.0.7:8080",
+		"default/web:p (IPv6) [fd00:96::10]:80 TCP":  "[fd00:2::7]:8080,[fd00:2::8]:8080",
+		"default/web:p (IPv6) [2001:db8::10]:80 TCP": "[fd00:2::7]:8080,[fd00:2::8]:8080",
+		"default/web:p (IPv6) [2001:db8::20]:80 TCP": "[fd00:2::7]:8080,[fd00:2::8]:8080",
+		"default/web:p (IPv6) [fd00::1]:30080 TCP":   "[fd00:2::7]:8080,[fd00:2::8]:8080",
+		"default/web:p (IPv6) [::]:30080 TCP":        "[fd00:2::7]:8080,[fd00:2::8]:8080",
 	}
 	if len(got) != len(want) {
 		t.Errorf("%d frontends, want %d", len(got), len(want))

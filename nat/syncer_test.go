@@ -188,6 +188,11 @@ func TestSyncerProgramsServicesExactly(t *testing.T) {
 		read[1].Address.String() != "10.0.0.1:30080" || len(read[1].Backends) != 2 || read[3].Address.String() != "255.255.255.255:30080" {
 		t.Fatalf("read back %+v", read)
 	}
+	// The NodePort wildcard is marked, and shown as every address is.
+	if read[1].AllNodeAddresses || read[1].Shown().String() != "10.0.0.1:30080" ||
+		!read[3].AllNodeAddresses || read[3].Shown().String() != "0.0.0.0:30080" {
+		t.Fatalf("NodePorts read back as %v (all %v) and %v (all %v)", read[1].Shown(), read[1].AllNodeAddresses, read[3].Shown(), read[3].AllNodeAddresses)
+	}
 
 	// Nothing changed: nothing written.
 	st = f.apply([]*nat.ServicePort{web, dns}, e)

@@ -67,6 +67,11 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	})
 	fs.StringVar(&cfg.HealthzBindAddress, "healthz-bind-address", def.HealthzBindAddress, "address of /healthz and /livez (empty disables)")
 	fs.StringVar(&cfg.MetricsBindAddress, "metrics-bind-address", def.MetricsBindAddress, "address of /metrics (empty disables)")
+	fs.StringVar(&cfg.ServiceMetrics, "service-metrics", def.ServiceMetrics,
+		"service ports with series of their own: active (those that carried traffic, up to --service-metrics-limit), all, or none; the node's totals are always exported")
+	fs.IntVar(&cfg.ServiceMetricsLimit, "service-metrics-limit", def.ServiceMetricsLimit, "most service ports --service-metrics=active gives series")
+	fs.StringVar(&cfg.IPv6Tables, "ipv6-tables", def.IPv6Tables,
+		"size of the IPv6 tables: full, minimal (about 140 MiB less kernel memory, no IPv6 Service), or auto (full when the node has an IPv6 address beyond link-local)")
 	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve Go's /debug/pprof on the metrics address")
 	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", def.MinSyncPeriod, "least time between syncs (a burst of changes is coalesced over it)")
 	fs.DurationVar(&cfg.SyncPeriod, "sync-period", def.SyncPeriod, "most time between syncs")

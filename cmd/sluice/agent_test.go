@@ -12,7 +12,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -404,5 +406,14 @@ func TestAgentExportsDatapathMetrics(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+	// The kernel memory of each map: the demo node has IPv6, so its IPv6
+	// conntrack table is full size, over 100 MiB.
+	kernel := regexp.MustCompile(`(?m)^sluice_map_kernel_bytes\{map="sl_ct6_v1"\} ([0-9.e+]+)$`).FindStringSubmatch(body)
+	if kernel == nil {
+		t.Fatalf("no kernel memory of sl_ct6_v1:\n%s", grepLines(body, "sluice_map_kernel_bytes"))
+	}
+	if n, err := strconv.ParseFloat(kernel[1], 64); err != nil || n < 100<<20 {
+		t.Errorf("sl_ct6_v1 holds %s bytes of kernel memory, want a full-size table", kernel[1])
 	}
 }

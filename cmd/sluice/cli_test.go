@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -215,4 +216,53 @@ func pinnedConntrack(t *testing.T) (string, *maps.Map[gen.SluiceCtKey, gen.Sluic
 		t.Fatal(err)
 	}
 	return dir, ct
+}
+
+// Every command answers -h and --help with its usage (and its flags, where
+// it has any) on stdout and exit status 0, as the binary: also a command
+// whose arguments come before its flags (trace) or that takes none (demo),
+// and a command group without its subcommand (nat, ct).
+func TestEveryCommandHasHelp(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args  []string
+		usage string
+		flags string // a flag the help lists; "" for none
+	}{
+		{[]string{"agent", "--help"}, "usage: sluice agent [flags]", "-service-metrics"},
+		{[]string{"demo", "-h"}, "usage: sluice demo", ""},
+		{[]string{"nat", "--help"}, "usage: sluice nat list", ""},
+		{[]string{"nat", "list", "--help"}, "usage: sluice nat list", "-bpf-pin-dir"},
+		{[]string{"ct", "--help"}, "usage: sluice ct list|flush", ""},
+		{[]string{"ct", "flush", "-h"}, "usage: sluice ct flush", "-proto"},
+		{[]string{"monitor", "--help"}, "usage: sluice monitor", "-type"},
+		{[]string{"trace", "--help"}, "usage: sluice trace tcp|udp SRC:PORT -> DST:PORT", "-direction"},
+		{[]string{"trace", "tcp", "10.0.0.1:1", "->", "10.96.0.10:80", "--help"}, "usage: sluice trace", "-iface"},
+		{[]string{"iface", "list", "--help"}, "usage: sluice iface list", "-json"},
+		{[]string{"policy", "--help"}, "usage: sluice policy list", ""},
+		{[]string{"maps", "--help"}, "usage: sluice maps", "-json"},
+		{[]string{"cleanup", "--help"}, "usage: sluice cleanup", "-hand-back"},
+	} {
+		cmd := exec.Command(self, c.args...)
+		cmd.Env = append(os.Environ(), "SLUICE_AS_BINARY=1")
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil || stderr.Len() != 0 {
+			t.Errorf("sluice %s: %v, stderr %q", strings.Join(c.args, " "), err, stderr.String())
+			continue
+		}
+		out := stdout.String()
+		if !strings.HasPrefix(out, c.usage) || (c.flags != "" && !strings.Contains(out, "\nflags:\n") || !strings.Contains(out, c.flags)) {
+			t.Errorf("sluice %s printed\n%s\nwant %q first, and flag %q", strings.Join(c.args, " "), out, c.usage, c.flags)
+		}
+	}
+	// A wrong flag is still an error, with the usage on stderr.
+	cmd := exec.Command(self, "maps", "--bogus")
+	cmd.Env = append(os.Environ(), "SLUICE_AS_BINARY=1")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "usage: sluice maps") {
+		t.Errorf("sluice maps --bogus: %v: %s", err, out)
+	}
 }

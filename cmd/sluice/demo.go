@@ -163,7 +163,8 @@ func backendOf(body string) string { return strings.Fields(body + " ?")[0] }
 
 func runDemo(ctx context.Context, args []string) (err error) {
 	if len(args) > 0 {
-		return errors.New("usage: sluice demo")
+		return usageOr("sluice demo\n\nBuilds a node, pods and an external host in network namespaces, runs the agent on the\n"+
+			"example manifests, sends traffic to each kind of Service, and removes what it made. Root only.", args)
 	}
 	start := time.Now()
 	if err := agent.CheckPrivileges(); err != nil {

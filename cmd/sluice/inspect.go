@@ -65,7 +65,7 @@ func printJSON(v any) error {
 // command has ("list") and returns the rest.
 func subcommand(args []string, sub, usage string) ([]string, error) {
 	if len(args) == 0 || args[0] != sub {
-		return nil, errors.New(usage)
+		return nil, usageOr(usage, args)
 	}
 	return args[1:], nil
 }
@@ -103,7 +103,7 @@ func table(header string, rows [][]string) {
 }
 
 func runNAT(args []string) error {
-	args, err := subcommand(args, "list", "usage: sluice nat list [--json] [--bpf-pin-dir DIR]")
+	args, err := subcommand(args, "list", commandUsage["sluice nat list"])
 	if err != nil {
 		return err
 	}
@@ -127,7 +127,7 @@ func printFrontends(fes []nat.Frontend) {
 		if fe.Count == 0 && fe.Local == 0 {
 			backends = "(no endpoints: rejected)"
 		}
-		rows = append(rows, []string{fe.Service, fe.Address.String() + "/" + strings.ToLower(fe.Protocol),
+		rows = append(rows, []string{fe.Service, fe.Shown().String() + "/" + strings.ToLower(fe.Protocol),
 			strings.Join(fe.Flags, ","), fmt.Sprint(fe.Count), fmt.Sprint(fe.Local), backends})
 	}
 	table("SERVICE\tFRONTEND\tFLAGS\tCLUSTER\tLOCAL\tBACKENDS (* local)", rows)
@@ -135,7 +135,7 @@ func printFrontends(fes []nat.Frontend) {
 
 func runCT(args []string) error {
 	if len(args) == 0 || (args[0] != "list" && args[0] != "flush") {
-		return errors.New("usage: sluice ct list|flush [--service NS/NAME] [--address IP] [--proto tcp|udp] [--json]")
+		return usageOr("sluice ct list|flush [--json] [--service NS/NAME] [--address IP] [--proto tcp|udp] [--bpf-pin-dir DIR]", args)
 	}
 	f := newInspectFlags("sluice ct " + args[0])
 	service := f.fs.String("service", "", "only flows of this service (namespace/name, or namespace/name:port)")
@@ -233,7 +233,7 @@ func flushFlows(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], ct6 *maps.Map[
 }
 
 func runIface(args []string) error {
-	args, err := subcommand(args, "list", "usage: sluice iface list [--json] [--bpf-pin-dir DIR]")
+	args, err := subcommand(args, "list", commandUsage["sluice iface list"])
 	if err != nil {
 		return err
 	}
@@ -267,11 +267,19 @@ func runMaps(args []string) error {
 
 func printUsages(usages []maps.Usage) {
 	var rows [][]string
+	var kernel uint64
 	for _, u := range usages {
 		rows = append(rows, []string{u.Name, u.Type, fmt.Sprint(u.Entries), fmt.Sprint(u.Capacity),
-			fmt.Sprintf("%.1f%%", 100*float64(u.Entries)/float64(max(u.Capacity, 1))), u.Doc})
+			fmt.Sprintf("%.1f%%", 100*float64(u.Entries)/float64(max(u.Capacity, 1))), mebibytes(u.KernelBytes), u.Doc})
+		kernel += u.KernelBytes
 	}
-	table("MAP\tTYPE\tENTRIES\tCAPACITY\tFILL\tHOLDS", rows)
+	rows = append(rows, []string{"total", "", "", "", "", mebibytes(kernel), "kernel memory of all the maps"})
+	table("MAP\tTYPE\tENTRIES\tCAPACITY\tFILL\tKERNEL\tHOLDS", rows)
+}
+
+// mebibytes writes a size in MiB, to a tenth.
+func mebibytes(n uint64) string {
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }
 
 func runCleanup(args []string) error {
@@ -321,7 +329,7 @@ type ruleHits struct {
 }
 
 func runPolicy(args []string) error {
-	args, err := subcommand(args, "list", "usage: sluice policy list [--json] [--bpf-pin-dir DIR]")
+	args, err := subcommand(args, "list", commandUsage["sluice policy list"])
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -51,7 +52,7 @@ it works while the agent runs and after it stopped.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
+	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, errHelp) {
 		fmt.Fprintln(os.Stderr, "sluice:", err)
 		os.Exit(1)
 	}
@@ -102,12 +103,70 @@ func newLogger(level string) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
 }
 
+// errHelp says that a command's help was asked for (-h, --help) and
+// printed: sluice exits 0.
+var errHelp = errors.New("help printed")
+
+// commandUsage is each command's usage line, by its flag set's name, as
+// `sluice help` lists them.
+var commandUsage = map[string]string{
+	"sluice agent":       "sluice agent [flags]",
+	"sluice nat list":    "sluice nat list [--json] [--bpf-pin-dir DIR]",
+	"sluice ct list":     "sluice ct list [--json] [--service NS/NAME] [--address IP] [--proto tcp|udp] [--bpf-pin-dir DIR]",
+	"sluice ct flush":    "sluice ct flush [--service NS/NAME] [--address IP] [--proto tcp|udp] [--bpf-pin-dir DIR]",
+	"sluice monitor":     "sluice monitor [--json] [--service NS/NAME] [--address IP] [--type drop|flow|REASON] [--count N]",
+	"sluice trace":       traceUsage,
+	"sluice iface list":  "sluice iface list [--json] [--bpf-pin-dir DIR]",
+	"sluice policy list": "sluice policy list [--json] [--bpf-pin-dir DIR]",
+	"sluice maps":        "sluice maps [--json] [--bpf-pin-dir DIR]",
+	"sluice cleanup":     "sluice cleanup [--hand-back=false] [--bpf-pin-dir DIR]",
+}
+
+// wantsHelp tells whether args ask for help (before a "--").
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help":
+			return true
+		}
+	}
+	return false
+}
+
+// usageOr is a command's usage as its answer to args that do not name
+// what to do: printed, and errHelp, when args ask for help; else the
+// error.
+func usageOr(usage string, args []string) error {
+	if wantsHelp(args) {
+		fmt.Println("usage:", usage)
+		return errHelp
+	}
+	return errors.New("usage: " + usage)
+}
+
 // parseFlags parses a command's flags and refuses anything else: the flag
 // package stops at the first word that is not a flag, and every flag after a
 // stray word would be ignored without a word (a `ct flush` that flushes
-// everything, a `cleanup` of the default directory).
+// everything, a `cleanup` of the default directory). --help prints the
+// command's usage and flags to stdout, and gives errHelp.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.Usage = func() {
+		line, ok := commandUsage[fs.Name()]
+		if !ok {
+			line = fs.Name() + " [flags]"
+		}
+		fmt.Fprintf(fs.Output(), "usage: %s\n\nflags:\n", line)
+		fs.PrintDefaults()
+	}
+	if wantsHelp(args) {
+		fs.SetOutput(os.Stdout)
+	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -27,7 +27,7 @@ type monitorEvent struct {
 // runMonitor prints the datapath's flow events as they come (`sluice
 // monitor`), until ctx ends or --count events were printed.
 func runMonitor(ctx context.Context, args []string) error {
-	f := newInspectFlags("monitor")
+	f := newInspectFlags("sluice monitor")
 	service := f.fs.String("service", "", "only events of this Service (NS/NAME, or NS/NAME:PORT)")
 	address := f.fs.String("address", "", "only events with this source, destination or backend address")
 	kind := f.fs.String("type", "", "only these events: drop, flow (starts and ends), or a drop reason such as drop_src_range")

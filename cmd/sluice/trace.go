@@ -9,13 +9,21 @@ import (
 	"github.com/sluice-net/sluice/trace"
 )
 
-const traceUsage = "usage: sluice trace tcp|udp SRC:PORT -> DST:PORT --iface NAME [--direction ingress|egress] [--flags syn,ack,...] [--json]"
+const traceUsage = "sluice trace tcp|udp SRC:PORT -> DST:PORT --iface NAME [--direction ingress|egress] [--flags syn,ack,...] [--json]"
 
 // runTrace runs a described packet through the node's datapath as a dry
 // run and prints what it decided (package trace).
 func runTrace(args []string) error {
+	f := newInspectFlags("sluice trace")
+	iface := f.fs.String("iface", "", "the interface the packet meets (required)")
+	direction := f.fs.String("direction", "ingress", "ingress (arriving through the interface; leaving a pod for a pod's interface) or egress")
+	flags := f.fs.String("flags", "syn", "TCP flags, comma-separated: syn, ack, fin, rst, psh")
+	payload := f.fs.String("payload", "", "the packet's payload")
+	if wantsHelp(args) {
+		return parseFlags(f.fs, []string{"--help"})
+	}
 	if len(args) < 4 || args[2] != "->" {
-		return errors.New(traceUsage)
+		return usageOr(traceUsage, args)
 	}
 	pkt := trace.Packet{Proto: strings.ToLower(args[0])}
 	var err error
@@ -25,16 +33,11 @@ func runTrace(args []string) error {
 	if pkt.Dst, err = netip.ParseAddrPort(args[3]); err != nil {
 		return fmt.Errorf("destination %q: %w", args[3], err)
 	}
-	f := newInspectFlags("trace")
-	iface := f.fs.String("iface", "", "the interface the packet meets (required)")
-	direction := f.fs.String("direction", "ingress", "ingress (arriving through the interface; leaving a pod for a pod's interface) or egress")
-	flags := f.fs.String("flags", "syn", "TCP flags, comma-separated: syn, ack, fin, rst, psh")
-	payload := f.fs.String("payload", "", "the packet's payload")
 	if err := parseFlags(f.fs, args[4:]); err != nil {
 		return err
 	}
 	if *iface == "" {
-		return errors.New("--iface is required: " + traceUsage)
+		return errors.New("--iface is required: usage: " + traceUsage)
 	}
 	switch *direction {
 	case "ingress", "egress":

@@ -5,7 +5,14 @@
 package metrics
 
 import (
+	"cmp"
+	"fmt"
+	"iter"
+	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-net/sluice/conntrack"
@@ -174,69 +181,363 @@ func (c *MapFillCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// ServiceCollector exports the datapath's per-service traffic counters
-// (sl_svcstats_v1) at scrape time: packets and bytes by direction and new
-// flows, per service port. A scrape reads one per-CPU array slot per backend
-// set the syncer holds (a remote node's NodePort set counts with its
-// service), never a walk of a large map.
-type ServiceCollector struct {
-	IDs   func() map[nat.ServicePortName][]uint32
-	Stats *maps.PerCPUMap[uint32, gen.SluiceSvcstatsValue]
+// ServiceSeries chooses the service ports that get series of their own
+// (sluice_service_*). Every choice keeps the node's totals over all service
+// ports (sluice_all_services_*).
+type ServiceSeries string
 
-	packets, bytes, flows *prometheus.Desc
+const (
+	// ServiceSeriesActive gives series to service ports that carried
+	// traffic, up to a limit, in the order they first did; a port keeps its
+	// series while it exists. A node's thousands of idle Services cost
+	// nothing at a scrape.
+	ServiceSeriesActive ServiceSeries = "active"
+	// ServiceSeriesAll gives every service port its series, idle or not:
+	// five series a port, 750 KB at 1,000 Services.
+	ServiceSeriesAll ServiceSeries = "all"
+	// ServiceSeriesNone exports the totals only.
+	ServiceSeriesNone ServiceSeries = "none"
+)
+
+// DefaultServiceSeriesLimit is how many service ports ServiceSeriesActive
+// gives series at most: about 75 KB of /metrics.
+const DefaultServiceSeriesLimit = 100
+
+// ParseServiceSeries parses a --service-metrics value.
+func ParseServiceSeries(s string) (ServiceSeries, error) {
+	switch v := ServiceSeries(s); v {
+	case ServiceSeriesActive, ServiceSeriesAll, ServiceSeriesNone:
+		return v, nil
+	}
+	return "", fmt.Errorf("service metrics %q: want %s, %s or %s", s, ServiceSeriesActive, ServiceSeriesAll, ServiceSeriesNone)
 }
 
-// NewServiceCollector returns the collector; ids is usually
-// nat.Syncer.ServiceIDs.
-func NewServiceCollector(ids func() map[nat.ServicePortName][]uint32, stats *maps.PerCPUMap[uint32, gen.SluiceSvcstatsValue]) *ServiceCollector {
+// ServiceCollectorOptions configure a ServiceCollector.
+type ServiceCollectorOptions struct {
+	// IDs yields each service port with each id the datapath counts it
+	// under (a port can have several); usually nat.Syncer.ServiceIDs.
+	IDs iter.Seq2[nat.ServicePortName, uint32]
+	// Stats is sl_svcstats_v1.
+	Stats *maps.PerCPUMap[uint32, gen.SluiceSvcstatsValue]
+	// Series chooses the ports with series of their own; empty means
+	// ServiceSeriesActive.
+	Series ServiceSeries
+	// Limit bounds ServiceSeriesActive's ports; zero means
+	// DefaultServiceSeriesLimit.
+	Limit int
+	// Logger, if set, is told the first time the limit leaves a port out.
+	Logger *slog.Logger
+}
+
+// MapMemoryCollector exports the kernel memory of each datapath map at
+// scrape time: sluice_map_kernel_bytes{map="sl_ct_v2"} (maps.Set.KernelBytes).
+type MapMemoryCollector struct {
+	Read func() (map[string]uint64, error)
+	desc *prometheus.Desc
+}
+
+// NewMapMemoryCollector returns the collector.
+func NewMapMemoryCollector(read func() (map[string]uint64, error)) *MapMemoryCollector {
+	return &MapMemoryCollector{Read: read, desc: prometheus.NewDesc("sluice_map_kernel_bytes",
+		"Kernel memory each datapath map holds (its memlock charge), full or empty: most are preallocated", []string{"map"}, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *MapMemoryCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *MapMemoryCollector) Collect(ch chan<- prometheus.Metric) {
+	bytes, err := c.Read()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	for name, n := range bytes {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), name)
+	}
+}
+
+func keys[V any](m map[nat.ServicePortName]V) []nat.ServicePortName {
+	out := make([]nat.ServicePortName, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// ServiceCollector exports the datapath's per-service traffic counters
+// (sl_svcstats_v1) at scrape time: packets and bytes by direction and new
+// flows, per service port and over all of them. A scrape reads the array's
+// slots below the highest id in use in batches, never a map walk of its
+// whole size.
+//
+// An id a removed service port held is handed to the next new one, and its
+// slot still holds the old counts: the collector counts each port from the
+// value its slot had when the port took it, and moves the old port's counts
+// into the totals, so that a total never goes down.
+type ServiceCollector struct {
+	opts ServiceCollectorOptions
+
+	packets, bytes, flows          *prometheus.Desc
+	allPackets, allBytes, allFlows *prometheus.Desc
+	seriesDesc, omittedDesc        *prometheus.Desc
+
+	// mu serializes scrapes: they share the state below.
+	mu sync.Mutex
+	// slots, by id, are the ids' owners and counts at the last scrape.
+	slots []serviceSlot
+	// owners and current, by id, are this scrape's: scratch kept between
+	// scrapes, so that one at 100,000 ports allocates no table of them.
+	owners  []serviceOwner
+	current []gen.SluiceSvcstatsValue
+	// retired is what ports that left their ids counted, by family (IPv6 1).
+	retired [2]gen.SluiceSvcstatsValue
+	// shown are ServiceSeriesActive's ports with series.
+	shown  map[nat.ServicePortName]struct{}
+	warned bool
+}
+
+type serviceOwner struct {
+	name nat.ServicePortName
+	ok   bool
+}
+
+// serviceSlot is an id's owner and its counts: at the owner's first scrape
+// (base) and at the last (last).
+type serviceSlot struct {
+	owner      nat.ServicePortName
+	used       bool
+	base, last gen.SluiceSvcstatsValue
+}
+
+// NewServiceCollector returns the collector.
+func NewServiceCollector(opts ServiceCollectorOptions) (*ServiceCollector, error) {
+	if opts.IDs == nil || opts.Stats == nil {
+		return nil, fmt.Errorf("service collector: IDs and Stats are required")
+	}
+	if opts.Series == "" {
+		opts.Series = ServiceSeriesActive
+	}
+	if _, err := ParseServiceSeries(string(opts.Series)); err != nil {
+		return nil, err
+	}
+	if opts.Limit < 0 {
+		return nil, fmt.Errorf("service metrics limit %d: want 0 (the default, %d) or more", opts.Limit, DefaultServiceSeriesLimit)
+	}
+	if opts.Limit == 0 {
+		opts.Limit = DefaultServiceSeriesLimit
+	}
 	// ip_family: a dual-stack Service is a service port per family, each
 	// counted on its own.
 	labels := []string{"namespace", "service", "port", "ip_family"}
-	return &ServiceCollector{IDs: ids, Stats: stats,
+	return &ServiceCollector{opts: opts, shown: map[nat.ServicePortName]struct{}{},
 		packets: prometheus.NewDesc("sluice_service_packets_total",
-			"Packets of a service's flows, by direction: to_service (client to backend) or reply", append(labels, "direction"), nil),
+			"Packets of a service's flows, by direction: to_service (client to backend) or reply (ports chosen by --service-metrics)", append(labels, "direction"), nil),
 		bytes: prometheus.NewDesc("sluice_service_bytes_total",
-			"IP bytes of a service's flows, by direction", append(labels, "direction"), nil),
+			"IP bytes of a service's flows, by direction (ports chosen by --service-metrics)", append(labels, "direction"), nil),
 		flows: prometheus.NewDesc("sluice_service_new_flows_total",
-			"Flows balanced to a backend of the service", labels, nil),
-	}
+			"Flows balanced to a backend of the service (ports chosen by --service-metrics)", labels, nil),
+		allPackets: prometheus.NewDesc("sluice_all_services_packets_total",
+			"Packets of all services' flows on this node, by direction", []string{"ip_family", "direction"}, nil),
+		allBytes: prometheus.NewDesc("sluice_all_services_bytes_total",
+			"IP bytes of all services' flows on this node, by direction", []string{"ip_family", "direction"}, nil),
+		allFlows: prometheus.NewDesc("sluice_all_services_new_flows_total",
+			"Flows balanced to a backend of any service on this node", []string{"ip_family"}, nil),
+		seriesDesc: prometheus.NewDesc("sluice_service_series",
+			"Service ports exported with series of their own (sluice_service_*)", nil, nil),
+		omittedDesc: prometheus.NewDesc("sluice_service_series_omitted",
+			"Service ports that carried traffic but have no series of their own: --service-metrics-limit is reached", nil, nil),
+	}, nil
 }
 
 // Describe implements prometheus.Collector.
 func (c *ServiceCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.packets
-	ch <- c.bytes
-	ch <- c.flows
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.flows, c.allPackets, c.allBytes, c.allFlows, c.seriesDesc, c.omittedDesc} {
+		ch <- d
+	}
+}
+
+func familyIndex(n nat.ServicePortName) int {
+	if n.IPv6 {
+		return 1
+	}
+	return 0
+}
+
+var familyNames = [2]string{"IPv4", "IPv6"}
+
+func addStats(a *gen.SluiceSvcstatsValue, b gen.SluiceSvcstatsValue) {
+	a.FwdPackets += b.FwdPackets
+	a.FwdBytes += b.FwdBytes
+	a.RevPackets += b.RevPackets
+	a.RevBytes += b.RevBytes
+	a.NewFlows += b.NewFlows
+}
+
+func subStats(a, b gen.SluiceSvcstatsValue) gen.SluiceSvcstatsValue {
+	return gen.SluiceSvcstatsValue{FwdPackets: a.FwdPackets - b.FwdPackets, FwdBytes: a.FwdBytes - b.FwdBytes,
+		RevPackets: a.RevPackets - b.RevPackets, RevBytes: a.RevBytes - b.RevBytes, NewFlows: a.NewFlows - b.NewFlows}
+}
+
+// below tells whether any count of a is below b's: the slot was zeroed (its
+// map made anew), so counting starts again from zero.
+func below(a, b gen.SluiceSvcstatsValue) bool {
+	return a.FwdPackets < b.FwdPackets || a.FwdBytes < b.FwdBytes || a.RevPackets < b.RevPackets ||
+		a.RevBytes < b.RevBytes || a.NewFlows < b.NewFlows
 }
 
 // Collect implements prometheus.Collector.
 func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
-	for name, ids := range c.IDs() {
-		var sum gen.SluiceSvcstatsValue
-		for _, id := range ids {
-			vs, err := c.Stats.Get(id)
-			if err != nil {
-				continue // an id beyond the array (adopted from an older agent): not counted
-			}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.owners)
+	capacity := c.opts.Stats.MaxEntries()
+	maxID := uint32(0)
+	for name, id := range c.opts.IDs {
+		if id >= capacity {
+			continue // beyond the array (adopted from an older agent): not counted
+		}
+		if int(id) >= len(c.owners) {
+			c.owners = append(c.owners, make([]serviceOwner, int(id)+1-len(c.owners))...)
+		}
+		c.owners[id] = serviceOwner{name: name, ok: true}
+		maxID = max(maxID, id)
+	}
+	c.current = append(c.current[:0], make([]gen.SluiceSvcstatsValue, maxID+1)...)
+	err := c.opts.Stats.Iterate(func(id uint32, vs []gen.SluiceSvcstatsValue) bool {
+		if id > maxID {
+			return false // ids are handed out lowest first: the rest are unused
+		}
+		if c.owners[id].ok {
+			var sum gen.SluiceSvcstatsValue
 			for _, v := range vs {
-				sum.FwdPackets += v.FwdPackets
-				sum.FwdBytes += v.FwdBytes
-				sum.RevPackets += v.RevPackets
-				sum.RevBytes += v.RevBytes
-				sum.NewFlows += v.NewFlows
+				addStats(&sum, v)
 			}
+			c.current[id] = sum
 		}
-		family := "IPv4"
-		if name.IPv6 {
-			family = "IPv6"
+		return true
+	})
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.allFlows, err)
+		return
+	}
+
+	if len(c.slots) < int(maxID)+1 {
+		c.slots = append(c.slots, make([]serviceSlot, int(maxID)+1-len(c.slots))...)
+	}
+	totals := c.retired
+	// byPort sums a port's ids: of every port for ServiceSeriesAll, of
+	// those with series or new traffic for ServiceSeriesActive.
+	byPort := map[nat.ServicePortName]gen.SluiceSvcstatsValue{}
+	for id := range c.slots {
+		slot := &c.slots[id]
+		if id > int(maxID) || !c.owners[id].ok {
+			if slot.used {
+				addStats(&c.retired[familyIndex(slot.owner)], subStats(slot.last, slot.base))
+				addStats(&totals[familyIndex(slot.owner)], subStats(slot.last, slot.base))
+				*slot = serviceSlot{}
+			}
+			continue
 		}
-		l := []string{name.Namespace, name.Name, name.Port, family}
+		name, cur := c.owners[id].name, c.current[id]
+		switch {
+		case !slot.used:
+			// The first sight: the counts are the port's own, also those
+			// from before an agent restart (the map outlives the agent).
+			*slot = serviceSlot{owner: name, used: true}
+		case slot.owner != name:
+			// The id changed hands: the old port's counts go to the
+			// totals, and the new port counts from here.
+			addStats(&c.retired[familyIndex(slot.owner)], subStats(slot.last, slot.base))
+			addStats(&totals[familyIndex(slot.owner)], subStats(slot.last, slot.base))
+			*slot = serviceSlot{owner: name, used: true, base: cur}
+		case below(cur, slot.last):
+			addStats(&c.retired[familyIndex(slot.owner)], subStats(slot.last, slot.base))
+			addStats(&totals[familyIndex(slot.owner)], subStats(slot.last, slot.base))
+			slot.base = gen.SluiceSvcstatsValue{}
+		}
+		slot.last = cur
+		delta := subStats(cur, slot.base)
+		addStats(&totals[familyIndex(name)], delta)
+		switch c.opts.Series {
+		case ServiceSeriesAll:
+		case ServiceSeriesActive:
+			if _, shown := c.shown[name]; !shown && delta == (gen.SluiceSvcstatsValue{}) {
+				continue
+			}
+		default:
+			continue
+		}
+		sum := byPort[name]
+		addStats(&sum, delta)
+		byPort[name] = sum
+	}
+	for f, t := range totals {
+		fam := familyNames[f]
+		ch <- prometheus.MustNewConstMetric(c.allPackets, prometheus.CounterValue, float64(t.FwdPackets), fam, "to_service")
+		ch <- prometheus.MustNewConstMetric(c.allPackets, prometheus.CounterValue, float64(t.RevPackets), fam, "reply")
+		ch <- prometheus.MustNewConstMetric(c.allBytes, prometheus.CounterValue, float64(t.FwdBytes), fam, "to_service")
+		ch <- prometheus.MustNewConstMetric(c.allBytes, prometheus.CounterValue, float64(t.RevBytes), fam, "reply")
+		ch <- prometheus.MustNewConstMetric(c.allFlows, prometheus.CounterValue, float64(t.NewFlows), fam)
+	}
+
+	shown, omitted := c.choose(byPort)
+	for _, name := range shown {
+		sum := byPort[name]
+		l := []string{name.Namespace, name.Name, name.Port, familyNames[familyIndex(name)]}
 		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(sum.FwdPackets), append(l, "to_service")...)
 		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(sum.RevPackets), append(l, "reply")...)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(sum.FwdBytes), append(l, "to_service")...)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(sum.RevBytes), append(l, "reply")...)
 		ch <- prometheus.MustNewConstMetric(c.flows, prometheus.CounterValue, float64(sum.NewFlows), l...)
 	}
+	ch <- prometheus.MustNewConstMetric(c.seriesDesc, prometheus.GaugeValue, float64(len(shown)))
+	ch <- prometheus.MustNewConstMetric(c.omittedDesc, prometheus.GaugeValue, float64(omitted))
+}
+
+// choose returns the ports that get series, and how many ports with
+// traffic were left out.
+func (c *ServiceCollector) choose(byPort map[nat.ServicePortName]gen.SluiceSvcstatsValue) ([]nat.ServicePortName, int) {
+	switch c.opts.Series {
+	case ServiceSeriesNone:
+		return nil, 0
+	case ServiceSeriesAll:
+		return keys(byPort), 0
+	}
+	for name := range c.shown {
+		if _, ok := byPort[name]; !ok {
+			delete(c.shown, name) // the port is gone, and its series with it
+		}
+	}
+	var candidates []nat.ServicePortName
+	for name := range byPort {
+		if _, ok := c.shown[name]; !ok {
+			candidates = append(candidates, name) // with traffic: Collect left out the idle
+		}
+	}
+	if room := c.opts.Limit - len(c.shown); len(candidates) > room && room > 0 {
+		// Ports that start at the same scrape are taken in name order,
+		// so that which of them the limit leaves out does not change
+		// scrape to scrape.
+		slices.SortFunc(candidates, func(a, b nat.ServicePortName) int {
+			return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name),
+				strings.Compare(a.Port, b.Port), cmp.Compare(familyIndex(a), familyIndex(b)))
+		})
+	}
+	omitted := 0
+	for _, name := range candidates {
+		if len(c.shown) >= c.opts.Limit {
+			omitted++
+			continue
+		}
+		c.shown[name] = struct{}{}
+	}
+	if omitted > 0 && !c.warned && c.opts.Logger != nil {
+		c.warned = true
+		c.opts.Logger.Warn("service ports with traffic left without series of their own: the limit is reached (they still count in sluice_all_services_*)",
+			"limit", c.opts.Limit, "left out", omitted, "flag", "--service-metrics-limit")
+	}
+	return keys(c.shown), omitted
 }
 
 // RuleCollector exports policy rule hits (sl_rulectr_v1, the new flows each

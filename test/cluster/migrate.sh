@@ -197,11 +197,24 @@ echo "== helm upgrade: $new_image on kube-proxy's ports, one node after the othe
 helm_cp upgrade sluice "$ROOT/deploy/helm/sluice" --namespace kube-system -f "$dir/sluice-values.yaml" \
 	--set image.tag="${new_image##*:}" --set config.conntrack-max-per-core=65536
 kubectl_cp -n kube-system rollout status ds/sluice --timeout=180s
-# Both families' tables on every node.
-migrated=$(kubectl_cp -n kube-system logs -l k8s-app=sluice | grep -c 'migrating a map.s entries into a new map.*sl_ct' || true)
-log "sluice upgraded to $new_image on every node; $migrated conntrack tables migrated (IPv4 and IPv6, $NODES nodes)"
-if [ "$migrated" -lt $((2 * NODES)) ]; then
-	echo "the upgrade migrated $migrated conntrack tables, not both of every node's $NODES" >&2
+# The IPv4 table on every node; the IPv6 one too on a dual-stack cluster.
+# On a single-stack one the agent gives the IPv6 tables their minimal size
+# (--ipv6-tables=auto), which no conntrack flag grows.
+logs=$(kubectl_cp -n kube-system logs -l k8s-app=sluice --tail=-1)
+migrated=$(grep -Ec 'migrating a map.s entries into a new map.*from.{1,3}sl_ct_v2' <<<"$logs" || true)
+migrated6=$(grep -Ec 'migrating a map.s entries into a new map.*from.{1,3}sl_ct6_v1' <<<"$logs" || true)
+minimal6=$(grep -c 'IPv6 tables are minimal' <<<"$logs" || true)
+log "sluice upgraded to $new_image on every node; conntrack tables migrated: $migrated IPv4, $migrated6 IPv6 ($NODES nodes); minimal IPv6 tables on $minimal6"
+if [ "$migrated" -lt "$NODES" ]; then
+	echo "the upgrade migrated $migrated IPv4 conntrack tables, not every node's $NODES" >&2
+	rc=1
+fi
+if [ "$DUALSTACK" = 1 ] && [ "$migrated6" -lt "$NODES" ]; then
+	echo "the upgrade migrated $migrated6 IPv6 conntrack tables on a dual-stack cluster, not every node's $NODES" >&2
+	rc=1
+fi
+if [ "$DUALSTACK" != 1 ] && [ "$minimal6" -lt "$NODES" ]; then
+	echo "IPv6 tables minimal on $minimal6 of $NODES single-stack nodes" >&2
 	rc=1
 fi
 for i in $(seq "$NODES"); do
