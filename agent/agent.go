@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-net/sluice/ifacemgr"
 	"github.com/sluice-net/sluice/kubeproxy"
 	proxymetrics "github.com/sluice-net/sluice/kubeproxy/metrics"
+	"github.com/sluice-net/sluice/kubeproxy/policysource"
 	"github.com/sluice-net/sluice/kubeproxy/source"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
@@ -619,7 +620,7 @@ func (a *Agent) start(ctx context.Context) error {
 		a.spawn(ctx, "source", func() error { cfg.Source(ctx, a.Proxier); return nil })
 	case cfg.Manifests != "":
 		src := &source.ManifestSource{Dir: cfg.Manifests, Log: log, Kinds: []func(*k8sruntime.Scheme) error{k8s.AddToScheme}, OnObjects: func(objs []source.Object) {
-			feed.Update(clusterOf(objs))
+			feed.Update(policysource.FromObjects(objs))
 		}}
 		a.spawn(ctx, "manifests", func() error { src.Run(ctx, a.Proxier); return nil })
 	default:
@@ -638,7 +639,7 @@ func (a *Agent) start(ctx context.Context) error {
 		if err := source.RunInformers(ctx, client, a.Proxier, 15*time.Minute); err != nil {
 			return err
 		}
-		policies, err := policyInformers(ctx, client, dyn, log, feed.Update)
+		policies, err := policysource.Watch(ctx, client, dyn, log, feed.Update)
 		if err != nil {
 			return err
 		}

@@ -20,7 +20,7 @@ require (
 
 require golang.org/x/sync v0.23.0
 
-require sigs.k8s.io/network-policy-api v0.3.0
+require sigs.k8s.io/network-policy-api v0.3.0 // indirect
 
 require (
 	github.com/google/go-cmp v0.7.0 // indirect

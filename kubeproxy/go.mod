@@ -10,6 +10,7 @@ require (
 	github.com/sluice-net/sluice/gen v0.1.0
 	github.com/sluice-net/sluice/maps v0.1.0
 	github.com/sluice-net/sluice/nat v0.1.0
+	github.com/sluice-net/sluice/policy v0.1.0
 	golang.org/x/sys v0.48.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
@@ -75,6 +76,7 @@ replace (
 	github.com/sluice-net/sluice/gen => ../gen
 	github.com/sluice-net/sluice/maps => ../maps
 	github.com/sluice-net/sluice/nat => ../nat
+	github.com/sluice-net/sluice/policy => ../policy
 )
 
 replace github.com/sluice-net/sluice/netlab => ../netlab

@@ -1,4 +1,4 @@
-package agent
+package policysource
 
 import (
 	"context"
@@ -71,7 +71,7 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 	}
 
 	updates := make(chan k8s.Cluster, 100)
-	run, err := policyInformers(ctx, s.Client, dyn, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
+	run, err := Watch(ctx, s.Client, dyn, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestPolicyInformersTranslateOnlyForChangesThatMatter(t *testing.T) {
 		Spec: v1.PodSpec{NodeName: "node-a"}, Status: v1.PodStatus{PodIP: "10.1.0.10"}}
 	client := fake.NewSimpleClientset(web, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
 	updates := make(chan k8s.Cluster, 100)
-	run, err := policyInformers(ctx, client, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
+	run, err := Watch(ctx, client, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,11 @@
-package agent
+// Package policysource follows what Sluice's policy translation reads from a
+// cluster — Pods, Namespaces, NetworkPolicies and, where their CRDs are
+// installed, ClusterNetworkPolicies, AdminNetworkPolicies,
+// BaselineAdminNetworkPolicies and HostEndpoints — and hands it over as a
+// k8s.Cluster: from informers (Watch), or from a folder's objects
+// (FromObjects). It is the policy's counterpart of package source, and where
+// client-go meets package policy/k8s, which stays free of it.
+package policysource
 
 import (
 	"context"
@@ -29,8 +36,9 @@ import (
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
-// clusterOf picks the policy inputs out of a folder's objects.
-func clusterOf(objs []source.Object) k8s.Cluster {
+// FromObjects picks the policy inputs out of a folder's objects
+// (source.ReadManifests).
+func FromObjects(objs []source.Object) k8s.Cluster {
 	var c k8s.Cluster
 	for _, o := range objs {
 		addObject(&c, o.Obj)
@@ -146,14 +154,14 @@ func typedTransform(r schema.GroupVersionResource) cache.TransformFunc {
 	}
 }
 
-// policyInformers follows Pods, Namespaces, NetworkPolicies and, where the
+// Watch follows Pods, Namespaces, NetworkPolicies and, where the
 // API server serves them (their CRDs are installed when the agent starts),
 // ClusterNetworkPolicies, AdminNetworkPolicies and
 // BaselineAdminNetworkPolicies. It returns the loop that hands them to
 // update: once the caches are synced, and again on changes, coalesced by the
 // shim's bounded-frequency runner (at most every 200 ms, and every 15 minutes
 // anyway).
-func policyInformers(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, log *slog.Logger, update func(k8s.Cluster)) (func() error, error) {
+func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, log *slog.Logger, update func(k8s.Cluster)) (func() error, error) {
 	// The caches keep what the translation reads: they hold every Pod of
 	// the cluster.
 	f := informers.NewSharedInformerFactoryWithOptions(client, 15*time.Minute, informers.WithTransform(k8s.Slim))
