@@ -70,17 +70,25 @@ func BenchmarkAgentMemory(b *testing.B) {
 				b.ReportMetric(at.rss.file, "file-MB")
 				b.ReportMetric(at.metricsKB, "metrics-KB")
 				b.ReportMetric(at.scrapeCPUMs, "scrape-cpu-ms")
+				b.ReportMetric(at.startupMs, "startup-ms")
+				b.ReportMetric(at.cpuS, "startup-cpu-s")
+				b.ReportMetric(at.changeMs, "change-ms")
 			})
 		}
 	}
 }
 
-// proxyAtScale is what memoryAt measures of a proxy: its memory, and its
+// proxyAtScale is what memoryAt measures of a proxy: its memory; its
 // /metrics as a Prometheus scrape gets it (the size, and the proxy's CPU
-// time a scrape costs, averaged over 30).
+// time a scrape costs, averaged over 30); the time from its start to the
+// probe's answer (every object listed and programmed) and the CPU it spent
+// on that; and the time one EndpointSlice change then takes to reach a
+// client.
 type proxyAtScale struct {
 	rss                    residentMemory
 	metricsKB, scrapeCPUMs float64
+	startupMs, cpuS        float64
+	changeMs               float64
 }
 
 // residentMemory is a process's resident set (VmRSS) and its two parts,
@@ -100,9 +108,12 @@ func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) proxy
 			extra = append(extra, "--profiling")
 		}
 	}
+	started := time.Now()
 	p := e.startProxy(b, proxy, sluice, kubeProxy, extra...)
 	probe := e.createServices(b, "probe", 1, e.backendIPs[0])
 	e.waitFor(b, probe[0]+":80", "b1", 10*time.Minute)
+	at := proxyAtScale{startupMs: float64(time.Since(started).Microseconds()) / 1000,
+		cpuS: processCPU(b, p.Pid).Seconds()}
 	time.Sleep(3 * time.Second) // the sync that programmed the probe settles
 	if profiles != "" && proxy == "sluice" {
 		// The runtime's own figures first (heap in use, idle, returned), as
@@ -129,7 +140,7 @@ func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) proxy
 	if len(fields) != 0 {
 		b.Fatalf("/proc status lacks %v", slices.Collect(maps.Keys(fields)))
 	}
-	at := proxyAtScale{rss: m}
+	at.rss = m
 	const scrapes = 30
 	size := e.scrape(b, "http://127.0.0.1:10249/metrics") // the first: a collector's state set up
 	cpu := processCPU(b, p.Pid)
@@ -138,6 +149,13 @@ func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) proxy
 	}
 	at.scrapeCPUMs = float64(processCPU(b, p.Pid)-cpu) / float64(time.Millisecond) / scrapes
 	at.metricsKB = float64(size) / 1000
+	// One change among N Services: the probe's endpoint moves to another
+	// backend, and a client sees it.
+	if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(),
+		slice("probe0", targetPort(0), e.backendIPs[1]), metav1.UpdateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	at.changeMs = float64(e.waitFor(b, probe[0]+":80", "b2", time.Minute).Microseconds()) / 1000
 	return at
 }
 

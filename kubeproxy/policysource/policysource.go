@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sluice-net/sluice/kubeproxy"
@@ -154,34 +155,39 @@ func typedTransform(r schema.GroupVersionResource) cache.TransformFunc {
 	}
 }
 
-// Watch follows Pods, Namespaces, NetworkPolicies and, where the
-// API server serves them (their CRDs are installed when the agent starts),
-// ClusterNetworkPolicies, AdminNetworkPolicies and
-// BaselineAdminNetworkPolicies. It returns the loop that hands them to
-// update: once the caches are synced, and again on changes, coalesced by the
-// shim's bounded-frequency runner (at most every 200 ms, and every 15 minutes
-// anyway).
+// Watch follows Pods, Namespaces, NetworkPolicies and, where the API
+// server serves them, ClusterNetworkPolicies, AdminNetworkPolicies,
+// BaselineAdminNetworkPolicies and HostEndpoints: those whose CRDs are
+// installed when it starts, and those installed later (discovery is asked
+// again every CRDPollInterval until all are followed; no restart needed). It
+// returns the loop that hands them to update: once the caches are synced,
+// and again on changes, coalesced by the shim's bounded-frequency runner (at
+// most every 200 ms, and every 15 minutes anyway). dyn may be nil: then
+// NetworkPolicy only.
 func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, log *slog.Logger, update func(k8s.Cluster)) (func() error, error) {
 	// The caches keep what the translation reads: they hold every Pod of
 	// the cluster.
 	f := informers.NewSharedInformerFactoryWithOptions(client, 15*time.Minute, informers.WithTransform(k8s.Slim))
 	pods, nss, pols := f.Core().V1().Pods(), f.Core().V1().Namespaces(), f.Networking().V1().NetworkPolicies()
-	served, err := servedResources(client.Discovery(), adminPolicyResources)
-	if err != nil {
-		return nil, err
-	}
-	if len(served) == 0 {
-		log.Info("the API server serves no ClusterNetworkPolicy, AdminNetworkPolicy or BaselineAdminNetworkPolicy (CRDs not installed); NetworkPolicy only")
-	}
-	df := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 15*time.Minute)
-	admin := map[schema.GroupVersionResource]cache.SharedIndexInformer{}
-	for _, r := range served {
-		admin[r] = df.ForResource(r).Informer()
-		if err := admin[r].SetTransform(typedTransform(r)); err != nil {
+	var served []schema.GroupVersionResource
+	if dyn != nil {
+		var err error
+		if served, err = servedResources(client.Discovery(), adminPolicyResources); err != nil {
 			return nil, err
 		}
-		log.Info("following admin network policies", "resource", r.String())
 	}
+	if len(served) == 0 {
+		log.Info("the API server serves no ClusterNetworkPolicy, AdminNetworkPolicy or BaselineAdminNetworkPolicy (CRDs not installed); NetworkPolicy only until they are")
+	}
+	var df dynamicinformer.DynamicSharedInformerFactory
+	if dyn != nil {
+		df = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 15*time.Minute)
+	}
+	// admin holds the admin policy informers a translation reads: those of
+	// the start, and each one added later once its cache is synced (a
+	// translation never sees half of a kind).
+	var mu sync.Mutex
+	admin := map[schema.GroupVersionResource]cache.SharedIndexInformer{}
 	runner := kubeproxy.NewRunner(func() error {
 		var c k8s.Cluster
 		var err error
@@ -190,39 +196,115 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 				c.Policies, err = pols.Lister().List(labels.Everything())
 			}
 		}
-		for _, r := range served {
-			if err == nil {
-				err = addAdminPolicies(&c, r, admin[r].GetStore().List())
+		mu.Lock()
+		for _, r := range adminPolicyResources {
+			if inf, ok := admin[r]; ok && err == nil {
+				err = addAdminPolicies(&c, r, inf.GetStore().List())
 			}
 		}
+		mu.Unlock()
 		if err != nil {
 			return fmt.Errorf("listing policy inputs: %w", err) // retried with backoff
 		}
 		update(c)
 		return nil
 	}, 200*time.Millisecond, 15*time.Minute)
-	all := []cache.SharedIndexInformer{pods.Informer(), nss.Informer(), pols.Informer()}
-	for _, inf := range admin {
-		all = append(all, inf)
+	informerOf := func(r schema.GroupVersionResource) (cache.SharedIndexInformer, error) {
+		inf := df.ForResource(r).Informer()
+		if err := inf.SetTransform(typedTransform(r)); err != nil {
+			return nil, err
+		}
+		if _, err := inf.AddEventHandler(changeTrigger(runner.Trigger)); err != nil {
+			return nil, err
+		}
+		return inf, nil
 	}
-	synced := make([]cache.InformerSynced, 0, len(all))
-	for _, inf := range all {
+	synced := []cache.InformerSynced{}
+	for _, inf := range []cache.SharedIndexInformer{pods.Informer(), nss.Informer(), pols.Informer()} {
 		if _, err := inf.AddEventHandler(changeTrigger(runner.Trigger)); err != nil {
 			return nil, err
 		}
 		synced = append(synced, inf.HasSynced)
 	}
+	for _, r := range served {
+		inf, err := informerOf(r)
+		if err != nil {
+			return nil, err
+		}
+		admin[r] = inf
+		synced = append(synced, inf.HasSynced)
+		log.Info("following admin network policies", "resource", r.String())
+	}
 	f.Start(ctx.Done())
-	df.Start(ctx.Done())
+	if df != nil {
+		df.Start(ctx.Done())
+	}
+	// followLater asks discovery for the kinds not followed yet, and
+	// follows those now served.
+	followLater := func() (done bool) {
+		var missing []schema.GroupVersionResource
+		mu.Lock()
+		for _, r := range adminPolicyResources {
+			if _, ok := admin[r]; !ok {
+				missing = append(missing, r)
+			}
+		}
+		mu.Unlock()
+		if len(missing) == 0 {
+			return true
+		}
+		now, err := servedResources(client.Discovery(), missing)
+		if err != nil {
+			log.Debug("discovery of admin network policy CRDs", "err", err)
+			return false
+		}
+		for _, r := range now {
+			inf, err := informerOf(r)
+			if err != nil {
+				log.Error("following admin network policies installed after start", "resource", r.String(), "err", err)
+				continue
+			}
+			df.Start(ctx.Done())
+			if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+				return true
+			}
+			mu.Lock()
+			admin[r] = inf
+			mu.Unlock()
+			log.Info("following admin network policies: their CRD was installed after the agent started", "resource", r.String())
+			runner.Trigger()
+		}
+		return len(now) == len(missing)
+	}
 	return func() error {
 		if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 			return ctx.Err()
+		}
+		if df != nil {
+			go func() {
+				t := time.NewTicker(CRDPollInterval)
+				defer t.Stop()
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-t.C:
+						if followLater() {
+							return
+						}
+					}
+				}
+			}()
 		}
 		runner.Trigger()
 		runner.Run(ctx)
 		return nil
 	}, nil
 }
+
+// CRDPollInterval is how often Watch asks the API server whether a network
+// policy CRD it does not follow yet has been installed.
+var CRDPollInterval = 10 * time.Second
 
 // changeTrigger calls trigger for every change of an object the translation
 // reads, except the Pod and Namespace updates it cannot be altered by

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -40,8 +42,11 @@ func crd(r schema.GroupVersionResource, kind string) *unstructured.Unstructured 
 }
 
 // Against a real kube-apiserver: without the CRDs the agent follows
-// NetworkPolicy only; with them installed it follows ClusterNetworkPolicies,
-// AdminNetworkPolicies and HostEndpoints created through the API.
+// NetworkPolicy only; once they are installed — after it started, as a
+// chart that ships the CRDs beside the DaemonSet may do — it follows
+// ClusterNetworkPolicies, AdminNetworkPolicies and HostEndpoints created
+// through the API, without a restart. A Watch started after them follows
+// them from its first update.
 func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 	s := apiservertest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -53,6 +58,24 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func(d time.Duration) { CRDPollInterval = d }(CRDPollInterval)
+	CRDPollInterval = 200 * time.Millisecond
+	var logs syncBuffer
+	updates := make(chan k8s.Cluster, 100)
+	run, err := Watch(ctx, s.Client, dyn, slog.New(slog.NewTextHandler(&logs, nil)), func(c k8s.Cluster) { updates <- c })
+	if err != nil {
+		t.Fatal(err)
+	}
+	go run()
+	select {
+	case c := <-updates:
+		if len(c.ClusterNetworkPolicies)+len(c.AdminNetworkPolicies)+len(c.HostEndpoints) != 0 {
+			t.Fatalf("admin policies before their CRDs: %+v", c)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no first update")
+	}
+
 	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
 	kinds := []string{"ClusterNetworkPolicy", "AdminNetworkPolicy", "BaselineAdminNetworkPolicy", "HostEndpoint"}
 	for i, r := range adminPolicyResources {
@@ -70,12 +93,6 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 		}
 	}
 
-	updates := make(chan k8s.Cluster, 100)
-	run, err := Watch(ctx, s.Client, dyn, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
-	if err != nil {
-		t.Fatal(err)
-	}
-	go run()
 	create := func(r schema.GroupVersionResource, obj map[string]any) {
 		t.Helper()
 		if _, err := dyn.Resource(r).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
@@ -119,6 +136,10 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 						if next.ClusterNetworkPolicies[0] != cnp || next.AdminNetworkPolicies[0] != anp || next.HostEndpoints[0] != c.HostEndpoints[0] {
 							t.Fatal("an update hands over new copies of the admin policies that did not change")
 						}
+						if !strings.Contains(logs.String(), "their CRD was installed after the agent started") {
+							t.Errorf("the late CRDs are not logged:\n%s", logs.String())
+						}
+						checkFromTheStart(ctx, t, s.Client, dyn)
 						return
 					case <-deadline:
 						t.Fatal("the namespace's update never came")
@@ -129,6 +150,45 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 			t.Fatal("the informers never delivered the three objects")
 		}
 	}
+}
+
+// checkFromTheStart: a Watch started while the CRDs are served hands over
+// their objects in its first update.
+func checkFromTheStart(ctx context.Context, t *testing.T, client kubernetes.Interface, dyn dynamic.Interface) {
+	t.Helper()
+	updates := make(chan k8s.Cluster, 100)
+	run, err := Watch(ctx, client, dyn, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
+	if err != nil {
+		t.Fatal(err)
+	}
+	go run()
+	select {
+	case c := <-updates:
+		if len(c.ClusterNetworkPolicies) != 1 || len(c.AdminNetworkPolicies) != 1 || len(c.HostEndpoints) != 1 {
+			t.Fatalf("a Watch started after the CRDs: first update has %d, %d, %d admin objects",
+				len(c.ClusterNetworkPolicies), len(c.AdminNetworkPolicies), len(c.HostEndpoints))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a Watch started after the CRDs: no first update")
+	}
+}
+
+// syncBuffer is a strings.Builder a logger and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // A pod's status changing (readiness flapping, a container restarting)
