@@ -64,6 +64,8 @@ func addObject(c *k8s.Cluster, obj any) {
 		c.BaselineAdminNetworkPolicies = append(c.BaselineAdminNetworkPolicies, x)
 	case *k8s.HostEndpoint:
 		c.HostEndpoints = append(c.HostEndpoints, x)
+	case *v1.Node:
+		c.Nodes = append(c.Nodes, x)
 	}
 }
 
@@ -155,7 +157,7 @@ func typedTransform(r schema.GroupVersionResource) cache.TransformFunc {
 	}
 }
 
-// Watch follows Pods, Namespaces, NetworkPolicies and, where the API
+// Watch follows Pods, Namespaces, NetworkPolicies, Nodes and, where the API
 // server serves them, ClusterNetworkPolicies, AdminNetworkPolicies,
 // BaselineAdminNetworkPolicies and HostEndpoints: those whose CRDs are
 // installed when it starts, and those installed later (discovery is asked
@@ -169,6 +171,7 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 	// the cluster.
 	f := informers.NewSharedInformerFactoryWithOptions(client, 15*time.Minute, informers.WithTransform(k8s.Slim))
 	pods, nss, pols := f.Core().V1().Pods(), f.Core().V1().Namespaces(), f.Networking().V1().NetworkPolicies()
+	nodes := f.Core().V1().Nodes() // what ClusterNetworkPolicies' nodes peers select
 	var served []schema.GroupVersionResource
 	if dyn != nil {
 		var err error
@@ -193,7 +196,9 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 		var err error
 		if c.Pods, err = pods.Lister().List(labels.Everything()); err == nil {
 			if c.Namespaces, err = nss.Lister().List(labels.Everything()); err == nil {
-				c.Policies, err = pols.Lister().List(labels.Everything())
+				if c.Policies, err = pols.Lister().List(labels.Everything()); err == nil {
+					c.Nodes, err = nodes.Lister().List(labels.Everything())
+				}
 			}
 		}
 		mu.Lock()
@@ -220,7 +225,7 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 		return inf, nil
 	}
 	synced := []cache.InformerSynced{}
-	for _, inf := range []cache.SharedIndexInformer{pods.Informer(), nss.Informer(), pols.Informer()} {
+	for _, inf := range []cache.SharedIndexInformer{pods.Informer(), nss.Informer(), pols.Informer(), nodes.Informer()} {
 		if _, err := inf.AddEventHandler(changeTrigger(runner.Trigger)); err != nil {
 			return nil, err
 		}
@@ -307,8 +312,9 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 var CRDPollInterval = 10 * time.Second
 
 // changeTrigger calls trigger for every change of an object the translation
-// reads, except the Pod and Namespace updates it cannot be altered by
-// (k8s.PodChangeMatters): in a live cluster most Pod updates are statuses,
+// reads, except the Pod, Namespace and Node updates it cannot be altered by
+// (k8s.PodChangeMatters, NamespaceChangeMatters, NodeChangeMatters): in a
+// live cluster most Pod and Node updates are statuses,
 // and each informer resync updates every object unchanged, while each
 // translation goes over the whole cluster's policies.
 func changeTrigger(trigger func()) cache.ResourceEventHandlerFuncs {
@@ -322,6 +328,10 @@ func changeTrigger(trigger func()) cache.ResourceEventHandlerFuncs {
 				}
 			case *v1.Namespace:
 				if n, ok := new.(*v1.Namespace); ok && !k8s.NamespaceChangeMatters(o, n) {
+					return
+				}
+			case *v1.Node:
+				if n, ok := new.(*v1.Node); ok && !k8s.NodeChangeMatters(o, n) {
 					return
 				}
 			}

@@ -191,15 +191,18 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// A pod's status changing (readiness flapping, a container restarting)
-// cannot change any policy, so it must not cost a translation of the whole
-// cluster's policies; a label change must.
+// A pod's status changing (readiness flapping, a container restarting) or a
+// node's heartbeat cannot change any policy, so it must not cost a
+// translation of the whole cluster's policies; a label change of either
+// must.
 func TestPolicyInformersTranslateOnlyForChangesThatMatter(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	web := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", Labels: map[string]string{"app": "web"}},
 		Spec: v1.PodSpec{NodeName: "node-a"}, Status: v1.PodStatus{PodIP: "10.1.0.10"}}
-	client := fake.NewSimpleClientset(web, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
+	nodeA := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.200.0.1"}}}}
+	client := fake.NewSimpleClientset(web, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, nodeA)
 	updates := make(chan k8s.Cluster, 100)
 	run, err := Watch(ctx, client, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
 	if err != nil {
@@ -224,12 +227,40 @@ func TestPolicyInformersTranslateOnlyForChangesThatMatter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A node's heartbeats and conditions cannot change a policy either.
+	nodes := client.CoreV1().Nodes()
+	for i := range 3 {
+		n, err := nodes.Get(ctx, "node-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, LastHeartbeatTime: metav1.NewTime(time.Now().Add(time.Duration(i) * time.Second))}}
+		if _, err := nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// The runner coalesces triggers within 200 ms: a second is long enough
 	// for one it was given to run.
 	select {
 	case <-updates:
-		t.Fatal("a pod's status changes were translated again")
+		t.Fatal("a pod's status changes or a node's heartbeats were translated again")
 	case <-time.After(time.Second):
+	}
+
+	// A node's labels can (nodes peers select by them).
+	n, err := nodes.Get(ctx, "node-a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Labels = map[string]string{"role": "infra"}
+	if _, err := nodes.Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c := awaitUpdate(t, updates, "a node's label change", func(c k8s.Cluster) bool {
+		return len(c.Nodes) == 1 && c.Nodes[0].Labels["role"] == "infra"
+	})
+	if len(c.Nodes[0].Status.Conditions) != 0 {
+		t.Error("the cache keeps a node's conditions (k8s.Slim)")
 	}
 
 	p, err := pods.Get(ctx, "web", metav1.GetOptions{})
@@ -240,14 +271,23 @@ func TestPolicyInformersTranslateOnlyForChangesThatMatter(t *testing.T) {
 	if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.After(10 * time.Second); ; {
+	awaitUpdate(t, updates, "a pod's label change", func(c k8s.Cluster) bool {
+		return len(c.Pods) == 1 && c.Pods[0].Labels["app"] == "web2"
+	})
+}
+
+// awaitUpdate returns the first update within 10 s that done accepts.
+func awaitUpdate(t *testing.T, updates <-chan k8s.Cluster, what string, done func(k8s.Cluster) bool) k8s.Cluster {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
 		select {
 		case c := <-updates:
-			if len(c.Pods) == 1 && c.Pods[0].Labels["app"] == "web2" {
-				return
+			if done(c) {
+				return c
 			}
 		case <-deadline:
-			t.Fatal("a pod's label change was not translated")
+			t.Fatalf("%s was not translated", what)
 		}
 	}
 }

@@ -36,11 +36,19 @@ func NamespaceChangeMatters(old, new *v1.Namespace) bool {
 	return old.Name != new.Name || !maps.Equal(old.Labels, new.Labels)
 }
 
+// NodeChangeMatters tells whether replacing old by new can change a
+// translation: the node's name, labels or addresses differ (not its
+// heartbeats, conditions or images, which change far more often).
+func NodeChangeMatters(old, new *v1.Node) bool {
+	return old.Name != new.Name || !maps.Equal(old.Labels, new.Labels) ||
+		!slices.Equal(old.Status.Addresses, new.Status.Addresses)
+}
+
 // Slim returns what Translate reads of an object, for an informer's
 // transform (the informer's cache then keeps only that): of a Pod, what
 // PodChangeMatters names (its identity, labels, node, host networking, IPs,
 // and each container's name and ports); of a Namespace, its name and
-// labels; a NetworkPolicy without its managed fields and annotations.
+// labels; of a Node, its name, labels and addresses; a NetworkPolicy without its managed fields and annotations.
 // Other objects are returned as they are. A node's informers hold every
 // Pod of the cluster, and a Pod's spec and status are most of its
 // kilobytes.
@@ -56,6 +64,8 @@ func Slim(obj any) (any, error) {
 		return out, nil
 	case *v1.Namespace:
 		return &v1.Namespace{ObjectMeta: slimMeta(o.ObjectMeta)}, nil
+	case *v1.Node:
+		return &v1.Node{ObjectMeta: slimMeta(o.ObjectMeta), Status: v1.NodeStatus{Addresses: o.Status.Addresses}}, nil
 	case *netv1.NetworkPolicy:
 		o.ManagedFields, o.Annotations = nil, nil
 	}

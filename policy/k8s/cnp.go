@@ -245,11 +245,40 @@ func (t *translator) cnpPeerMatch(where string, peer cnpPeer, ingress bool, acti
 		}
 		return []policy.Rule{{DstNets: nets}}, true
 	case peer.nodes != nil:
-		return failClosed(fmt.Errorf("nodes peers (experimental) are not supported"))
+		sel, ok := t.selector(where+": peer nodes", peer.nodes)
+		if !ok {
+			return failClosed(fmt.Errorf("peer nodes do not parse"))
+		}
+		nets := t.nodeAddresses(sel)
+		if len(nets) == 0 {
+			return nil, true // no node matches: the peer is no one
+		}
+		return []policy.Rule{{DstNets: nets}}, true
 	case len(peer.domains) > 0:
 		return failClosed(fmt.Errorf("domainNames peers (experimental) are not supported"))
 	}
 	return failClosed(fmt.Errorf("a peer with no field set (a newer API?)"))
+}
+
+// nodeAddresses are the addresses (InternalIP and ExternalIP, one host
+// prefix each) of the nodes whose labels match sel, in the cluster's order.
+func (t *translator) nodeAddresses(sel labels.Selector) []netip.Prefix {
+	var out []netip.Prefix
+	for _, n := range t.c.Nodes {
+		if !sel.Matches(labels.Set(n.Labels)) {
+			continue
+		}
+		for _, a := range n.Status.Addresses {
+			if a.Type != v1.NodeInternalIP && a.Type != v1.NodeExternalIP {
+				continue
+			}
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				ip = ip.Unmap()
+				out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+			}
+		}
+	}
+	return out
 }
 
 // cnpProtocol adds one protocol entry's conditions to a peer's: TCP or UDP

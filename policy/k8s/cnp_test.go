@@ -202,3 +202,55 @@ func TestClusterNetworkPolicyEgressAndFailClosed(t *testing.T) {
 		t.Fatal("an Accept rule with a peer Sluice cannot read accepted traffic")
 	}
 }
+
+// Egress nodes peers: the addresses (InternalIP and ExternalIP) of the nodes
+// the selector matches, kept current by a Translator as nodes are labelled,
+// readdressed, added and removed; a selector that matches no node matches no
+// destination (an Accept rule then admits nothing, a Deny denies nothing).
+func TestClusterNetworkPolicyNodesPeers(t *testing.T) {
+	c := adminFixture()
+	node := func(name string, labels map[string]string, addrs ...v1.NodeAddress) *v1.Node {
+		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Status: v1.NodeStatus{Addresses: addrs}}
+	}
+	infra := map[string]string{"role": "infra"}
+	c.Nodes = []*v1.Node{
+		node("n1", infra, v1.NodeAddress{Type: v1.NodeInternalIP, Address: "10.200.0.1"}, v1.NodeAddress{Type: v1.NodeExternalIP, Address: "203.0.113.1"},
+			v1.NodeAddress{Type: v1.NodeHostName, Address: "n1"}),
+		node("n2", map[string]string{"role": "worker"}, v1.NodeAddress{Type: v1.NodeInternalIP, Address: "10.200.0.2"}),
+	}
+	// web may reach infra nodes only (on anything), and nothing else.
+	c.ClusterNetworkPolicies = []*npa.ClusterNetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "to-infra"}, Spec: npa.ClusterNetworkPolicySpec{
+		Tier: npa.AdminTier, Priority: 1, Subject: npa.ClusterNetworkPolicySubject{Namespaces: nsSel("shop")},
+		Egress: []npa.ClusterNetworkPolicyEgressRule{
+			{Action: npa.ClusterNetworkPolicyRuleActionAccept, To: []npa.ClusterNetworkPolicyEgressPeer{{Nodes: &metav1.LabelSelector{MatchLabels: infra}}}},
+			{Action: npa.ClusterNetworkPolicyRuleActionDeny, To: []npa.ClusterNetworkPolicyEgressPeer{{Networks: []npa.CIDR{"0.0.0.0/0"}}}},
+		}}}}
+	tr := NewTranslator("node-a")
+	reach := func(step string, want map[string]bool) {
+		t.Helper()
+		res := tr.Translate(c)
+		if len(res.Errors) != 0 {
+			t.Fatalf("%s: errors %v", step, res.Errors)
+		}
+		e := res.Endpoints["shop/web"]
+		if err := e.Egress.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		for dst, allowed := range want {
+			if got := policy.Evaluate(&e.Egress, res.IPSets, policy.Packet{Src: e.IP, Dst: netip.MustParseAddr(dst), Protocol: 6, DstPort: 10250}).Allow; got != allowed {
+				t.Errorf("%s: web to %s allowed %v, want %v", step, dst, got, allowed)
+			}
+		}
+	}
+	reach("n1 is infra", map[string]bool{"10.200.0.1": true, "203.0.113.1": true, "10.200.0.2": false, "198.51.100.7": false})
+	// n2 becomes infra (a new object, as an informer hands it over).
+	c.Nodes = []*v1.Node{c.Nodes[0], node("n2", infra, v1.NodeAddress{Type: v1.NodeInternalIP, Address: "10.200.0.2"})}
+	reach("n2 labelled", map[string]bool{"10.200.0.1": true, "10.200.0.2": true})
+	// n1 gets another address, and leaves.
+	c.Nodes = []*v1.Node{node("n1", infra, v1.NodeAddress{Type: v1.NodeInternalIP, Address: "10.200.0.9"}), c.Nodes[1]}
+	reach("n1 readdressed", map[string]bool{"10.200.0.1": false, "10.200.0.9": true, "10.200.0.2": true})
+	c.Nodes = c.Nodes[1:]
+	reach("n1 gone", map[string]bool{"10.200.0.9": false, "10.200.0.2": true})
+	c.Nodes = nil
+	reach("no node", map[string]bool{"10.200.0.2": false})
+}

@@ -33,6 +33,9 @@ type Cluster struct {
 	BaselineAdminNetworkPolicies []*alpha.BaselineAdminNetworkPolicy
 	// HostEndpoints put policy on the node's data interfaces.
 	HostEndpoints []*HostEndpoint
+	// Nodes are what a ClusterNetworkPolicy's nodes peers select: their
+	// labels and addresses.
+	Nodes []*v1.Node
 }
 
 // RuleInfo names a compiled rule for people (metrics, counters): the policy

@@ -2,6 +2,9 @@ package k8s
 
 import (
 	"cmp"
+	"fmt"
+	"hash/fnv"
+	"maps"
 	"slices"
 
 	"github.com/sluice-net/sluice/policy"
@@ -27,7 +30,8 @@ import (
 //     rules' descriptions; its errors), so the result is Translate's.
 //
 // Any change of the namespaces or of the ClusterNetworkPolicies translates
-// every endpoint again.
+// every endpoint again; so does a change of a node's labels or addresses
+// while a ClusterNetworkPolicy has a nodes peer.
 //
 // The objects given must not be changed afterwards (an informer's never
 // are: an update is a new object), nor the Results returned, which share
@@ -49,6 +53,10 @@ type Translator struct {
 	cnps       objectSet[npa.ClusterNetworkPolicy]
 	policies   objectSet[netv1.NetworkPolicy]
 	polsIn     map[string][]*netv1.NetworkPolicy
+	// nodes digests the nodes' names, labels and addresses when a
+	// ClusterNetworkPolicy has a nodes peer (0 when none has): the memos
+	// hold while it does.
+	nodes uint64
 }
 
 // objectSet tells whether a list holds exactly the objects of the list
@@ -265,7 +273,9 @@ func (tr *Translator) Translate(c Cluster) *Result {
 	// The memos hold while the namespaces (their labels feed selectors)
 	// and the ClusterNetworkPolicies are the objects they were made from.
 	sameNamespaces, sameCNPs := tr.namespaces.same(c.Namespaces), tr.cnps.same(t.c.ClusterNetworkPolicies)
-	memosHold := !reindexed && sameNamespaces && sameCNPs
+	nodes := nodesDigest(t.c.ClusterNetworkPolicies, c.Nodes)
+	memosHold := !reindexed && sameNamespaces && sameCNPs && nodes == tr.nodes
+	tr.nodes = nodes
 
 	// A pod's NetworkPolicies are its namespace's, sorted.
 	if !tr.policies.same(c.Policies) {
@@ -350,4 +360,31 @@ func (tr *Translator) clusterNetworkPolicies(c Cluster) []*npa.ClusterNetworkPol
 		}
 	}
 	return out
+}
+
+// nodesDigest digests what nodes peers read of the nodes (names, labels,
+// addresses), in any order; 0 when no policy has a nodes peer, so that node
+// changes cost nothing then.
+func nodesDigest(cnps []*npa.ClusterNetworkPolicy, nodes []*v1.Node) uint64 {
+	uses := slices.ContainsFunc(cnps, func(p *npa.ClusterNetworkPolicy) bool {
+		return slices.ContainsFunc(p.Spec.Egress, func(r npa.ClusterNetworkPolicyEgressRule) bool {
+			return slices.ContainsFunc(r.To, func(to npa.ClusterNetworkPolicyEgressPeer) bool { return to.Nodes != nil })
+		})
+	})
+	if !uses {
+		return 0
+	}
+	sum := uint64(1) // not 0, also with no node
+	for _, n := range nodes {
+		h := fnv.New64a()
+		h.Write([]byte(n.Name))
+		for _, k := range slices.Sorted(maps.Keys(n.Labels)) {
+			fmt.Fprintf(h, "\x00%s=%s", k, n.Labels[k])
+		}
+		for _, a := range n.Status.Addresses {
+			fmt.Fprintf(h, "\x01%s=%s", a.Type, a.Address)
+		}
+		sum += h.Sum64() // commutative: the nodes' order does not count
+	}
+	return sum
 }
