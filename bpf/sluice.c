@@ -3,6 +3,8 @@
 
 #include "common.h"
 #include "datapath.h"
+#include "datapath6.h"
+#include "fib.h"
 #include "deliver.h"
 #include "events.h"
 #include "ifstate.h"

@@ -91,7 +91,7 @@ static __always_inline int stack_routed(int verdict)
 
 /* The IPv6 pipeline (datapath6.h), which pipeline() hands IPv6 packets to. */
 __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len);
-/* dsr6.h, included with datapath6.h. */
+/* dsr6.h, which datapath6.h includes (bpf/sluice.c includes both pipelines). */
 static __always_inline int dsr6_pull_first(struct __sk_buff *skb, const __u32 l2_len);
 
 __subprog int reject(struct __sk_buff *skb, const struct packet *p)
@@ -582,6 +582,3 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 			  hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS) : host_ingress_slot(skb, &p, is_host_ip(p.daddr)));
 }
 
-#include "datapath6.h"
-#include "fib.h"
-#include "deliver.h"

@@ -20,11 +20,12 @@
 
 #include "common.h"
 #include "counters.h"
-#include "datapath6.h"
 #include "icmp_error.h"
+#include "icmp_error6.h"
 #include "ipv6.h"
 #include "parse.h"
 #include "reject.h"
+#include "reject6.h"
 
 /* FIB_TOO_BIG: fib_forward's "the packet does not fit its egress link",
  * the link's MTU in *mtu; the caller answers it (too_big). */
