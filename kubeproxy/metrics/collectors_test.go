@@ -155,6 +155,14 @@ sluice_service_series_omitted %d
 `, shown, omitted)
 	}
 
+	// No service port at all (a node before its first sync): zero totals.
+	none := ids
+	ids = map[nat.ServicePortName][]uint32{}
+	check("no service port", head+`sluice_all_services_new_flows_total{ip_family="IPv4"} 0
+sluice_all_services_new_flows_total{ip_family="IPv6"} 0
+`+gauges(0, 0))
+	ids = none
+
 	// Nothing has traffic: totals only.
 	check("idle", head+`sluice_all_services_new_flows_total{ip_family="IPv4"} 0
 sluice_all_services_new_flows_total{ip_family="IPv6"} 0

@@ -403,6 +403,9 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		c.owners[id] = serviceOwner{name: name, ok: true}
 		maxID = max(maxID, id)
 	}
+	if len(c.owners) < int(maxID)+1 { // also with no service port: id 0 is read
+		c.owners = append(c.owners, make([]serviceOwner, int(maxID)+1-len(c.owners))...)
+	}
 	c.current = append(c.current[:0], make([]gen.SluiceSvcstatsValue, maxID+1)...)
 	err := c.opts.Stats.Iterate(func(id uint32, vs []gen.SluiceSvcstatsValue) bool {
 		if id > maxID {
