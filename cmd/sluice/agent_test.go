@@ -260,15 +260,7 @@ func TestAgentEnforcesNetworkPolicy(t *testing.T) {
 	}
 	defer a.Close()
 	client := topo.ns(topo.pods["client"])
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := get(client, "10.203.0.2:8080", "", 300*time.Millisecond)
-		if err != nil {
-			break // the policy is in place
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the NetworkPolicy never took effect")
-		}
-	}
+	waitFor(t, 10*time.Second, "the NetworkPolicy takes effect", func() bool { return !reaches(client, "10.203.0.2:8080") }, nil)
 	if _, err := get(client, "10.201.0.2:8080", "", time.Second); err != nil {
 		t.Fatalf("a backend without policy refused the client: %v", err)
 	}
@@ -283,14 +275,7 @@ func TestAgentEnforcesNetworkPolicy(t *testing.T) {
 		}
 	}
 	os.WriteFile(filepath.Join(manifests, "policy.yaml"), []byte(strings.Replace(policyManifests, "role: client", "role: friend", 1)), 0o644)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if _, err := get(client, "10.203.0.2:8080", "", 300*time.Millisecond); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("relabelled client still refused")
-		}
-	}
+	waitFor(t, 10*time.Second, "the relabelled client is admitted", func() bool { return reaches(client, "10.203.0.2:8080") }, nil)
 }
 
 // kube-proxy's --cluster-cidr and --masquerade-all through the agent, seen from

@@ -129,14 +129,10 @@ func TestAgentUnderIPNetnsExecMountsBPFFS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := get(ns.Path(), "127.0.0.1:10256/healthz", "", time.Second); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent did not come up under ip netns exec:\n%s", logs.String())
-		}
-	}
+	waitFor(t, 15*time.Second, "the agent comes up under ip netns exec", func() bool {
+		_, err := get(ns.Path(), "127.0.0.1:10256/healthz", "", time.Second)
+		return err == nil
+	}, logs.String)
 	if !strings.Contains(logs.String(), "no bpffs was mounted; mounted one") {
 		t.Fatalf("the mount is not logged:\n%s", logs.String())
 	}

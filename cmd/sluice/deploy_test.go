@@ -120,15 +120,10 @@ func TestDeployCRDs(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(hostEndpoint), &js); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	waitFor(t, 20*time.Second, "a HostEndpoint created through the CRD", func() bool {
 		_, err = heps.Create(ctx, &unstructured.Unstructured{Object: js}, metav1.CreateOptions{})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a HostEndpoint through the CRD: %v", err)
-		}
-	}
+		return err == nil
+	}, func() string { return fmt.Sprint(err) })
 	got, err := heps.Get(ctx, "edge", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -254,18 +254,14 @@ func (c *cluster) backendsOf(node, frontend string) []string {
 // frontend.
 func (c *cluster) waitBackends(t *testing.T, frontend string, want ...string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		same := true
+	waitFor(t, 10*time.Second, fmt.Sprintf("%s: backends %v on every node", frontend, want), func() bool {
 		for node := range c.nodes {
-			same = same && slices.Equal(slices.Sorted(slices.Values(c.backendsOf(node, frontend))), slices.Sorted(slices.Values(want)))
+			if !slices.Equal(slices.Sorted(slices.Values(c.backendsOf(node, frontend))), slices.Sorted(slices.Values(want))) {
+				return false
+			}
 		}
-		if same {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: backends not %v within 10 s", frontend, want)
-		}
-	}
+		return true
+	}, nil)
 }
 
 // natList is `sluice nat list` on a node's pins.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -74,16 +75,12 @@ func (p *agentProc) stop() {
 func (p *agentProc) waitProgrammed(t *testing.T, pinDir, frontend string, ifaces int) {
 	t.Helper()
 	ctx := context.Background()
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		nat, _ := run2(func() error { return run(ctx, []string{"nat", "list", "--bpf-pin-dir", pinDir}) })
-		list, _ := run2(func() error { return run(ctx, []string{"iface", "list", "--bpf-pin-dir", pinDir}) })
-		if strings.Contains(p.logs(), "sluice agent running") && strings.Contains(nat, frontend) && strings.Count(list, "true") == ifaces {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent did not program %s and %d interfaces:\n%s\n%s\n%s", frontend, ifaces, nat, list, p.logs())
-		}
-	}
+	var nat, list string
+	waitFor(t, 15*time.Second, "the agent programs "+frontend+" and "+strconv.Itoa(ifaces)+" interfaces", func() bool {
+		nat, _ = run2(func() error { return run(ctx, []string{"nat", "list", "--bpf-pin-dir", pinDir}) })
+		list, _ = run2(func() error { return run(ctx, []string{"iface", "list", "--bpf-pin-dir", pinDir}) })
+		return strings.Contains(p.logs(), "sluice agent running") && strings.Contains(nat, frontend) && strings.Count(list, "true") == ifaces
+	}, func() string { return nat + "\n" + list + "\n" + p.logs() })
 }
 
 // demoAgent is the demo topology (agent_test.go) with its node's agent run as

@@ -180,15 +180,12 @@ func (m *migrationNode) startKubeProxy(t *testing.T, bin string, last netip.Addr
 		bin, "--kubeconfig", m.api.Kubeconfig, "--hostname-override", "node", "--proxy-mode", "nftables",
 		"--conntrack-max-per-core=0", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
 		"--v=0", "--iptables-min-sync-period=0s")
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		out, _ := m.node.Command("nft", "list", "table", "ip", "kube-proxy").CombinedOutput()
-		if strings.Contains(string(out), last.Addr().String()) {
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kube-proxy did not program %v:\n%s", last, out)
-		}
-	}
+	var out []byte
+	waitFor(t, 30*time.Second, fmt.Sprintf("kube-proxy programs %v", last), func() bool {
+		out, _ = m.node.Command("nft", "list", "table", "ip", "kube-proxy").CombinedOutput()
+		return strings.Contains(string(out), last.Addr().String())
+	}, func() string { return string(out) })
+	return p
 }
 
 func stopProcess(p *os.Process) {
