@@ -95,8 +95,7 @@ func TestFillCountsWithoutAWalk(t *testing.T) {
 // Each map's kernel memory is what the kernel charges for it: a
 // preallocated conntrack table at least its capacity times an entry, a
 // per-CPU array at least that times the CPUs, an empty LPM trie nothing;
-// `sluice maps` (Usages)
-// reports the same figures.
+// `sluice maps` (Usages) reports the same figures.
 func TestKernelBytes(t *testing.T) {
 	set := openSet(t)
 	kernel, err := set.KernelBytes()
