@@ -161,7 +161,8 @@ func typedTransform(r schema.GroupVersionResource) cache.TransformFunc {
 // server serves them, ClusterNetworkPolicies, AdminNetworkPolicies,
 // BaselineAdminNetworkPolicies and HostEndpoints: those whose CRDs are
 // installed when it starts, and those installed later (discovery is asked
-// again every CRDPollInterval until all are followed; no restart needed). It
+// again after CRDPollInterval, then at doubling intervals up to CRDPollMax,
+// until all are followed; no restart needed). It
 // returns the loop that hands them to update: once the caches are synced,
 // and again on changes, coalesced by the shim's bounded-frequency runner (at
 // most every 200 ms, and every 15 minutes anyway). dyn may be nil: then
@@ -287,7 +288,12 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 		}
 		if df != nil {
 			go func() {
-				t := time.NewTicker(CRDPollInterval)
+				// The interval doubles up to CRDPollMax: a chart that
+				// installs the CRDs beside the agent is followed within
+				// seconds, and a cluster that never installs one costs
+				// its API server a few requests per node every 5 minutes.
+				interval := CRDPollInterval
+				t := time.NewTimer(interval)
 				defer t.Stop()
 				for {
 					select {
@@ -297,6 +303,8 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 						if followLater() {
 							return
 						}
+						interval = min(2*interval, max(CRDPollMax, CRDPollInterval))
+						t.Reset(interval)
 					}
 				}
 			}()
@@ -307,9 +315,13 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 	}, nil
 }
 
-// CRDPollInterval is how often Watch asks the API server whether a network
-// policy CRD it does not follow yet has been installed.
-var CRDPollInterval = 10 * time.Second
+// CRDPollInterval is how long Watch waits before it first asks the API
+// server again whether a network policy CRD it does not follow yet has been
+// installed; each later ask waits twice as long, up to CRDPollMax.
+var (
+	CRDPollInterval = 10 * time.Second
+	CRDPollMax      = 5 * time.Minute
+)
 
 // changeTrigger calls trigger for every change of an object the translation
 // reads, except the Pod, Namespace and Node updates it cannot be altered by
