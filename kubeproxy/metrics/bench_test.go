@@ -11,7 +11,6 @@ import (
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/kubeproxy/metrics"
-	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
 )
 
@@ -22,15 +21,7 @@ import (
 // array, the bookkeeping and the encoding.
 func BenchmarkServiceScrape(b *testing.B) {
 	bpftest.Require(b)
-	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer set.Close()
-	stats, err := maps.SvcStats.In(set)
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, stats := openSvcStats(b)
 	cpus := ebpf.MustPossibleCPU()
 	for _, n := range []int{1_000, 10_000, 100_000} {
 		ids := make(map[nat.ServicePortName][]uint32, n)

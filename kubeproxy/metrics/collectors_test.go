@@ -23,15 +23,7 @@ import (
 // named from the syncer's ids and the policy's rules; unknown rule ids are
 // left out.
 func TestServiceAndRuleCollectors(t *testing.T) {
-	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	stats, err := maps.SvcStats.In(set)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set, stats := openSvcStats(t)
 	cpus := ebpf.MustPossibleCPU()
 	put := func(id uint32, v gen.SluiceSvcstatsValue) {
 		vs := make([]gen.SluiceSvcstatsValue, cpus)
@@ -94,15 +86,7 @@ sluice_service_packets_total{direction="to_service",ip_family="IPv4",namespace="
 // within a scrape); the node's totals count every port, also one whose id
 // a new port took over, and never go down.
 func TestServiceSeriesActive(t *testing.T) {
-	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	stats, err := maps.SvcStats.In(set)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, stats := openSvcStats(t)
 	cpus := ebpf.MustPossibleCPU()
 	add := func(id uint32, flows, packets uint64) {
 		vs, err := stats.Get(id)
@@ -222,15 +206,7 @@ sluice_service_new_flows_total{ip_family="IPv6",namespace="demo",port="http",ser
 // --service-metrics=none exports the totals only, and a value that is not
 // a mode is refused, naming it.
 func TestServiceSeriesNoneAndBadMode(t *testing.T) {
-	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close()
-	stats, err := maps.SvcStats.In(set)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, stats := openSvcStats(t)
 	vs := make([]gen.SluiceSvcstatsValue, ebpf.MustPossibleCPU())
 	vs[0].NewFlows = 3
 	if err := stats.Put(1, vs, ebpf.UpdateAny); err != nil {
@@ -266,4 +242,20 @@ func fromMap(ids map[nat.ServicePortName][]uint32) iter.Seq2[nat.ServicePortName
 			}
 		}
 	}
+}
+
+// openSvcStats opens the catalogue's maps in a pin directory of the test's
+// own (closed when it ends) and returns them with sl_svcstats_v1.
+func openSvcStats(tb testing.TB) (*maps.Set, *maps.PerCPUMap[uint32, gen.SluiceSvcstatsValue]) {
+	tb.Helper()
+	set, err := maps.Open(maps.OpenOptions{PinDir: bpftest.PinDir(tb)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { set.Close() })
+	stats, err := maps.SvcStats.In(set)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return set, stats
 }

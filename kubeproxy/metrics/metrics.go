@@ -379,6 +379,20 @@ func subStats(a, b gen.SluiceSvcstatsValue) gen.SluiceSvcstatsValue {
 		RevPackets: a.RevPackets - b.RevPackets, RevBytes: a.RevBytes - b.RevBytes, NewFlows: a.NewFlows - b.NewFlows}
 }
 
+// grown returns s with at least n elements, the new ones zero.
+func grown[T any](s []T, n int) []T {
+	if len(s) < n {
+		s = append(s, make([]T, n-len(s))...)
+	}
+	return s
+}
+
+// retire moves what a slot's port counted into the totals of the ports that
+// left their ids.
+func (c *ServiceCollector) retire(slot serviceSlot) {
+	addStats(&c.retired[familyIndex(slot.owner)], subStats(slot.last, slot.base))
+}
+
 // below tells whether any count of a is below b's: the slot was zeroed (its
 // map made anew), so counting starts again from zero.
 func below(a, b gen.SluiceSvcstatsValue) bool {
@@ -397,16 +411,12 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		if id >= capacity {
 			continue // beyond the array (adopted from an older agent): not counted
 		}
-		if int(id) >= len(c.owners) {
-			c.owners = append(c.owners, make([]serviceOwner, int(id)+1-len(c.owners))...)
-		}
+		c.owners = grown(c.owners, int(id)+1)
 		c.owners[id] = serviceOwner{name: name, ok: true}
 		maxID = max(maxID, id)
 	}
-	if len(c.owners) < int(maxID)+1 { // also with no service port: id 0 is read
-		c.owners = append(c.owners, make([]serviceOwner, int(maxID)+1-len(c.owners))...)
-	}
-	c.current = append(c.current[:0], make([]gen.SluiceSvcstatsValue, maxID+1)...)
+	c.owners = grown(c.owners, int(maxID)+1) // also with no service port: id 0 is read
+	c.current = grown(c.current[:0], int(maxID)+1)
 	err := c.opts.Stats.Iterate(func(id uint32, vs []gen.SluiceSvcstatsValue) bool {
 		if id > maxID {
 			return false // ids are handed out lowest first: the rest are unused
@@ -425,10 +435,10 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 
-	if len(c.slots) < int(maxID)+1 {
-		c.slots = append(c.slots, make([]serviceSlot, int(maxID)+1-len(c.slots))...)
-	}
-	totals := c.retired
+	c.slots = grown(c.slots, int(maxID)+1)
+	// live is what the ports that hold their ids counted, by family; the
+	// totals are it and what retired ports did.
+	var live [2]gen.SluiceSvcstatsValue
 	// byPort sums a port's ids: of every port for ServiceSeriesAll, of
 	// those with series or new traffic for ServiceSeriesActive.
 	byPort := map[nat.ServicePortName]gen.SluiceSvcstatsValue{}
@@ -436,8 +446,7 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		slot := &c.slots[id]
 		if id > int(maxID) || !c.owners[id].ok {
 			if slot.used {
-				addStats(&c.retired[familyIndex(slot.owner)], subStats(slot.last, slot.base))
-				addStats(&totals[familyIndex(slot.owner)], subStats(slot.last, slot.base))
+				c.retire(*slot)
 				*slot = serviceSlot{}
 			}
 			continue
@@ -451,17 +460,15 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		case slot.owner != name:
 			// The id changed hands: the old port's counts go to the
 			// totals, and the new port counts from here.
-			addStats(&c.retired[familyIndex(slot.owner)], subStats(slot.last, slot.base))
-			addStats(&totals[familyIndex(slot.owner)], subStats(slot.last, slot.base))
+			c.retire(*slot)
 			*slot = serviceSlot{owner: name, used: true, base: cur}
 		case below(cur, slot.last):
-			addStats(&c.retired[familyIndex(slot.owner)], subStats(slot.last, slot.base))
-			addStats(&totals[familyIndex(slot.owner)], subStats(slot.last, slot.base))
+			c.retire(*slot)
 			slot.base = gen.SluiceSvcstatsValue{}
 		}
 		slot.last = cur
 		delta := subStats(cur, slot.base)
-		addStats(&totals[familyIndex(name)], delta)
+		addStats(&live[familyIndex(name)], delta)
 		switch c.opts.Series {
 		case ServiceSeriesAll:
 		case ServiceSeriesActive:
@@ -475,8 +482,9 @@ func (c *ServiceCollector) Collect(ch chan<- prometheus.Metric) {
 		addStats(&sum, delta)
 		byPort[name] = sum
 	}
-	for f, t := range totals {
-		fam := familyNames[f]
+	for f := range live {
+		t, fam := c.retired[f], familyNames[f]
+		addStats(&t, live[f])
 		ch <- prometheus.MustNewConstMetric(c.allPackets, prometheus.CounterValue, float64(t.FwdPackets), fam, "to_service")
 		ch <- prometheus.MustNewConstMetric(c.allPackets, prometheus.CounterValue, float64(t.RevPackets), fam, "reply")
 		ch <- prometheus.MustNewConstMetric(c.allBytes, prometheus.CounterValue, float64(t.FwdBytes), fam, "to_service")
