@@ -147,3 +147,49 @@ func TestOpenUpgradesConntrackV1(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A node that gains IPv6 gets full-size IPv6 tables at the agent's next
+// start, their entries migrated: every map IPv6MinimalCapacity shrank is
+// sized anew, and a flow its conntrack table held is still there.
+func TestMinimalIPv6TablesGrowWithTheirEntries(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	minimal, err := maps.Open(maps.OpenOptions{PinDir: dir, Capacity: maps.IPv6MinimalCapacity()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer minimal.Close()
+	ct6, err := maps.Conntrack6.In(minimal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := gen.SluiceCt6Key{Saddr: [16]uint8{0: 0xfe, 1: 0x80, 15: 1}, Proto: 58}
+	v := gen.SluiceCt6Value{Created: 1, Type: gen.SluiceCtTypeCT_FORWARD}
+	if err := ct6.Put(k, v, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+
+	full, err := maps.Open(maps.OpenOptions{PinDir: dir, Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	migrated := map[string]bool{}
+	for _, m := range full.Migrations() {
+		migrated[m.To] = m.ToCapacity > m.FromCapacity
+	}
+	for name, small := range maps.IPv6MinimalCapacity() {
+		if !migrated[name] || full.Map(name).MaxEntries() <= small {
+			t.Errorf("%s: migrated %v, capacity %d (minimal %d)", name, migrated[name], full.Map(name).MaxEntries(), small)
+		}
+	}
+	if err := full.FinishMigrations(); err != nil {
+		t.Fatal(err)
+	}
+	grown, err := maps.Conntrack6.In(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := grown.Get(k); err != nil || got != v {
+		t.Fatalf("the flow after the IPv6 table grew: %+v %v", got, err)
+	}
+}
