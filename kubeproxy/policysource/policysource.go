@@ -174,17 +174,15 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 	pods, nss, pols := f.Core().V1().Pods(), f.Core().V1().Namespaces(), f.Networking().V1().NetworkPolicies()
 	nodes := f.Core().V1().Nodes() // what ClusterNetworkPolicies' nodes peers select
 	var served []schema.GroupVersionResource
+	var df dynamicinformer.DynamicSharedInformerFactory
 	if dyn != nil {
 		var err error
 		if served, err = servedResources(client.Discovery(), adminPolicyResources); err != nil {
 			return nil, err
 		}
-	}
-	if len(served) == 0 {
-		log.Info("the API server serves no ClusterNetworkPolicy, AdminNetworkPolicy or BaselineAdminNetworkPolicy (CRDs not installed); NetworkPolicy only until they are")
-	}
-	var df dynamicinformer.DynamicSharedInformerFactory
-	if dyn != nil {
+		if len(served) == 0 {
+			log.Info("the API server serves no ClusterNetworkPolicy, AdminNetworkPolicy or BaselineAdminNetworkPolicy (CRDs not installed); NetworkPolicy only until they are")
+		}
 		df = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 15*time.Minute)
 	}
 	// admin holds the admin policy informers a translation reads: those of
