@@ -32,7 +32,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define CLS_TIERS		64
 #define CLS_MAX_CANDIDATES	64	/* a longer list is stored as CLS_OVERFLOW */
 #define CLS_OVERFLOW		0xffffffff
-#define CLS_OTHER_PROTOCOLS	(2 * 65536)	/* cls_ports' slot for neither TCP nor UDP */
+#define CLS_OTHER_PROTOCOLS	(3 * 65536)	/* cls_ports' slot for neither TCP, UDP nor SCTP */
 
 /* The implicit verdicts' rule ids (policy/model.go). */
 #define CLS_IMPLICIT_RULE_BASE	0xffff0000
@@ -141,8 +141,8 @@ struct {
 	__type(value, __u32);
 } cls_items SEC(".maps");
 
-/* [protocol slot * 65536 + port]: 0 TCP, 1 UDP; CLS_OTHER_PROTOCOLS: any
- * other protocol. */
+/* [protocol slot * 65536 + port]: 0 TCP, 1 UDP, 2 SCTP; CLS_OTHER_PROTOCOLS:
+ * any other protocol. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, CLS_OTHER_PROTOCOLS + 1);
@@ -260,7 +260,7 @@ __attribute__((noinline)) int cls_rule_matches(const struct cls_rule *r, const s
 #pragma unroll
 		for (i = 0; i < CLS_PORTS; i++)
 			in |= at_least(w->dport, r->ports[i].first) & at_least(r->ports[i].last, w->dport);
-		in &= zero(w->proto ^ IPPROTO_TCP) | zero(w->proto ^ IPPROTO_UDP);
+		in &= zero(w->proto ^ IPPROTO_TCP) | zero(w->proto ^ IPPROTO_UDP) | zero(w->proto ^ IPPROTO_SCTP);
 		if (in == !!(f & CLS_NOT_PORTS))
 			return 0;
 	}
@@ -422,7 +422,10 @@ int sl_policy_classify(struct __sk_buff *skb)
 	}
 
 	/* The address tries are only asked when they hold rules. */
-	__u32 slot = w.proto == IPPROTO_TCP ? w.dport : w.proto == IPPROTO_UDP ? 65536 + w.dport : CLS_OTHER_PROTOCOLS;
+	__u32 slot = w.proto == IPPROTO_TCP    ? w.dport
+		     : w.proto == IPPROTO_UDP  ? 65536 + w.dport
+		     : w.proto == IPPROTO_SCTP ? 2 * 65536 + w.dport
+					       : CLS_OTHER_PROTOCOLS;
 	int overflow = take(&w, CLS_BY_PORT, bpf_map_lookup_elem(&cls_ports, &slot)) |
 		       take(&w, CLS_WILD, &meta->wild);
 	if (w.ipv6) {

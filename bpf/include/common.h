@@ -31,6 +31,13 @@
 #define ICMPV6_ECHO_REPLY	129
 #define ICMPV6_PORT_UNREACH	4	/* code of ICMPV6_DEST_UNREACH */
 
+/* TCP's flag bits, as the header's 14th byte holds them; conntrack records
+ * them per direction, and SCTP's chunks in their terms (sctp.h). */
+#define TCP_FLAG_FIN	0x01
+#define TCP_FLAG_SYN	0x02
+#define TCP_FLAG_RST	0x04
+#define TCP_FLAG_ACK	0x10
+
 struct icmphdr {
 	__u8 type;
 	__u8 code;

@@ -160,14 +160,16 @@ static __always_inline struct ct_value *ct_lookup_reversed(const struct packet *
 	return bpf_map_lookup_elem(&sl_ct_v2, &rk);
 }
 
-/* ct_touch records a packet on its entry: cheap enough for every packet. */
+/* ct_touch records a packet on its entry: cheap enough for every packet.
+ * TCP's flags, and SCTP's chunks as such (sctp_seen_flags), are kept;
+ * another protocol's entry is marked as having seen a packet. */
 static __always_inline void ct_touch(struct ct_value *v, const struct packet *p)
 {
 	__u64 now = sl_now_tick();
 
 	if (now - v->last_seen > CT_REFRESH_NS)
 		v->last_seen = now;
-	if (p->proto == IPPROTO_TCP) {
+	if (p->proto == IPPROTO_TCP || p->proto == IPPROTO_SCTP) {
 		__u32 f = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_ACK);
 		if ((v->tcp_seen | f) != v->tcp_seen) {
 			if ((f & ~v->tcp_seen) & TCP_FLAG_FIN)

@@ -113,7 +113,7 @@ static __always_inline void ct6_touch(struct ct6_value *v, const struct packet *
 
 	if (now - v->last_seen > CT_REFRESH_NS)
 		v->last_seen = now;
-	if (p->proto == IPPROTO_TCP) {
+	if (p->proto == IPPROTO_TCP || p->proto == IPPROTO_SCTP) {
 		__u32 f = p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST | TCP_FLAG_ACK);
 		if ((v->tcp_seen | f) != v->tcp_seen) {
 			if ((f & ~v->tcp_seen) & TCP_FLAG_FIN)
@@ -135,7 +135,8 @@ static __always_inline int own_tuple6(const struct ct6_value *r, const struct pa
 __subprog int superseded6(const struct packet6 *p6, const struct ct6_value *fwd)
 {
 	const struct packet *p = &p6->p;
-	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	int syn = (p->proto == IPPROTO_TCP || p->proto == IPPROTO_SCTP) &&
+		  (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
 
 	if (syn) {
 		int ended = fwd->tcp_seen & (TCP_FLAG_FIN | TCP_FLAG_RST);
@@ -156,7 +157,7 @@ __subprog int superseded6(const struct packet6 *p6, const struct ct6_value *fwd)
 	}
 	if (fwd->svc_id || p->l4_absent)
 		return 0;
-	if (!syn && !(p->proto == IPPROTO_UDP && sl_now() - fwd->last_seen > CT_REFRESH_NS))
+	if (!syn && !(p->proto != IPPROTO_TCP && sl_now() - fwd->last_seen > CT_REFRESH_NS))
 		return 0;
 	if (!fe6_lookup(p6->daddr, p->dport, p->proto))
 		return 0;

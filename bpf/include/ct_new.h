@@ -141,7 +141,7 @@ __subprog int ct_reopened(const struct packet *p, const struct ct_value *fwd)
 
 /* superseded tells whether a packet that matched a flow's forward entry
  * starts a new flow instead, to be balanced afresh:
- *  - a SYN on the tuple of a TCP flow that ended (ct_reopened);
+ *  - a SYN (or an SCTP INIT) on the tuple of a flow that ended (ct_reopened);
  *  - a SYN, or a datagram at most once per CT_REFRESH_NS, of a flow tracked
  *    untranslated whose destination has become a frontend since: the
  *    Service was programmed after the flow's first packet (an agent that
@@ -152,7 +152,8 @@ __subprog int ct_reopened(const struct packet *p, const struct ct_value *fwd)
  * the entry's service id. */
 __subprog int superseded(const struct packet *p, const struct ct_value *fwd)
 {
-	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	int syn = (p->proto == IPPROTO_TCP || p->proto == IPPROTO_SCTP) &&
+		  (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
 
 	if (syn && ct_reopened(p, fwd)) {
 		count(CNT_TUPLE_REUSED);
@@ -160,7 +161,7 @@ __subprog int superseded(const struct packet *p, const struct ct_value *fwd)
 	}
 	if (fwd->svc_id || p->l4_absent)
 		return 0;
-	if (!syn && !(p->proto == IPPROTO_UDP && sl_now() - fwd->last_seen > CT_REFRESH_NS))
+	if (!syn && !(p->proto != IPPROTO_TCP && sl_now() - fwd->last_seen > CT_REFRESH_NS))
 		return 0;
 	if (!fe_lookup(p->daddr, p->dport, p->proto))
 		return 0;

@@ -145,7 +145,8 @@ __subprog int track_flow(struct __sk_buff *skb, struct packet *p, __u32 dir, __u
 			    dir == POLICY_DIR_EGRESS && slot != IFSTATE_NO_POLICY ? POL_UNJUDGED : POL_ALLOWED, &sport);
 	if (err)
 		return drop_create_failed(err, snat_addr);
-	if (snat_addr && rewrite_src(skb, p, snat_addr, sport))
+	if (snat_addr && (p->proto == IPPROTO_SCTP ? sctp_translate4(skb, p, snat_addr, p->daddr, tuple_ports(sport, p->dport))
+					       : rewrite_src(skb, p, snat_addr, sport)))
 		return drop(CNT_DROP_MALFORMED);
 	if (slot == IFSTATE_NO_POLICY)
 		return TC_ACT_OK;
@@ -442,7 +443,7 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	case PARSE_MALFORMED:
 		return drop(CNT_DROP_MALFORMED);
 	}
-	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP) {
+	if (!has_ports(p.proto)) {
 		if (p.fragment) {
 			count(CNT_PASS_FRAGMENT);
 			return TC_ACT_OK;
@@ -479,7 +480,7 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	/* Only a SYN, or a datagram of an untranslated flow, may start a new
 	 * flow over an entry: other packets skip the call. */
 	if (v && v->type == CT_FORWARD &&
-	    ((p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN || (!v->svc_id && p.proto == IPPROTO_UDP)) &&
+	    ((p.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN || (!v->svc_id && p.proto != IPPROTO_TCP)) &&
 	    superseded(&p, v))
 		v = NULL;
 	if (v) {

@@ -271,7 +271,7 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 	case PARSE_MALFORMED:
 		return drop(CNT_DROP_MALFORMED);
 	}
-	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP) {
+	if (!has_ports(p->proto)) {
 		if (p->fragment) {
 			count(CNT_PASS_FRAGMENT);
 			return TC_ACT_OK;
@@ -295,7 +295,7 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 	ct6_key_of(&p6, &key);
 	struct ct6_value *v = bpf_map_lookup_elem(&sl_ct6_v1, &key);
 	if (v && v->type == CT_FORWARD &&
-	    ((p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN || (!v->svc_id && p->proto == IPPROTO_UDP)) &&
+	    ((p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN || (!v->svc_id && p->proto != IPPROTO_TCP)) &&
 	    superseded6(&p6, v))
 		v = NULL;
 	if (v) {

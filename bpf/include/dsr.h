@@ -73,7 +73,7 @@ struct ip_dsr4 {
  * remote backend by DSR rather than SNAT. */
 static __always_inline int dsr_wanted(const struct config *cfg, const struct packet *p)
 {
-	return cfg && (cfg->flags & (p->proto == IPPROTO_TCP ? CFG_DSR_TCP : CFG_DSR_UDP));
+	return cfg && (cfg->flags & (p->proto == IPPROTO_TCP ? CFG_DSR_TCP : p->proto == IPPROTO_UDP ? CFG_DSR_UDP : 0));
 }
 
 /* dsr_room4: whether a packet to be_addr still fits its link with the

@@ -160,7 +160,7 @@ __subprog void ev_drop(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 				l4_off = l2_len + ip.ihl * 4;
 		}
 	}
-	if (l4_off && (e->proto == IPPROTO_TCP || e->proto == IPPROTO_UDP)) {
+	if (l4_off && has_ports(e->proto)) {
 		__be16 ports[2];
 		if (!bpf_skb_load_bytes(skb, l4_off, ports, sizeof(ports))) {
 			e->sport = ports[0];

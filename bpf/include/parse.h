@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Packet parsing: the link layer, IPv4, TCP/UDP/ICMP into a struct packet.
+/* Packet parsing: the link layer, IPv4, TCP/UDP/SCTP/ICMP into a struct packet.
  *
  * The parser records offsets and copies of the fields the datapath needs, so later
  * stages rewrite the packet with skb helpers by offset and never hold a packet
@@ -24,15 +24,12 @@
 #pragma once
 
 #include "common.h"
+#include "sctp.h"
 
 #define IP_DF		0x4000
 #define IP_MF		0x2000
 #define IP_OFFSET	0x1fff
 
-#define TCP_FLAG_FIN	0x01
-#define TCP_FLAG_SYN	0x02
-#define TCP_FLAG_RST	0x04
-#define TCP_FLAG_ACK	0x10
 
 enum parse_result {
 	PARSE_OK = 0,
@@ -49,7 +46,8 @@ struct packet {
 	__be16 dport;		/* network order; ICMP echo: the identifier; else 0 */
 	__u16 ip_len;		/* host order: IPv4 total length */
 	__u8 proto;		/* IPPROTO_* */
-	__u8 tcp_flags;		/* TCP_FLAG_* of a TCP packet */
+	__u8 tcp_flags;		/* TCP_FLAG_* of a TCP packet; an SCTP packet's
+				 * first chunk as such (sctp_seen_flags) */
 	__u8 icmp_type;
 	__u8 icmp_code;
 	__u8 fragment;		/* 1 when MF is set or the fragment offset is not zero */
@@ -70,9 +68,45 @@ static __always_inline int pull(struct __sk_buff *skb, __u32 len)
 	return bpf_skb_pull_data(skb, len);
 }
 
-/* ports_of copies a TCP or UDP header's ports, which lead both headers, as
+/* has_ports: a protocol whose header leads with a source and a destination
+ * port, which conntrack tracks and services balance. */
+static __always_inline int has_ports(__u8 proto)
+{
+	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
+}
+
+/* ports_of copies a TCP, UDP or SCTP header's ports, which lead each, as
  * one word: the conntrack key reads them so (ct_key_of). */
 #define ports_of(p, l4) __builtin_memcpy(&(p)->sport, (l4), 4)
+
+/* parse_sctp reads an SCTP packet's ports and its first chunk's type, when
+ * it has a chunk (sctp.h). A subprogram, called only for SCTP: inline, its
+ * registers would take stack slots in every entry program's frame, on
+ * chains of calls that fill the stack's 512 bytes. */
+__subprog int parse_sctp(struct __sk_buff *skb, struct packet *p)
+{
+	/* Bounded for the verifier, which knows nothing of p here: no
+	 * header reaches this far (IPv6's extension headers stop at 2048). */
+	__u32 l4_off = p->l4_off;
+	if (l4_off > 4095)
+		return PARSE_MALFORMED;
+	int has_chunk = p->l3_off + p->ip_len >= l4_off + SCTP_COMMON_HLEN + 4;
+
+	if (pull(skb, l4_off + SCTP_COMMON_HLEN + (has_chunk ? 4 : 0)))
+		return PARSE_MALFORMED;
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u8 *sctp = data + l4_off;
+	if ((void *)(sctp + SCTP_COMMON_HLEN) > data_end)
+		return PARSE_MALFORMED;
+	ports_of(p, sctp);
+	if (!has_chunk)
+		return PARSE_OK; /* the common header alone says nothing */
+	if ((void *)(sctp + SCTP_COMMON_HLEN + 1) > data_end)
+		return PARSE_MALFORMED;
+	p->tcp_flags = sctp_seen_flags(sctp[SCTP_COMMON_HLEN]);
+	return PARSE_OK;
+}
 
 static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 {
@@ -107,6 +141,8 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct packet *p)
 		ports_of(p, udp);
 		return PARSE_OK;
 	}
+	case IPPROTO_SCTP:
+		return parse_sctp(skb, p);
 	case IPPROTO_ICMP: {
 		if (pull(skb, p->l4_off + sizeof(struct icmphdr)))
 			return PARSE_MALFORMED;

@@ -210,8 +210,8 @@ static __always_inline __u16 l4_check_updated(__u16 check, enum skb_csum csum, _
 }
 
 /* rewrite_tuple_helpers writes a translation with the checksum helpers:
- * for a header with options, and for CHECKSUM_COMPLETE, whose skb->csum
- * the helpers keep. A field at a time with options; else one store of
+ * for a header with options, for CHECKSUM_COMPLETE, whose skb->csum the
+ * helpers keep. A field at a time with options; else one store of
  * nat_bytes and the L4 checksum's two differences, kept apart because
  * BPF_F_PSEUDO_HDR moves skb->csum and a port change does not. A
  * subprogram: inline, what it keeps across its calls would take room on
@@ -327,6 +327,9 @@ static __always_inline int rewrite_tuple_in(struct __sk_buff *skb, struct packet
 	return defer ? SPAN_DEFERRED : 0;
 }
 
+/* sctp_translate4 (below): an SCTP packet's translation. */
+int sctp_translate4(struct __sk_buff *skb, struct packet *p, __be32 saddr, __be32 daddr, __u32 ports);
+
 /* rewrite_tuple: rewrite_tuple_in with its span on its own frame, for a
  * new flow's first packet: a subprogram, so that its bytes stay off its
  * callers' frames, which are deep enough. */
@@ -334,6 +337,8 @@ __subprog int rewrite_tuple(struct __sk_buff *skb, struct packet *p, __be32 sadd
 {
 	struct nat_span span;
 
+	if (p->proto == IPPROTO_SCTP)
+		return sctp_translate4(skb, p, saddr, daddr, ports);
 	return rewrite_tuple_in(skb, p, saddr, daddr, ports, &span, skb_csum(skb), 0);
 }
 
@@ -347,6 +352,79 @@ struct {
 	__type(key, __u32);
 	__type(value, struct nat_span);
 } sl_span_v1 SEC(".maps");
+
+/* sctp_rewrite_ports changes an SCTP packet's ports by ports_xor (the
+ * ports' 4 bytes as the CPU loads them, old ^ new) and its CRC32c with them
+ * (sctp.h): one store of the common header, which keeps skb->csum with
+ * CHECKSUM_COMPLETE. A first fragment's CRC covers a datagram whose
+ * length it does not carry: it cannot be updated, -1, and the caller drops
+ * the fragment.
+ *
+ * It is called at the end of chains of calls whose frames already fill the
+ * 512 bytes of stack, so it has no frame: a global function (checked once
+ * by the verifier, for any arguments) that keeps no more values across its
+ * calls than the registers calls preserve, and copies the header into this
+ * CPU's span (sl_span_v1, below), which no SCTP packet uses otherwise
+ * (rewrite_tuple_in translates SCTP by the helpers, never deferred). */
+struct sctp_scratch {
+	__u32 ports;	/* the common header: both ports, as they lie in the packet */
+	__be32 tag;
+	__u32 crc;	/* little-endian, as the CPU (sctp.h) */
+	/* The arguments, kept here across the calls rather than in registers
+	 * the calls would make spill to a frame. */
+	__u32 l4_off;
+	__u32 ports_xor;
+	__u32 crc_xor;
+};
+_Static_assert(sizeof(struct sctp_scratch) <= sizeof(struct nat_span), "sctp_scratch fits a CPU's span");
+
+__attribute__((noinline)) int sctp_rewrite_ports(struct __sk_buff *skb, const struct packet *p, __u32 ports_xor)
+{
+	__u32 crc_xor = 0;
+
+	if (!p)
+		return -1;
+	if (skb_csum(skb) != SKB_CHECKSUM_PARTIAL) {
+		if (p->fragment)
+			return -1;
+		crc_xor = sctp_crc_delta(ports_xor, p->l3_off + p->ip_len - p->l4_off);
+	}
+	__u32 l4_off = p->l4_off;
+	struct sctp_scratch *h = bpf_map_lookup_elem(&sl_span_v1, &sl_slot0);
+	if (!h)
+		return -1;
+	h->l4_off = l4_off;
+	h->ports_xor = ports_xor;
+	h->crc_xor = crc_xor;
+	if (bpf_skb_load_bytes(skb, h->l4_off, h, SCTP_COMMON_HLEN))
+		return -1;
+	h->ports ^= h->ports_xor;
+	h->crc ^= h->crc_xor;
+	return bpf_skb_store_bytes(skb, h->l4_off, h, SCTP_COMMON_HLEN, BPF_F_RECOMPUTE_CSUM);
+}
+
+/* sctp_translate4 translates an IPv4 SCTP packet to the addresses and
+ * ports given (rewrite_tuple_in's arguments): the addresses with the IPv4
+ * header's checksum alone, SCTP's having no pseudo header, the ports with
+ * the CRC (sctp_rewrite_ports). A global function, apart from the TCP and
+ * UDP translation, whose callers' frames it would otherwise grow. */
+__attribute__((noinline)) int sctp_translate4(struct __sk_buff *skb, struct packet *p, __be32 saddr, __be32 daddr,
+					      __u32 ports)
+{
+	if (!p)
+		return -1;
+	if (rewrite_addr_l3(skb, p, IP_DADDR_OFF, p->daddr, daddr) ||
+	    rewrite_addr_l3(skb, p, IP_SADDR_OFF, p->saddr, saddr))
+		return -1;
+	p->saddr = saddr;
+	p->daddr = daddr;
+	__u32 changed = tuple_ports(p->sport, p->dport) ^ ports;
+	if (changed && sctp_rewrite_ports(skb, p, changed))
+		return -1;
+	p->sport = ports;
+	p->dport = ports >> 16;
+	return 0;
+}
 
 /* ---- Replaying a flow's translation (conntrack.h records it) ---- */
 
@@ -372,6 +450,20 @@ __subprog int ct_apply_fragment(struct __sk_buff *skb, struct packet *p, const s
 	return 0;
 }
 
+/* ct_apply_sctp: ct_apply (below) for an SCTP packet (sctp_translate4).
+ * A global function, whose call the entry programs' frames can afford. */
+__attribute__((noinline)) int ct_apply_sctp(struct __sk_buff *skb, struct packet *p, const struct ct_value *v)
+{
+	if (!p || !v)
+		return -1;
+	int snat = v->flags & CT_SNAT;
+	if (v->type == CT_FORWARD)
+		return sctp_translate4(skb, p, snat ? v->snat_addr : p->saddr, v->nat_addr,
+				       tuple_ports(snat ? v->snat_port : p->sport, v->nat_port));
+	return sctp_translate4(skb, p, v->nat_addr, snat ? v->snat_addr : p->daddr,
+			       tuple_ports(v->nat_port, snat ? v->snat_port : p->dport));
+}
+
 /* ct_apply translates a packet of a known flow: a forward entry's packets
  * (client to service) get the backend as destination, and the node's address
  * as source when the flow is SNATed; a reverse entry's (the replies) get the
@@ -382,6 +474,8 @@ static __always_inline int ct_apply(struct __sk_buff *skb, struct packet *p, con
 {
 	if (p->l4_absent)
 		return ct_apply_fragment(skb, p, v);
+	if (p->proto == IPPROTO_SCTP)
+		return ct_apply_sctp(skb, p, v);
 	/* The calls first (to the compiler both are calls), while little
 	 * else is live. */
 	struct nat_span *span = bpf_map_lookup_elem(&sl_span_v1, &sl_slot0);

@@ -30,6 +30,8 @@ static __always_inline int rewrite_addr6(struct __sk_buff *skb, const struct pac
 {
 	if (addr6_eq(old, new))
 		return 0;
+	if (p->proto == IPPROTO_SCTP) /* no pseudo header (sctp.h); skb->csum follows */
+		return bpf_skb_store_bytes(skb, p->l3_off + field_off, new, 16, BPF_F_RECOMPUTE_CSUM);
 	if (l4) {
 		__s64 diff = bpf_csum_diff((__be32 *)old, 16, (__be32 *)new, 16, 0);
 		if (diff < 0 ||
@@ -40,13 +42,24 @@ static __always_inline int rewrite_addr6(struct __sk_buff *skb, const struct pac
 	return bpf_skb_store_bytes(skb, p->l3_off + field_off, new, 16, 0);
 }
 
+/* rewrite_port6: rewrite_port (rewrite.h), and SCTP's with its CRC
+ * (sctp_rewrite_ports): the port's half of the ports' word, by a shift (an
+ * indexed store compiles to address arithmetic the verifier refuses). */
+static __always_inline int rewrite_port6(struct __sk_buff *skb, const struct packet *p, __u32 port_off, __be16 old,
+					 __be16 new)
+{
+	if (p->proto == IPPROTO_SCTP)
+		return old == new ? 0 : sctp_rewrite_ports(skb, p, ((__u32)old ^ (__u32)new) << (port_off ? 16 : 0));
+	return rewrite_port(skb, p, port_off, old, new);
+}
+
 static __always_inline int rewrite_dst6(struct __sk_buff *skb, struct packet6 *p6, const __u8 *addr, __be16 port)
 {
 	struct packet *p = &p6->p;
 
 	if (rewrite_addr6(skb, p, IP6_DADDR_OFF, p6->daddr, addr, !p->l4_absent))
 		return -1;
-	if (!p->l4_absent && rewrite_port(skb, p, 2 /* dest: offset 2 in TCP and UDP */, p->dport, port))
+	if (!p->l4_absent && rewrite_port6(skb, p, 2 /* dest: offset 2 */, p->dport, port))
 		return -1;
 	addr6_copy(p6->daddr, addr);
 	p->dport = port;
@@ -59,7 +72,7 @@ static __always_inline int rewrite_src6(struct __sk_buff *skb, struct packet6 *p
 
 	if (rewrite_addr6(skb, p, IP6_SADDR_OFF, p6->saddr, addr, !p->l4_absent))
 		return -1;
-	if (!p->l4_absent && rewrite_port(skb, p, 0, p->sport, port))
+	if (!p->l4_absent && rewrite_port6(skb, p, 0, p->sport, port))
 		return -1;
 	addr6_copy(p6->saddr, addr);
 	p->sport = port;
@@ -68,7 +81,8 @@ static __always_inline int rewrite_src6(struct __sk_buff *skb, struct packet6 *p
 
 /* ct6_apply_helpers: a translation a field at a time, by the helpers: for
  * a packet with extension headers, a non-first fragment (its ports are not
- * in it; rewrite_*6 skip them), and CHECKSUM_COMPLETE. */
+ * in it; rewrite_*6 skip them), CHECKSUM_COMPLETE, and SCTP (its CRC,
+ * sctp.h). */
 static __always_inline int ct6_apply_helpers(struct __sk_buff *skb, struct packet6 *p6, const struct ct6_value *v)
 {
 	if (v->type == CT_FORWARD) {
@@ -129,7 +143,7 @@ static __always_inline int ct6_apply(struct __sk_buff *skb, struct packet6 *p6, 
 {
 	struct packet *p = &p6->p;
 
-	if (p->l4_absent || p->l4_off - p->l3_off != IPV6_HLEN)
+	if (p->l4_absent || p->l4_off - p->l3_off != IPV6_HLEN || p->proto == IPPROTO_SCTP)
 		return ct6_apply_helpers(skb, p6, v);
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;

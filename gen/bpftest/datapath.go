@@ -21,6 +21,7 @@ const (
 	ProtoICMP   = 1
 	ProtoTCP    = 6
 	ProtoUDP    = 17
+	ProtoSCTP   = 132
 	ProtoICMPv6 = 58
 )
 

@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
@@ -30,14 +32,17 @@ const (
 // family is Src's.
 type PacketSpec struct {
 	Src, Dst netip.AddrPort
-	Proto    layers.IPProtocol // TCP, UDP, ICMPv4 or ICMPv6
+	Proto    layers.IPProtocol // TCP, UDP, SCTP, ICMPv4 or ICMPv6
 	TCPFlags uint8             // for TCP
-	Seq      uint32            // for TCP
-	ICMPType uint8             // for ICMPv4 and ICMPv6
-	ICMPCode uint8
-	ICMPID   uint16 // echo identifier
-	Payload  []byte
-	TTL      uint8 // 64 when zero
+	// SCTPChunk is an SCTP packet's one chunk's type (0: DATA); Payload is
+	// the chunk's value, padded to 4 bytes.
+	SCTPChunk uint8
+	Seq       uint32 // for TCP
+	ICMPType  uint8  // for ICMPv4 and ICMPv6
+	ICMPCode  uint8
+	ICMPID    uint16 // echo identifier
+	Payload   []byte
+	TTL       uint8 // 64 when zero
 	// IPOptions are appended to the IPv4 header (padded to 4 bytes).
 	IPOptions []byte
 	// Fragment sets the More Fragments bit.
@@ -85,6 +90,9 @@ func Build(spec PacketSpec) []byte {
 			panic(err)
 		}
 		ls = append(ls, udp)
+	case layers.IPProtocolSCTP:
+		ls = append(ls, sctpLayers(spec)...)
+		spec.Payload = nil
 	case layers.IPProtocolICMPv4:
 		ls = append(ls, &layers.ICMPv4{
 			TypeCode: layers.CreateICMPv4TypeCode(spec.ICMPType, spec.ICMPCode),
@@ -97,6 +105,55 @@ func Build(spec PacketSpec) []byte {
 		panic(fmt.Sprintf("build packet %+v: %v", spec, err))
 	}
 	return buf.Bytes()
+}
+
+// sctpLayers are an SCTP packet's common header and its one chunk
+// (gopacket computes the CRC32c over both).
+func sctpLayers(spec PacketSpec) []gopacket.SerializableLayer {
+	chunk := make([]byte, 4, 4+len(spec.Payload)+3)
+	chunk[0] = spec.SCTPChunk
+	binary.BigEndian.PutUint16(chunk[2:], uint16(4+len(spec.Payload)))
+	chunk = append(chunk, spec.Payload...)
+	for len(chunk)%4 != 0 {
+		chunk = append(chunk, 0)
+	}
+	return []gopacket.SerializableLayer{
+		&layers.SCTP{SrcPort: layers.SCTPPort(spec.Src.Port()), DstPort: layers.SCTPPort(spec.Dst.Port()), VerificationTag: 0x5c7b0001},
+		gopacket.Payload(chunk),
+	}
+}
+
+// SCTP chunk types for PacketSpec.SCTPChunk (RFC 9260 3.2).
+const (
+	SCTPData             = 0
+	SCTPInit             = 1
+	SCTPInitAck          = 2
+	SCTPAbort            = 6
+	SCTPShutdown         = 7
+	SCTPShutdownAck      = 8
+	SCTPCookieEcho       = 10
+	SCTPCookieAck        = 11
+	SCTPShutdownComplete = 14
+)
+
+// SCTPPacket builds an SCTP packet with one chunk of the given type.
+func SCTPPacket(src, dst netip.AddrPort, chunk uint8, payload []byte) []byte {
+	return Build(PacketSpec{Src: src, Dst: dst, Proto: layers.IPProtocolSCTP, SCTPChunk: chunk, Payload: payload})
+}
+
+// SCTPChecksum checks an SCTP packet's CRC32c (RFC 9260 6.8: over the
+// packet with its checksum field zero, stored little-endian).
+func SCTPChecksum(l4 []byte) error {
+	if len(l4) < 12 {
+		return fmt.Errorf("SCTP packet too short: %d bytes", len(l4))
+	}
+	b := slices.Clone(l4)
+	stored := binary.LittleEndian.Uint32(b[8:12])
+	clear(b[8:12])
+	if sum := crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)); sum != stored {
+		return fmt.Errorf("SCTP CRC32c invalid: %#08x, want %#08x", stored, sum)
+	}
+	return nil
 }
 
 // TCPPacket builds a TCP segment with the given flags.
@@ -116,6 +173,7 @@ type Decoded struct {
 	IP6      *layers.IPv6 // nil for IPv4
 	TCP      *layers.TCP
 	UDP      *layers.UDP
+	SCTP     *layers.SCTP
 	ICMP     *layers.ICMPv4
 	ICMP6    *layers.ICMPv6
 	Src, Dst netip.AddrPort
@@ -144,6 +202,9 @@ func Decode(frame []byte) (*Decoded, error) {
 	if u, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP); ok {
 		d.UDP, sport, dport = u, uint16(u.SrcPort), uint16(u.DstPort)
 	}
+	if s, ok := p.Layer(layers.LayerTypeSCTP).(*layers.SCTP); ok {
+		d.SCTP, sport, dport = s, uint16(s.SrcPort), uint16(s.DstPort)
+	}
 	if c, ok := p.Layer(layers.LayerTypeICMPv4).(*layers.ICMPv4); ok {
 		d.ICMP = c
 	}
@@ -154,8 +215,8 @@ func Decode(frame []byte) (*Decoded, error) {
 	return d, nil
 }
 
-// VerifyChecksums checks the IPv4 header checksum and the TCP, UDP or ICMP
-// checksum of an Ethernet frame, computed from scratch.
+// VerifyChecksums checks the IPv4 header checksum and the TCP, UDP, SCTP or
+// ICMP checksum of an Ethernet frame, computed from scratch.
 func VerifyChecksums(frame []byte) error {
 	const ethLen = 14
 	if len(frame) >= ethLen && binary.BigEndian.Uint16(frame[12:14]) == 0x86dd {
@@ -189,6 +250,8 @@ func VerifyChecksums(frame []byte) error {
 		if s := checksum(l4, pseudo); s != 0 {
 			return fmt.Errorf("L4 (protocol %d) checksum invalid (sum %#04x)", ip[9], s)
 		}
+	case 132:
+		return SCTPChecksum(l4)
 	case 1:
 		if s := checksum(l4, 0); s != 0 {
 			return fmt.Errorf("ICMP checksum invalid (sum %#04x)", s)

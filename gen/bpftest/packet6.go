@@ -41,6 +41,9 @@ func build6(spec PacketSpec) []byte {
 			panic(err)
 		}
 		ls = append(ls, udp)
+	case layers.IPProtocolSCTP:
+		ls = append(ls, sctpLayers(spec)...)
+		spec.Payload = nil
 	case layers.IPProtocolICMPv6:
 		icmp := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(spec.ICMPType, spec.ICMPCode)}
 		if err := icmp.SetNetworkLayerForChecksum(ip); err != nil {
@@ -145,6 +148,9 @@ func decode6(frame []byte, p gopacket.Packet, d *Decoded, ip6 *layers.IPv6) (*De
 	if u, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP); ok {
 		d.UDP, sport, dport = u, uint16(u.SrcPort), uint16(u.DstPort)
 	}
+	if s, ok := p.Layer(layers.LayerTypeSCTP).(*layers.SCTP); ok {
+		d.SCTP, sport, dport = s, uint16(s.SrcPort), uint16(s.DstPort)
+	}
 	if c, ok := p.Layer(layers.LayerTypeICMPv6).(*layers.ICMPv6); ok {
 		d.ICMP6 = c
 	}
@@ -178,6 +184,8 @@ func verifyChecksums6(ip []byte) error {
 	}
 	l4 := ip[off:total]
 	switch next {
+	case 132:
+		return SCTPChecksum(l4)
 	case 6, 17, 58:
 		var pseudo uint32
 		for i := 8; i < 40; i += 2 {
