@@ -6,7 +6,8 @@
 // proxy translated (netfilter's NAT, read with package conntrack/netfilter)
 // into the table, so the datapath carries them on when that proxy leaves.
 //
-// Established TCP connections to a backend that left its service are kept until
-// they end or expire (graceful termination, as with kube-proxy): the stale-NAT
-// check applies to non-TCP flows only, and FlushBackends to UDP only.
+// Established TCP connections and SCTP associations to a backend that left its
+// service are kept until they end or expire (graceful termination, as with
+// kube-proxy): the stale-NAT check applies to the other protocols only, and
+// FlushBackends to UDP only.
 package conntrack

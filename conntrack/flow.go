@@ -48,6 +48,8 @@ func ProtoName(p uint8) string {
 		return "tcp"
 	case protoUDP:
 		return "udp"
+	case protoSCTP:
+		return "sctp"
 	case protoICMP:
 		return "icmp"
 	case protoICMPv6:

@@ -139,6 +139,14 @@ func flowState(proto uint8, seen uint32) FlowState {
 			return FlowState{"tcp", "established"}
 		}
 		return FlowState{"tcp", "opening"}
+	case protoSCTP:
+		switch {
+		case seen&(tcpFIN|tcpRST) != 0:
+			return FlowState{"sctp", "closing"}
+		case seen&tcpACK != 0:
+			return FlowState{"sctp", "established"}
+		}
+		return FlowState{"sctp", "opening"}
 	case protoUDP:
 		return FlowState{"udp", "active"}
 	}

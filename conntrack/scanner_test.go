@@ -472,3 +472,64 @@ func TestReverseEntryLeftByAReopenedTupleLastsTheServersTimeWait(t *testing.T) {
 		t.Fatalf("guard kept past the server's TIME_WAIT (deleted %v)", st.Deleted)
 	}
 }
+
+// SCTP associations expire by the state their chunks tell (netfilter's
+// timeouts); an established association outlives its backend's removal
+// from the Service, as a TCP connection does, until it ends.
+func TestSCTPTimeoutsByAssociationState(t *testing.T) {
+	def := conntrack.DefaultTimeouts()
+	def.CreationGrace = time.Second // below SCTP's shortest timeouts
+	sctpVIP := netip.MustParseAddrPort("10.96.0.38:3868")
+	sctpBE := netip.MustParseAddrPort("10.2.0.9:3869")
+	cases := []struct {
+		name    string
+		timeout time.Duration
+		chunks  func(c netip.AddrPort) [][2]any // {from, chunk}
+	}{
+		{"opening", def.SCTPOpening, func(c netip.AddrPort) [][2]any {
+			return [][2]any{{c, bpftest.SCTPInit}}
+		}},
+		{"established", def.SCTPEstablished, func(c netip.AddrPort) [][2]any {
+			return [][2]any{{c, bpftest.SCTPInit}, {sctpBE, bpftest.SCTPInitAck}, {c, bpftest.SCTPCookieEcho}, {sctpBE, bpftest.SCTPCookieAck}}
+		}},
+		{"closing", def.SCTPClosing, func(c netip.AddrPort) [][2]any {
+			return [][2]any{{c, bpftest.SCTPInit}, {sctpBE, bpftest.SCTPInitAck}, {c, bpftest.SCTPShutdown}}
+		}},
+		{"closed", def.SCTPClosed, func(c netip.AddrPort) [][2]any {
+			return [][2]any{{c, bpftest.SCTPInit}, {sctpBE, bpftest.SCTPInitAck}, {sctpBE, bpftest.SCTPAbort}}
+		}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, def)
+			e.dp.AddService(bpftest.Service{ID: 3, Front: sctpVIP, Proto: bpftest.ProtoSCTP, Backends: []bpftest.Backend{{AP: sctpBE}}})
+			client := netip.AddrPortFrom(clientAP.Addr(), uint16(21000+i))
+			for _, step := range c.chunks(client) {
+				from, chunk := step[0].(netip.AddrPort), uint8(step[1].(int))
+				to := sctpVIP
+				if from == sctpBE {
+					to = client
+				}
+				e.dp.RunOK(e.dp.Objs.SlFromWl, bpftest.SCTPPacket(from, to, chunk, make([]byte, 8)))
+			}
+			if c.name == "established" {
+				// The backend leaves the Service: the association stays.
+				if err := e.dp.Objs.SlFeV1.Delete(bpftest.FeKey(sctpVIP, bpftest.ProtoSCTP)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e.advance(c.timeout - 500*time.Millisecond)
+			if e.scan(); !e.has(client, sctpVIP, bpftest.ProtoSCTP) || !e.has(sctpBE, client, bpftest.ProtoSCTP) {
+				t.Fatalf("association gone before its %s timeout %v", c.name, c.timeout)
+			}
+			e.advance(time.Second)
+			st := e.scan()
+			if e.has(client, sctpVIP, bpftest.ProtoSCTP) || e.has(sctpBE, client, bpftest.ProtoSCTP) {
+				t.Fatalf("association kept past its %s timeout %v", c.name, c.timeout)
+			}
+			if st.Deleted[conntrack.ReasonExpired] != 1 {
+				t.Fatalf("deletions %v, want one expired flow", st.Deleted)
+			}
+		})
+	}
+}

@@ -8,15 +8,16 @@ import (
 	"github.com/sluice-net/sluice/maps"
 )
 
-// StaleNAT deletes non-TCP flows whose frontend no longer maps to their
-// backend: the service is gone, or the backend left it. TCP flows are kept
-// until they end (graceful termination), and flows no Service translated
+// StaleNAT deletes flows of connectionless protocols whose frontend no
+// longer maps to their backend: the service is gone, or the backend left
+// it. TCP connections and SCTP associations are kept until they end
+// (graceful termination), and flows no Service translated
 // (service id 0: tracked for the clash check and policy) have no frontend to
 // go stale.
 //
 // It looks frontends up as the datapath does (the exact destination, then the
 // NodePort wildcard for this node's addresses), in a snapshot of the NAT maps
-// taken when the scan starts and the first non-TCP flow needs it.
+// taken when the scan starts and the first flow it judges needs it.
 type StaleNAT struct {
 	Frontends *maps.Map[gen.SluiceFeKey, gen.SluiceFeValue]
 	Backends  *maps.Map[gen.SluiceBeKey, gen.SluiceBeValue]
@@ -51,7 +52,7 @@ var (
 	wildcard6 = [16]uint8{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 )
 
-// Prepare drops the previous snapshot; the next non-TCP flow loads a new one.
+// Prepare drops the previous snapshot; the next flow judged loads a new one.
 func (s *StaleNAT) Prepare(time.Duration) error {
 	s.snap = natSnapshot{}
 	return nil
@@ -98,11 +99,12 @@ func (s *natSnapshot) load(
 	s.err = host6.Iterate(func(k gen.SluiceHostip6Key, _ gen.SluiceHostipValue) bool { s.hostIPs[k.Addr] = true; return true })
 }
 
-// Check reports ReasonStaleNAT for a non-TCP flow whose frontend is gone or no
-// longer has the flow's backend. If the snapshot could not be read, it keeps
+// Check reports ReasonStaleNAT for a flow of a connectionless protocol (not
+// TCP, not SCTP, whose associations end on their own as TCP's connections
+// do) whose frontend is gone or no longer has the flow's backend. If the snapshot could not be read, it keeps
 // every flow; without the IPv6 maps, it keeps every IPv6 flow.
 func (s *StaleNAT) Check(p *Pair, _ time.Duration) Reason {
-	if !p.HasFwd || p.FwdKey.Proto == protoTCP || p.Fwd.SvcId == 0 {
+	if !p.HasFwd || p.FwdKey.Proto == protoTCP || p.FwdKey.Proto == protoSCTP || p.Fwd.SvcId == 0 {
 		return ""
 	}
 	ipv4 := netip.AddrFrom16(p.FwdKey.Daddr).Is4In6()

@@ -23,11 +23,21 @@ type Timeouts struct {
 	// TCPResetSeen applies once either side sent a RST.
 	TCPResetSeen time.Duration
 	UDP          time.Duration
-	ICMP         time.Duration
-	Other        time.Duration
+	// SCTP's, by its association's state as its chunks tell it
+	// (bpf/include/sctp.h): opening (INIT sent, not answered), established
+	// (the destination answered), closing (SHUTDOWN seen), closed (ABORT
+	// or SHUTDOWN COMPLETE seen).
+	SCTPOpening     time.Duration
+	SCTPEstablished time.Duration
+	SCTPClosing     time.Duration
+	SCTPClosed      time.Duration
+	ICMP            time.Duration
+	Other           time.Duration
 }
 
-// DefaultTimeouts are Calico's defaults.
+// DefaultTimeouts are Calico's defaults; SCTP's are netfilter's (Calico has
+// none): an established association's heartbeats, every 30 s by default,
+// keep it well within its 210 s.
 func DefaultTimeouts() Timeouts {
 	return Timeouts{
 		CreationGrace:     10 * time.Second,
@@ -37,12 +47,19 @@ func DefaultTimeouts() Timeouts {
 		TCPServerTimeWait: 2 * time.Minute,
 		TCPResetSeen:      40 * time.Second,
 		UDP:               60 * time.Second,
+		SCTPOpening:       3 * time.Second,
+		SCTPEstablished:   210 * time.Second,
+		SCTPClosing:       3 * time.Second,
+		SCTPClosed:        10 * time.Second,
 		ICMP:              5 * time.Second,
 		Other:             10 * time.Minute,
 	}
 }
 
-// TCP flag bits recorded in ct_value.tcp_seen (bpf/include/parse.h).
+// TCP flag bits recorded in ct_value.tcp_seen (bpf/include/parse.h); an
+// SCTP packet's first chunk is recorded as such (bpf/include/sctp.h): INIT
+// as SYN, INIT ACK as SYN|ACK, SHUTDOWN and SHUTDOWN ACK as FIN, ABORT and
+// SHUTDOWN COMPLETE as RST, any other chunk as ACK.
 const (
 	tcpFIN = 0x01
 	tcpSYN = 0x02
@@ -60,6 +77,7 @@ const (
 	protoTCP    = 6
 	protoUDP    = 17
 	protoICMPv6 = 58
+	protoSCTP   = 132
 )
 
 // State is a flow's state as the timeouts see it.
@@ -74,7 +92,7 @@ const (
 	// holds the tuple in TIME_WAIT.
 	StateServerTimeWait State = "server-time-wait"
 	StateReset          State = "reset"
-	StateActive         State = "active" // any non-TCP flow
+	StateActive         State = "active" // any flow but TCP and SCTP
 )
 
 // Pair is a flow's two conntrack entries; either may be missing (an orphan).
@@ -103,9 +121,14 @@ func (p *Pair) DSRFront() bool {
 	return e.Flags&(gen.SluiceCtFlagsCT_DSR|gen.SluiceCtFlagsCT_BACKEND_LOCAL) == gen.SluiceCtFlagsCT_DSR
 }
 
-// State derives the TCP state from the flags each direction has seen.
+// State derives the TCP state from the flags each direction has seen; an
+// SCTP association's in the same terms (sctpState).
 func (p *Pair) State() State {
-	if p.proto() != protoTCP {
+	switch p.proto() {
+	case protoTCP:
+	case protoSCTP:
+		return p.sctpState()
+	default:
 		return StateActive
 	}
 	fwd, rev := p.Fwd.TcpSeen, p.Rev.TcpSeen
@@ -142,6 +165,24 @@ func (p *Pair) State() State {
 	return StateSynSent
 }
 
+// sctpState is an SCTP association's state in TCP's terms: reset once
+// either side aborted it or completed its shutdown, closing once either
+// side began one, established once the destination answered anything
+// (its INIT ACK, or any chunk of an association already up when this flow
+// was first seen), syn-sent before.
+func (p *Pair) sctpState() State {
+	fwd, rev := p.Fwd.TcpSeen, p.Rev.TcpSeen
+	switch {
+	case (fwd|rev)&tcpRST != 0:
+		return StateReset
+	case (fwd|rev)&tcpFIN != 0:
+		return StateFinsSeen
+	case rev&tcpACK != 0:
+		return StateEstablished
+	}
+	return StateSynSent
+}
+
 // Assured tells whether the destination answered: a TCP flow whose server
 // sent its SYN-ACK, another flow with a reply seen (netfilter's assured).
 // Under pressure, the scanner drops flows that are not assured first.
@@ -156,17 +197,21 @@ func (p *Pair) Assured() bool {
 	if !p.HasRev {
 		return false
 	}
-	if p.proto() == protoTCP {
+	switch p.proto() {
+	case protoTCP:
 		return p.Rev.TcpSeen&(tcpSYN|tcpACK) == tcpSYN|tcpACK
+	case protoSCTP:
+		return p.Rev.TcpSeen&tcpACK != 0
 	}
 	return p.Rev.TcpSeen&seenPacket != 0
 }
 
-// Ended tells whether a TCP flow is over: FINs both ways, or a RST. Its
-// entries are then kept only for late packets (a retransmitted last FIN) and
-// the clash rules, and go first when the map is under pressure.
+// Ended tells whether a TCP flow is over: FINs both ways, or a RST (an
+// SCTP association: a SHUTDOWN or an ABORT). Its entries are then kept
+// only for late packets (a retransmitted last FIN) and the clash rules,
+// and go first when the map is under pressure.
 func (p *Pair) Ended() bool {
-	if p.proto() != protoTCP {
+	if p.proto() != protoTCP && p.proto() != protoSCTP {
 		return false
 	}
 	switch p.State() {
@@ -204,6 +249,16 @@ func (t *Timeouts) Timeout(p *Pair) time.Duration {
 			return t.TCPEstablished
 		}
 		return t.TCPSynSent
+	case protoSCTP:
+		switch p.sctpState() {
+		case StateReset:
+			return t.SCTPClosed
+		case StateFinsSeen:
+			return t.SCTPClosing
+		case StateEstablished:
+			return t.SCTPEstablished
+		}
+		return t.SCTPOpening
 	case protoUDP:
 		return t.UDP
 	case protoICMP:
@@ -217,6 +272,8 @@ func (t *Timeouts) shortest(proto uint8) time.Duration {
 	switch proto {
 	case protoTCP:
 		return min(t.TCPSynSent, t.TCPEstablished, t.TCPFinsSeen, t.TCPResetSeen, max(t.TCPFinsSeen, t.TCPServerTimeWait))
+	case protoSCTP:
+		return min(t.SCTPOpening, t.SCTPEstablished, t.SCTPClosing, t.SCTPClosed)
 	case protoUDP:
 		return t.UDP
 	case protoICMP:

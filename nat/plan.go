@@ -228,9 +228,6 @@ type planner struct {
 }
 
 func (p *planner) plan(name ServicePortName, svc *ServicePort, eps []Endpoint) (*plan, error) {
-	if svc.Protocol == SCTP {
-		return nil, fmt.Errorf("service %s: SCTP is not balanced by the datapath (TCP and UDP only)", name)
-	}
 	if slices.Contains(p.node.NodePortIPs, svc.ClusterIP) {
 		// Its frontends would take the node's own ports (SSH answered with a
 		// reset when the Service has no endpoints).
