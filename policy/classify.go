@@ -39,7 +39,7 @@ const (
 	clsTiers          = 64
 	clsMaxCandidates  = 64
 	clsOverflow       = 0xffffffff
-	clsOtherProtocols = 2 * 65536
+	clsOtherProtocols = 3 * 65536
 )
 
 // The classifier's rule flags (enum cls_flags).
@@ -234,15 +234,18 @@ func merged(a, b []uint32) []uint32 {
 	return out
 }
 
-// portClass is the cls_ports class of a protocol: 0 TCP, 1 UDP, 2 any other.
+// portClass is the cls_ports class of a protocol: 0 TCP, 1 UDP, 2 SCTP, 3
+// any other.
 func portClass(proto uint8) int {
 	switch proto {
 	case 6:
 		return 0
 	case 17:
 		return 1
+	case 132:
+		return 2
 	}
-	return 2
+	return 3
 }
 
 // The groups of rules (enum cls_group): each rule is indexed by one of its
@@ -366,8 +369,8 @@ func buildIndex(p *EndpointPolicy) *index {
 func (x *index) indexPorts(flat []Rule, group []int, l *lists) bool {
 	overflow := false
 	empty := l.add(nil)
-	x.ports[clsOtherProtocols] = empty // port conditions hold for TCP and UDP only
-	for class := range 2 {
+	x.ports[clsOtherProtocols] = empty // port conditions hold for TCP, UDP and SCTP only
+	for class := range 3 {
 		type event struct {
 			port int // the range starts here (start) or ends just before (end)
 			rule uint32

@@ -382,7 +382,7 @@ func (e *emitter) rule(r Rule, ch chunk, firstSlot uint32) bool {
 	}
 	// Conditions are ANDed: cheapest first, map lookups (IP sets) last.
 	if len(r.DstPorts) > 0 {
-		l4 := (r.Protocol == 6 || r.Protocol == 17) && !r.NotProtocol
+		l4 := hasPorts(r.Protocol) && !r.NotProtocol
 		e.ports(r.DstPorts, r.NotDstPorts, l4, fail)
 	}
 	if r.ICMPType != nil || r.ICMPCode != nil {
@@ -562,14 +562,15 @@ func (e *emitter) setLookups(ids []uint32, negate bool, fail string, m *ebpf.Map
 	e.mark(ok)
 }
 
-// ports: TCP or UDP with the destination port in a range; negated, anything
-// else. knownL4: the rule already required TCP or UDP.
+// ports: TCP, UDP or SCTP with the destination port in a range; negated,
+// anything else. knownL4: the rule already required one of them.
 func (e *emitter) ports(ranges []PortRange, negate, knownL4 bool, fail string) {
 	in, out := e.label(), e.label()
 	if !knownL4 {
 		check := e.label()
 		e.meta(0)
-		e.emit(asm.JEq.Imm32(asm.R1, 6, check), asm.JEq.Imm32(asm.R1, 17, check), asm.Ja.Label(out))
+		e.emit(asm.JEq.Imm32(asm.R1, 6, check), asm.JEq.Imm32(asm.R1, 17, check), asm.JEq.Imm32(asm.R1, 132, check),
+			asm.Ja.Label(out))
 		e.mark(check)
 	}
 	for _, pr := range ranges {

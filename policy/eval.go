@@ -69,7 +69,7 @@ func anyNet(nets []netip.Prefix, a netip.Addr) bool {
 
 func (r *Rule) matches(sets IPSets, p Packet) bool {
 	cond := func(present, match, negate bool) bool { return !present || match != negate }
-	l4 := p.Protocol == 6 || p.Protocol == 17
+	l4 := hasPorts(p.Protocol)
 	inPorts := l4 && slices.ContainsFunc(r.DstPorts, func(pr PortRange) bool { return p.DstPort >= pr.First && p.DstPort <= pr.Last })
 	icmp := (p.Protocol == 1 && p.Src.Is4() || p.Protocol == 58 && p.Src.Is6()) && (r.ICMPType == nil || *r.ICMPType == p.ICMPType) && (r.ICMPCode == nil || *r.ICMPCode == p.ICMPCode)
 	return cond(r.Protocol != 0, p.Protocol == r.Protocol, r.NotProtocol) &&

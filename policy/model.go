@@ -21,6 +21,9 @@ func (a Action) String() string { return [...]string{"allow", "deny", "pass", "l
 // PortRange is an inclusive range of ports; First == Last for one port.
 type PortRange struct{ First, Last uint16 }
 
+// hasPorts: the protocols whose destination port a rule's DstPorts judge.
+func hasPorts(proto uint8) bool { return proto == 6 || proto == 17 || proto == 132 }
+
 // Rule is one rule. The zero value matches every packet.
 type Rule struct {
 	// ID identifies the rule in counters; it must be unique within an
@@ -41,6 +44,8 @@ type Rule struct {
 	SrcIPSets, DstIPSets       []uint32 // IP set ids (IPSets)
 	NotSrcIPSets, NotDstIPSets bool
 
+	// DstPorts hold for the protocols with ports: TCP, UDP and SCTP
+	// (hasPorts); a packet of another protocol is in none of them.
 	DstPorts    []PortRange
 	NotDstPorts bool
 	// NamedPorts are resolved to DstPorts per endpoint (Resolve).

@@ -204,12 +204,12 @@ func TestTranslationErrorsAreCountedWhileTheyLast(t *testing.T) {
 	n := newNode(t)
 	b := n.binder()
 	c := cluster("client", 80)
-	sctp := v1.ProtocolSCTP
-	c.Policies[0].Spec.Ingress[0].Ports[0].Protocol = &sctp
+	icmp := v1.Protocol("ICMP") // no ports: refused
+	c.Policies[0].Spec.Ingress[0].Ports[0].Protocol = &icmp
 	b.Update(c)
 	b.Finish()
 	if got := b.Stats().Errors; got != 1 {
-		t.Fatalf("an SCTP port: %d errors, want 1", got)
+		t.Fatalf("an ICMP port: %d errors, want 1", got)
 	}
 	b.Update(cluster("client", 80))
 	b.Finish()

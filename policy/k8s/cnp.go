@@ -304,16 +304,7 @@ func (t *translator) cnpProtocol(where string, cond policy.Rule, proto npa.Clust
 	case proto.UDP != nil:
 		return withPort(17, proto.UDP.DestinationPort)
 	case proto.SCTP != nil:
-		// SCTP ports are not carried; SCTP itself is judged (without
-		// ports): Deny and Pass cover all of the peer's SCTP, Accept none.
-		if action == policy.Allow {
-			t.err(fmt.Errorf("%s: SCTP ports are not carried by the datapath; the rule accepts no SCTP", where))
-			return nil
-		}
-		t.err(fmt.Errorf("%s: SCTP ports are not carried by the datapath; the rule applies to all SCTP of the peer", where))
-		r := cond
-		r.Protocol = 132
-		return []policy.Rule{r}
+		return withPort(132, proto.SCTP.DestinationPort)
 	case proto.DestinationNamedPort != "":
 		return t.cnpNamedPort(cond, proto.DestinationNamedPort, pod, peer, ingress)
 	}
@@ -327,7 +318,7 @@ func (t *translator) cnpNamedPort(cond policy.Rule, name string, pod *v1.Pod, pe
 	protos := []struct {
 		api    v1.Protocol
 		number uint8
-	}{{v1.ProtocolTCP, 6}, {v1.ProtocolUDP, 17}}
+	}{{v1.ProtocolTCP, 6}, {v1.ProtocolUDP, 17}, {v1.ProtocolSCTP, 132}}
 	if ingress {
 		for _, pr := range protos {
 			r := cond

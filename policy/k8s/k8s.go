@@ -269,7 +269,7 @@ func (t *translator) rules(pod *v1.Pod, np *netv1.NetworkPolicy, typ netv1.Polic
 					kind = "hostendpoint " + np.Name
 				}
 				if proto, _, ok := portProtocol(port); !ok {
-					t.err(fmt.Errorf("networkpolicy %s/%s: %s port of protocol %s: the datapath carries TCP and UDP ports only; it allows nothing (a rule without ports allows every protocol)",
+					t.err(fmt.Errorf("networkpolicy %s/%s: %s port of protocol %s: ports are TCP, UDP or SCTP; it allows nothing (a rule without ports allows every protocol)",
 						np.Namespace, np.Name, strings.ToLower(string(typ)), proto))
 					continue
 				}
@@ -474,7 +474,7 @@ func (t *translator) rule(id uint32, info RuleInfo) {
 }
 
 // portProtocol is a NetworkPolicyPort's protocol number (TCP when unset);
-// false for a protocol the datapath does not carry (SCTP).
+// false for a protocol without ports.
 func portProtocol(port netv1.NetworkPolicyPort) (v1.Protocol, uint8, bool) {
 	proto := v1.ProtocolTCP
 	if port.Protocol != nil {
@@ -485,6 +485,8 @@ func portProtocol(port netv1.NetworkPolicyPort) (v1.Protocol, uint8, bool) {
 		return proto, 6, true
 	case v1.ProtocolUDP:
 		return proto, 17, true
+	case v1.ProtocolSCTP:
+		return proto, 132, true
 	}
 	return proto, 0, false
 }

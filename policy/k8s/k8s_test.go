@@ -10,6 +10,7 @@ import (
 	netv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	npa "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
 func pod(ns, name, ip string, lbls map[string]string, ports ...v1.ContainerPort) *v1.Pod {
@@ -234,27 +235,61 @@ func TestEgressNamedPortIsEachDestinationsOwn(t *testing.T) {
 	}
 }
 
-// An SCTP port is refused by name (the datapath carries TCP and UDP ports
-// only): it allows nothing, and the policy's other ports still apply.
-func TestSCTPPortIsRefusedByName(t *testing.T) {
+// An SCTP port allows SCTP to that port only, beside the policy's TCP
+// port; a port of a protocol without ports (a manifest read from a folder
+// is not validated) is refused by name and allows nothing.
+func TestSCTPPortAllowsThatPort(t *testing.T) {
 	web := pod("shop", "web", "10.1.0.10", map[string]string{"app": "web"})
 	c := Cluster{Pods: []*v1.Pod{web}, Namespaces: []*v1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}},
 		Policies: []*netv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "sctp"}, Spec: netv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
 			Ingress: []netv1.NetworkPolicyIngressRule{{Ports: []netv1.NetworkPolicyPort{
-				{Protocol: ptr(v1.ProtocolSCTP), Port: ptr(intstr.FromInt32(3868))}, tcpPort(80)}}},
+				{Protocol: ptr(v1.ProtocolSCTP), Port: ptr(intstr.FromInt32(3868))}, tcpPort(80),
+				{Protocol: ptr(v1.Protocol("ICMP")), Port: ptr(intstr.FromInt32(9))}}}},
 		}}}}
 	res := Translate(c, "node-a")
-	if len(res.Errors) != 1 || !strings.Contains(res.Errors[0].Error(), "shop/sctp") || !strings.Contains(res.Errors[0].Error(), "SCTP") {
-		t.Fatalf("errors %v: want one naming the policy and SCTP", res.Errors)
+	if len(res.Errors) != 1 || !strings.Contains(res.Errors[0].Error(), "shop/sctp") || !strings.Contains(res.Errors[0].Error(), "ICMP") {
+		t.Fatalf("errors %v: want one naming the policy and ICMP", res.Errors)
 	}
 	e := res.Endpoints["shop/web"]
 	for _, tc := range []struct {
 		proto uint8
 		port  uint16
 		want  bool
-	}{{132, 3868, false}, {6, 3868, false}, {6, 80, true}} {
+	}{{132, 3868, true}, {132, 3869, false}, {6, 3868, false}, {6, 80, true}, {1, 9, false}} {
 		got := policy.Evaluate(&e.Ingress, res.IPSets, policy.Packet{Src: netip.MustParseAddr("10.9.9.9"), Dst: e.IP, Protocol: tc.proto, DstPort: tc.port}).Allow
+		if got != tc.want {
+			t.Errorf("proto %d port %d: allowed %v, want %v", tc.proto, tc.port, got, tc.want)
+		}
+	}
+}
+
+// A ClusterNetworkPolicy's SCTP port matches SCTP to that port only: an
+// Admin tier Deny of SCTP 3868 denies it and leaves SCTP to 3869 and TCP
+// to 3868 to the (empty) lower tiers, which allow them.
+func TestClusterNetworkPolicySCTPPortMatchesThatPort(t *testing.T) {
+	web := pod("shop", "web", "10.1.0.10", map[string]string{"app": "web"})
+	port := int32(3868)
+	c := Cluster{Pods: []*v1.Pod{web}, Namespaces: []*v1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}},
+		ClusterNetworkPolicies: []*npa.ClusterNetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "no-diameter"}, Spec: npa.ClusterNetworkPolicySpec{
+			Tier: npa.AdminTier, Priority: 1,
+			Subject: npa.ClusterNetworkPolicySubject{Namespaces: &metav1.LabelSelector{}},
+			Ingress: []npa.ClusterNetworkPolicyIngressRule{{Action: npa.ClusterNetworkPolicyRuleActionDeny,
+				From:      []npa.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
+				Protocols: []npa.ClusterNetworkPolicyProtocol{{SCTP: &npa.ClusterNetworkPolicyProtocolSCTP{DestinationPort: &npa.Port{Number: port}}}}}},
+		}}}}
+	c.Pods = append(c.Pods, pod("shop", "client", "10.1.0.11", nil))
+	res := Translate(c, "node-a")
+	if len(res.Errors) != 0 {
+		t.Fatalf("errors %v", res.Errors)
+	}
+	e := res.Endpoints["shop/web"]
+	for _, tc := range []struct {
+		proto uint8
+		port  uint16
+		want  bool
+	}{{132, 3868, false}, {132, 3869, true}, {6, 3868, true}} {
+		got := policy.Evaluate(&e.Ingress, res.IPSets, policy.Packet{Src: netip.MustParseAddr("10.1.0.11"), Dst: e.IP, Protocol: tc.proto, DstPort: tc.port}).Allow
 		if got != tc.want {
 			t.Errorf("proto %d port %d: allowed %v, want %v", tc.proto, tc.port, got, tc.want)
 		}
