@@ -18,7 +18,7 @@ focus=${2:-'\[sig-network\] (Services|Networking|Conntrack|EndpointSlice|Endpoin
 
 # What is skipped, and why (test/conformance/README.md lists the same).
 SKIP_REASONS=(
-	'SCTP::Sluice does not proxy SCTP (its Service ports are skipped and counted)'
+	'SCTP::this kernel has no SCTP sockets, which the specs open in their pods'
 	'Feature:Networking-IPv6::its one spec reaches the Internet over IPv6, which this machine cannot'
 	'Internet connection::this machine has no Internet access'
 	'Feature:Networking-Performance::needs the iperf2 image, not built here'
