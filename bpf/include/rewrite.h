@@ -210,8 +210,8 @@ static __always_inline __u16 l4_check_updated(__u16 check, enum skb_csum csum, _
 }
 
 /* rewrite_tuple_helpers writes a translation with the checksum helpers:
- * for a header with options, for CHECKSUM_COMPLETE, whose skb->csum the
- * helpers keep. A field at a time with options; else one store of
+ * for a header with options, and for CHECKSUM_COMPLETE, whose skb->csum
+ * the helpers keep. A field at a time with options; else one store of
  * nat_bytes and the L4 checksum's two differences, kept apart because
  * BPF_F_PSEUDO_HDR moves skb->csum and a port change does not. A
  * subprogram: inline, what it keeps across its calls would take room on
@@ -360,12 +360,13 @@ struct {
  * length it does not carry: it cannot be updated, -1, and the caller drops
  * the fragment.
  *
- * It is called at the end of chains of calls whose frames already fill the
- * 512 bytes of stack, so it has no frame: a global function (checked once
- * by the verifier, for any arguments) that keeps no more values across its
- * calls than the registers calls preserve, and copies the header into this
- * CPU's span (sl_span_v1, below), which no SCTP packet uses otherwise
- * (rewrite_tuple_in translates SCTP by the helpers, never deferred). */
+ * A global function: the verifier checks it (and the CRC's 8,000 steps in
+ * sctp_crc_delta) once, for any arguments, where a static function is
+ * walked again on every way the pipeline reaches it. It ends chains of
+ * calls whose frames sit near the stack's 512-byte bound, so its frame
+ * holds no buffer: the header is copied into this CPU's span (sl_span_v1,
+ * above), which an SCTP packet never uses otherwise (its translation,
+ * sctp_translate4, is never deferred). */
 struct sctp_scratch {
 	__u32 ports;	/* the common header: both ports, as they lie in the packet */
 	__be32 tag;
@@ -406,8 +407,9 @@ __attribute__((noinline)) int sctp_rewrite_ports(struct __sk_buff *skb, const st
 /* sctp_translate4 translates an IPv4 SCTP packet to the addresses and
  * ports given (rewrite_tuple_in's arguments): the addresses with the IPv4
  * header's checksum alone, SCTP's having no pseudo header, the ports with
- * the CRC (sctp_rewrite_ports). A global function, apart from the TCP and
- * UDP translation, whose callers' frames it would otherwise grow. */
+ * the CRC (sctp_rewrite_ports). A global function, called before the TCP
+ * and UDP translation begins (rewrite_tuple, ct_apply): inline there, its
+ * registers grew the frames of chains at the stack's bound. */
 __attribute__((noinline)) int sctp_translate4(struct __sk_buff *skb, struct packet *p, __be32 saddr, __be32 daddr,
 					      __u32 ports)
 {

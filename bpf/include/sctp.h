@@ -23,14 +23,13 @@
  *
  * A fragment's L is not known (the datagram's length is in its last
  * fragment): a first fragment whose ports change cannot be given its CRC,
- * and is refused (sctp_update_crc fails). SCTP fragments its messages into
+ * and is refused (sctp_rewrite_ports, rewrite.h, fails). SCTP fragments its messages into
  * chunks itself, to the path MTU, so IP fragments of SCTP are rare. */
 #pragma once
 
 #include "common.h"
 
 #define SCTP_COMMON_HLEN	12	/* the common header: ports, tag, checksum */
-#define SCTP_CSUM_OFF		8	/* the checksum's offset in it */
 
 /* Chunk types (RFC 9260 3.2) that move an association's state. */
 #define SCTP_CHUNK_INIT			1
