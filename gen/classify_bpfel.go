@@ -93,7 +93,7 @@ const (
 	ClassifyMapSlBeV1            = "sl_be_v1"
 	ClassifyMapSlConfig6V1       = "sl_config6_v1"
 	ClassifyMapSlConfigV1        = "sl_config_v1"
-	ClassifyMapSlCountersV6      = "sl_counters_v6"
+	ClassifyMapSlCountersV7      = "sl_counters_v7"
 	ClassifyMapSlCt6V1           = "sl_ct6_v1"
 	ClassifyMapSlCtV2            = "sl_ct_v2"
 	ClassifyMapSlEvcpuV1         = "sl_evcpu_v1"
@@ -183,7 +183,7 @@ type ClassifyMapSpecs struct {
 	SlBeV1        *ebpf.MapSpec `ebpf:"sl_be_v1"`
 	SlConfig6V1   *ebpf.MapSpec `ebpf:"sl_config6_v1"`
 	SlConfigV1    *ebpf.MapSpec `ebpf:"sl_config_v1"`
-	SlCountersV6  *ebpf.MapSpec `ebpf:"sl_counters_v6"`
+	SlCountersV7  *ebpf.MapSpec `ebpf:"sl_counters_v7"`
 	SlCt6V1       *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
 	SlCtV2        *ebpf.MapSpec `ebpf:"sl_ct_v2"`
 	SlEvcpuV1     *ebpf.MapSpec `ebpf:"sl_evcpu_v1"`
@@ -249,7 +249,7 @@ type ClassifyMaps struct {
 	SlBeV1        *ebpf.Map `ebpf:"sl_be_v1"`
 	SlConfig6V1   *ebpf.Map `ebpf:"sl_config6_v1"`
 	SlConfigV1    *ebpf.Map `ebpf:"sl_config_v1"`
-	SlCountersV6  *ebpf.Map `ebpf:"sl_counters_v6"`
+	SlCountersV7  *ebpf.Map `ebpf:"sl_counters_v7"`
 	SlCt6V1       *ebpf.Map `ebpf:"sl_ct6_v1"`
 	SlCtV2        *ebpf.Map `ebpf:"sl_ct_v2"`
 	SlEvcpuV1     *ebpf.Map `ebpf:"sl_evcpu_v1"`
@@ -289,7 +289,7 @@ func (m *ClassifyMaps) Close() error {
 		m.SlBeV1,
 		m.SlConfig6V1,
 		m.SlConfigV1,
-		m.SlCountersV6,
+		m.SlCountersV7,
 		m.SlCt6V1,
 		m.SlCtV2,
 		m.SlEvcpuV1,

@@ -109,41 +109,44 @@ const (
 type SluiceCounter uint32
 
 const (
-	SluiceCounterCNT_DROP_MALFORMED           SluiceCounter = 0
-	SluiceCounterCNT_DROP_SRC_RANGE           SluiceCounter = 1
-	SluiceCounterCNT_DROP_NO_LOCAL_BACKEND    SluiceCounter = 2
-	SluiceCounterCNT_DROP_BACKEND_MISSING     SluiceCounter = 3
-	SluiceCounterCNT_DROP_SNAT_PORTS          SluiceCounter = 4
-	SluiceCounterCNT_DROP_CT_CREATE           SluiceCounter = 5
-	SluiceCounterCNT_DROP_REJECT_FAILED       SluiceCounter = 6
-	SluiceCounterCNT_REJECT_NO_ENDPOINTS      SluiceCounter = 7
-	SluiceCounterCNT_PASS_FRAGMENT            SluiceCounter = 8
-	SluiceCounterCNT_ICMP_ECHO_ANSWERED       SluiceCounter = 9
-	SluiceCounterCNT_ICMP_ERROR_TRANSLATED    SluiceCounter = 10
-	SluiceCounterCNT_SOCK_REJECT_NO_ENDPOINTS SluiceCounter = 11
-	SluiceCounterCNT_SOCK_NO_LOCAL_BACKEND    SluiceCounter = 12
-	SluiceCounterCNT_SOCK_STALE_BACKEND       SluiceCounter = 13
-	SluiceCounterCNT_XDP_DROP_DENIED          SluiceCounter = 14
-	SluiceCounterCNT_XDP_PASS_FAILSAFE        SluiceCounter = 15
-	SluiceCounterCNT_DROP_POLICY              SluiceCounter = 16
-	SluiceCounterCNT_DROP_POLICY_MISSING      SluiceCounter = 17
-	SluiceCounterCNT_FRAGMENT_TRANSLATED      SluiceCounter = 18
-	SluiceCounterCNT_DROP_FRAGMENT_UNKNOWN    SluiceCounter = 19
-	SluiceCounterCNT_TUPLE_REMAPPED           SluiceCounter = 20
-	SluiceCounterCNT_TUPLE_REUSED             SluiceCounter = 21
-	SluiceCounterCNT_DROP_CT_FULL             SluiceCounter = 22
-	SluiceCounterCNT_FLOW_NOW_SERVICE         SluiceCounter = 23
-	SluiceCounterCNT_HAIRPIN_RETURNED         SluiceCounter = 24
-	SluiceCounterCNT_FIB_FORWARDED            SluiceCounter = 25
-	SluiceCounterCNT_DSR_SENT                 SluiceCounter = 26
-	SluiceCounterCNT_DSR_ACCEPTED             SluiceCounter = 27
-	SluiceCounterCNT_DSR_TOO_BIG              SluiceCounter = 28
-	SluiceCounterCNT_DROP_DSR_FAILED          SluiceCounter = 29
-	SluiceCounterCNT_EVENTS_SUPPRESSED        SluiceCounter = 30
-	SluiceCounterCNT_EVENTS_LOST              SluiceCounter = 31
-	SluiceCounterCNT_LOCAL_DELIVERED          SluiceCounter = 32
-	SluiceCounterCNT_SNAT_PORT_DRAWN          SluiceCounter = 33
-	SluiceCounterCNT_MAX                      SluiceCounter = 34
+	SluiceCounterCNT_DROP_MALFORMED              SluiceCounter = 0
+	SluiceCounterCNT_DROP_SRC_RANGE              SluiceCounter = 1
+	SluiceCounterCNT_DROP_NO_LOCAL_BACKEND       SluiceCounter = 2
+	SluiceCounterCNT_DROP_BACKEND_MISSING        SluiceCounter = 3
+	SluiceCounterCNT_DROP_SNAT_PORTS             SluiceCounter = 4
+	SluiceCounterCNT_DROP_CT_CREATE              SluiceCounter = 5
+	SluiceCounterCNT_DROP_REJECT_FAILED          SluiceCounter = 6
+	SluiceCounterCNT_REJECT_NO_ENDPOINTS         SluiceCounter = 7
+	SluiceCounterCNT_PASS_FRAGMENT               SluiceCounter = 8
+	SluiceCounterCNT_ICMP_ECHO_ANSWERED          SluiceCounter = 9
+	SluiceCounterCNT_ICMP_ERROR_TRANSLATED       SluiceCounter = 10
+	SluiceCounterCNT_SOCK_REJECT_NO_ENDPOINTS    SluiceCounter = 11
+	SluiceCounterCNT_SOCK_NO_LOCAL_BACKEND       SluiceCounter = 12
+	SluiceCounterCNT_SOCK_STALE_BACKEND          SluiceCounter = 13
+	SluiceCounterCNT_XDP_DROP_DENIED             SluiceCounter = 14
+	SluiceCounterCNT_XDP_PASS_FAILSAFE           SluiceCounter = 15
+	SluiceCounterCNT_DROP_POLICY                 SluiceCounter = 16
+	SluiceCounterCNT_DROP_POLICY_MISSING         SluiceCounter = 17
+	SluiceCounterCNT_FRAGMENT_TRANSLATED         SluiceCounter = 18
+	SluiceCounterCNT_DROP_FRAGMENT_UNKNOWN       SluiceCounter = 19
+	SluiceCounterCNT_TUPLE_REMAPPED              SluiceCounter = 20
+	SluiceCounterCNT_TUPLE_REUSED                SluiceCounter = 21
+	SluiceCounterCNT_DROP_CT_FULL                SluiceCounter = 22
+	SluiceCounterCNT_FLOW_NOW_SERVICE            SluiceCounter = 23
+	SluiceCounterCNT_HAIRPIN_RETURNED            SluiceCounter = 24
+	SluiceCounterCNT_FIB_FORWARDED               SluiceCounter = 25
+	SluiceCounterCNT_DSR_SENT                    SluiceCounter = 26
+	SluiceCounterCNT_DSR_ACCEPTED                SluiceCounter = 27
+	SluiceCounterCNT_DSR_TOO_BIG                 SluiceCounter = 28
+	SluiceCounterCNT_DROP_DSR_FAILED             SluiceCounter = 29
+	SluiceCounterCNT_EVENTS_SUPPRESSED           SluiceCounter = 30
+	SluiceCounterCNT_EVENTS_LOST                 SluiceCounter = 31
+	SluiceCounterCNT_LOCAL_DELIVERED             SluiceCounter = 32
+	SluiceCounterCNT_SNAT_PORT_DRAWN             SluiceCounter = 33
+	SluiceCounterCNT_REJECT_UNDEFINED_PORT       SluiceCounter = 34
+	SluiceCounterCNT_DROP_UNALLOCATED_SERVICE_IP SluiceCounter = 35
+	SluiceCounterCNT_SOCK_REJECT_UNDEFINED_PORT  SluiceCounter = 36
+	SluiceCounterCNT_MAX                         SluiceCounter = 37
 )
 
 type SluiceCt6Key struct {
@@ -545,6 +548,25 @@ type SluiceSvcnameValue struct {
 	Name [120]int8
 }
 
+type SluiceSvcnetKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
+}
+
+type SluiceSvcnetKind uint32
+
+const (
+	SluiceSvcnetKindSVCNET_NONE       SluiceSvcnetKind = 0
+	SluiceSvcnetKindSVCNET_CLUSTER_IP SluiceSvcnetKind = 1
+	SluiceSvcnetKindSVCNET_RANGE      SluiceSvcnetKind = 2
+)
+
+type SluiceSvcnetValue struct {
+	_    structs.HostLayout
+	Kind SluiceSvcnetKind
+}
+
 type SluiceSvcstatsValue struct {
 	_          structs.HostLayout
 	FwdPackets uint64
@@ -564,7 +586,7 @@ const (
 	SluiceMapSlBeV1           = "sl_be_v1"
 	SluiceMapSlConfig6V1      = "sl_config6_v1"
 	SluiceMapSlConfigV1       = "sl_config_v1"
-	SluiceMapSlCountersV6     = "sl_counters_v6"
+	SluiceMapSlCountersV7     = "sl_counters_v7"
 	SluiceMapSlCt6V1          = "sl_ct6_v1"
 	SluiceMapSlCtV2           = "sl_ct_v2"
 	SluiceMapSlEvcpuV1        = "sl_evcpu_v1"
@@ -596,6 +618,7 @@ const (
 	SluiceMapSlSrcrange6V1    = "sl_srcrange6_v1"
 	SluiceMapSlSrcrangeV1     = "sl_srcrange_v1"
 	SluiceMapSlSvcnameV1      = "sl_svcname_v1"
+	SluiceMapSlSvcnetV1       = "sl_svcnet_v1"
 	SluiceMapSlSvcstatsV1     = "sl_svcstats_v1"
 	SluiceProgSlConnect4      = "sl_connect4"
 	SluiceProgSlConnect6      = "sl_connect6"
@@ -691,7 +714,7 @@ type SluiceMapSpecs struct {
 	SlBeV1         *ebpf.MapSpec `ebpf:"sl_be_v1"`
 	SlConfig6V1    *ebpf.MapSpec `ebpf:"sl_config6_v1"`
 	SlConfigV1     *ebpf.MapSpec `ebpf:"sl_config_v1"`
-	SlCountersV6   *ebpf.MapSpec `ebpf:"sl_counters_v6"`
+	SlCountersV7   *ebpf.MapSpec `ebpf:"sl_counters_v7"`
 	SlCt6V1        *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.MapSpec `ebpf:"sl_ct_v2"`
 	SlEvcpuV1      *ebpf.MapSpec `ebpf:"sl_evcpu_v1"`
@@ -723,6 +746,7 @@ type SluiceMapSpecs struct {
 	SlSrcrange6V1  *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1   *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1    *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
+	SlSvcnetV1     *ebpf.MapSpec `ebpf:"sl_svcnet_v1"`
 	SlSvcstatsV1   *ebpf.MapSpec `ebpf:"sl_svcstats_v1"`
 }
 
@@ -760,7 +784,7 @@ type SluiceMaps struct {
 	SlBeV1         *ebpf.Map `ebpf:"sl_be_v1"`
 	SlConfig6V1    *ebpf.Map `ebpf:"sl_config6_v1"`
 	SlConfigV1     *ebpf.Map `ebpf:"sl_config_v1"`
-	SlCountersV6   *ebpf.Map `ebpf:"sl_counters_v6"`
+	SlCountersV7   *ebpf.Map `ebpf:"sl_counters_v7"`
 	SlCt6V1        *ebpf.Map `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.Map `ebpf:"sl_ct_v2"`
 	SlEvcpuV1      *ebpf.Map `ebpf:"sl_evcpu_v1"`
@@ -792,6 +816,7 @@ type SluiceMaps struct {
 	SlSrcrange6V1  *ebpf.Map `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1   *ebpf.Map `ebpf:"sl_srcrange_v1"`
 	SlSvcnameV1    *ebpf.Map `ebpf:"sl_svcname_v1"`
+	SlSvcnetV1     *ebpf.Map `ebpf:"sl_svcnet_v1"`
 	SlSvcstatsV1   *ebpf.Map `ebpf:"sl_svcstats_v1"`
 }
 
@@ -803,7 +828,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlBeV1,
 		m.SlConfig6V1,
 		m.SlConfigV1,
-		m.SlCountersV6,
+		m.SlCountersV7,
 		m.SlCt6V1,
 		m.SlCtV2,
 		m.SlEvcpuV1,
@@ -835,6 +860,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlSrcrange6V1,
 		m.SlSrcrangeV1,
 		m.SlSvcnameV1,
+		m.SlSvcnetV1,
 		m.SlSvcstatsV1,
 	)
 }

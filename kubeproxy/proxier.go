@@ -1,6 +1,7 @@
 package kubeproxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -76,6 +77,7 @@ type Proxier struct {
 	slicesSynced   bool
 	node           nat.Node
 	nodeIPs        []netip.Addr
+	serviceCIDRs   []netip.Prefix
 
 	// Owned by the sync function.
 	ports       map[nat.ServicePortName]*nat.ServicePort
@@ -253,6 +255,33 @@ func (p *Proxier) SetNodeIPs(ips []netip.Addr) {
 	p.changed()
 }
 
+// OnServiceCIDRsChanged takes the cluster's service ranges: the CIDRs of
+// every ServiceCIDR object (networking.k8s.io/v1), as kube-proxy's handler of
+// the same name. A new flow to an address of them that no Service holds is
+// dropped. A CIDR that does not parse is logged and left out.
+func (p *Proxier) OnServiceCIDRsChanged(cidrs []string) {
+	var parsed []netip.Prefix
+	for _, c := range cidrs {
+		pfx, err := netip.ParsePrefix(c)
+		if err != nil {
+			p.log.Warn("ServiceCIDR: not a CIDR; left out", "cidr", c, "err", err)
+			continue
+		}
+		parsed = append(parsed, pfx.Masked())
+	}
+	slices.SortFunc(parsed, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	parsed = slices.Compact(parsed)
+	p.mu.Lock()
+	same := slices.Equal(parsed, p.serviceCIDRs)
+	p.serviceCIDRs = parsed
+	p.mu.Unlock()
+	if !same {
+		p.changed()
+	}
+}
+
 // Run syncs until ctx ends.
 func (p *Proxier) Run(ctx context.Context) {
 	defer p.svcHealth.Close()
@@ -266,6 +295,7 @@ func (p *Proxier) Sync() error {
 	ready := p.servicesSynced && p.slicesSynced
 	node := p.node
 	node.NodePortIPs = slices.Clone(p.node.NodePortIPs)
+	serviceCIDRs := p.serviceCIDRs
 	p.mu.Unlock()
 	if !ready {
 		return nil
@@ -275,7 +305,8 @@ func (p *Proxier) Sync() error {
 	for key, sc := range ch.Services {
 		p.updateService(key, sc)
 	}
-	stats, err := p.syncer.Apply(nat.State{Node: node, Services: p.ports, Endpoints: p.eps, Changed: p.pending})
+	stats, err := p.syncer.Apply(nat.State{Node: node, Services: p.ports, Endpoints: p.eps, Changed: p.pending,
+		ServiceCIDRs: serviceCIDRs})
 	if p.metrics != nil {
 		p.metrics.ServiceChanges.Add(float64(ch.ServiceEvents))
 		p.metrics.EndpointChanges.Add(float64(ch.SliceEvents))

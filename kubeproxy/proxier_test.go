@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/sluice-net/sluice/nat"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 )
@@ -658,4 +660,74 @@ func TestMaglevTablesFullShowInHealthz(t *testing.T) {
 		code, _ := getJSON(t, h.URL+"/healthz")
 		return code == 200
 	})
+}
+
+// serviceNets lists sl_svcnet_v1 as "prefix kind", sorted (IPv4 unmapped).
+func (e *env) serviceNets() []string {
+	m, err := maps.ServiceNets.In(e.set)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	m.Iterate(func(k gen.SluiceSvcnetKey, v gen.SluiceSvcnetValue) bool {
+		a, bits := gen.AddrFromNet6(k.Addr), int(k.Prefixlen)
+		if a.Is4In6() {
+			a, bits = a.Unmap(), bits-96
+		}
+		kind := "range"
+		if v.Kind == gen.SluiceSvcnetKindSVCNET_CLUSTER_IP {
+			kind = "clusterIP"
+		}
+		out = append(out, fmt.Sprintf("%v %s", netip.PrefixFrom(a, bits), kind))
+		return true
+	})
+	slices.Sort(out)
+	return out
+}
+
+// TestServiceCIDRsFollowTheAPI: the ServiceCIDR objects' CIDRs, as kube-proxy
+// follows them, and every ClusterIP, reach the datapath's service networks;
+// a CIDR that does not parse is left out and the others are kept.
+func TestServiceCIDRsFollowTheAPI(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	client := fake.NewClientset()
+	ctx := context.Background()
+	cidr := func(name string, cidrs ...string) *networkingv1.ServiceCIDR {
+		return &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: cidrs}}
+	}
+	if _, err := client.NetworkingV1().ServiceCIDRs().Create(ctx, cidr("kubernetes", "10.96.0.0/16", "fd00:96::/112"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Services("default").Create(ctx, svc("web", "10.96.0.10"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, endpointSlice("web", "web-1", "10.2.0.1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := source.RunInformers(ctx, client, e.p, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitNets := func(what string, want ...string) {
+		t.Helper()
+		var got []string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if got = e.serviceNets(); slices.Equal(got, want) {
+				return
+			}
+		}
+		t.Fatalf("%s: service networks %q, want %q", what, got, want)
+	}
+	waitNets("the first list", "10.96.0.0/16 range", "10.96.0.10/32 clusterIP", "fd00:96::/112 range")
+
+	if _, err := client.NetworkingV1().ServiceCIDRs().Create(ctx, cidr("extra", "10.97.0.0/24", "not-a-cidr"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitNets("a second ServiceCIDR", "10.96.0.0/16 range", "10.96.0.10/32 clusterIP", "10.97.0.0/24 range", "fd00:96::/112 range")
+	if err := client.NetworkingV1().ServiceCIDRs().Delete(ctx, "kubernetes", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitNets("the first ServiceCIDR and the Service deleted", "10.97.0.0/24 range")
 }

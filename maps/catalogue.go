@@ -64,7 +64,7 @@ var (
 	Fragments = Def[gen.SluiceFragKey, gen.SluiceFragValue]{Name: gen.SluiceMapSlFragV1}
 	Config    = Def[uint32, gen.SluiceConfig]{Name: gen.SluiceMapSlConfigV1}
 	HostIPs   = Def[gen.SluiceHostipKey, gen.SluiceHostipValue]{Name: gen.SluiceMapSlHostipV1}
-	Counters  = PerCPUDef[gen.SluiceCounter, uint64]{Name: gen.SluiceMapSlCountersV6}
+	Counters  = PerCPUDef[gen.SluiceCounter, uint64]{Name: gen.SluiceMapSlCountersV7}
 	Sockets   = Def[gen.SluiceSockKey, gen.SluiceSockValue]{Name: gen.SluiceMapSlSockV1}
 	Prefilter = Def[gen.SluicePrefilterKey, gen.SluicePrefilterValue]{Name: gen.SluiceMapSlPrefilterV1}
 	Failsafe  = Def[gen.SluiceFailsafeKey, gen.SluiceFailsafeValue]{Name: gen.SluiceMapSlFailsafeV1}
@@ -73,6 +73,9 @@ var (
 	IPSets    = Def[gen.SluiceIpsetKey, gen.SluiceIpsetValue]{Name: gen.SluiceMapSlIpsetV1}
 	RuleCtrs  = PerCPUDef[gen.SluiceRulectrKey, uint64]{Name: gen.SluiceMapSlRulectrV1}
 	SvcStats  = PerCPUDef[uint32, gen.SluiceSvcstatsValue]{Name: gen.SluiceMapSlSvcstatsV1}
+	// ServiceNets: the ServiceCIDRs and allocated ClusterIPs of both
+	// families, IPv4 as ::ffff:a.b.c.d (bpf/include/svcnet.h).
+	ServiceNets = Def[gen.SluiceSvcnetKey, gen.SluiceSvcnetValue]{Name: gen.SluiceMapSlSvcnetV1}
 	// PortCrowding: when each CPU's last source-port search found every
 	// port taken (bpf/include/ct_new.h, port_tries).
 	PortCrowding = PerCPUDef[uint32, gen.SluicePortCrowded]{Name: gen.SluiceMapSlPortcrowdV1}
@@ -108,12 +111,13 @@ var docs = map[string]string{
 	gen.SluiceMapSlFeV1:         "service frontends: {IP, port, protocol} -> service id, backend counts, affinity, flags",
 	gen.SluiceMapSlBeV1:         "service backends: {service id, ordinal} -> backend IP:port, local flag",
 	gen.SluiceMapSlSrcrangeV1:   "loadBalancerSourceRanges: LPM {service id, source CIDR}",
+	gen.SluiceMapSlSvcnetV1:     "service networks: LPM of ServiceCIDRs and allocated ClusterIPs (both families), for refusing unserved service addresses",
 	gen.SluiceMapSlAffV1:        "session affinity: {service id, client IP} -> backend, time chosen (LRU)",
 	gen.SluiceMapSlCtV2:         "conntrack: forward and reverse entry per tracked flow, translated or not (full: new flows refused)",
 	gen.SluiceMapSlFragV1:       "IPv4 fragments: {source, destination, IP id, protocol} -> the first fragment's ports (LRU)",
 	gen.SluiceMapSlConfigV1:     "node-wide settings: node IP for SNAT, SNAT port range",
 	gen.SluiceMapSlHostipV1:     "this node's IPv4 addresses (NodePort wildcard matching)",
-	gen.SluiceMapSlCountersV6:   "per-CPU counters of drops and other verdicts, by reason",
+	gen.SluiceMapSlCountersV7:   "per-CPU counters of drops and other verdicts, by reason",
 	gen.SluiceMapSlSockV1:       "socket LB: {socket cookie, backend} -> service address to give back (LRU)",
 	gen.SluiceMapSlPrefilterV1:  "XDP prefilter: LPM deny list of source CIDRs",
 	gen.SluiceMapSlFailsafeV1:   "XDP prefilter: {protocol, port} inbound ports never dropped",

@@ -81,7 +81,7 @@ func TestFillCountsWithoutAWalk(t *testing.T) {
 		gen.SluiceMapSlSrcrangeV1: 3,
 		gen.SluiceMapSlCt6V1:      0,
 		gen.SluiceMapSlConfigV1:   1,                               // an array: its capacity
-		gen.SluiceMapSlCountersV6: int64(gen.SluiceCounterCNT_MAX), // a per-CPU array
+		gen.SluiceMapSlCountersV7: int64(gen.SluiceCounterCNT_MAX), // a per-CPU array
 		gen.SluiceMapSlSvcstatsV1: int64(set.Map(gen.SluiceMapSlSvcstatsV1).MaxEntries()),
 	})
 	for _, k := range keys[:600] {

@@ -81,25 +81,26 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.PortCrowding.Name: roundTripPerCPU(maps.PortCrowding, func(cpu int) gen.SluicePortCrowded {
 		return gen.SluicePortCrowded{RefusedAt: uint64(cpu + 1)}
 	}),
-	maps.Frontends.Name: roundTrip(maps.Frontends),
-	maps.Backends.Name:  roundTrip(maps.Backends),
-	maps.SrcRanges.Name: roundTripLPM,
-	maps.Affinity.Name:  roundTrip(maps.Affinity),
-	maps.Conntrack.Name: roundTrip(maps.Conntrack),
-	maps.Fragments.Name: roundTrip(maps.Fragments),
-	maps.Config.Name:    roundTripConfig,
-	maps.HostIPs.Name:   roundTrip(maps.HostIPs),
-	maps.Counters.Name:  roundTripCounters,
-	maps.Sockets.Name:   roundTrip(maps.Sockets),
-	maps.Prefilter.Name: roundTripPrefilter,
-	maps.Failsafe.Name:  roundTrip(maps.Failsafe),
-	maps.IfState.Name:   roundTrip(maps.IfState),
-	maps.SvcNames.Name:  roundTrip(maps.SvcNames),
-	maps.IPSets.Name:    roundTripIPSets,
-	maps.RuleCtrs.Name:  roundTripRuleCounters,
-	maps.SvcStats.Name:  roundTripSvcStats,
-	maps.PolicyPrograms: checkProgramArray(maps.PolicyPrograms),
-	maps.SpanWriter:     checkProgramArray(maps.SpanWriter),
+	maps.Frontends.Name:   roundTrip(maps.Frontends),
+	maps.Backends.Name:    roundTrip(maps.Backends),
+	maps.SrcRanges.Name:   roundTripLPM,
+	maps.ServiceNets.Name: roundTripServiceNets,
+	maps.Affinity.Name:    roundTrip(maps.Affinity),
+	maps.Conntrack.Name:   roundTrip(maps.Conntrack),
+	maps.Fragments.Name:   roundTrip(maps.Fragments),
+	maps.Config.Name:      roundTripConfig,
+	maps.HostIPs.Name:     roundTrip(maps.HostIPs),
+	maps.Counters.Name:    roundTripCounters,
+	maps.Sockets.Name:     roundTrip(maps.Sockets),
+	maps.Prefilter.Name:   roundTripPrefilter,
+	maps.Failsafe.Name:    roundTrip(maps.Failsafe),
+	maps.IfState.Name:     roundTrip(maps.IfState),
+	maps.SvcNames.Name:    roundTrip(maps.SvcNames),
+	maps.IPSets.Name:      roundTripIPSets,
+	maps.RuleCtrs.Name:    roundTripRuleCounters,
+	maps.SvcStats.Name:    roundTripSvcStats,
+	maps.PolicyPrograms:   checkProgramArray(maps.PolicyPrograms),
+	maps.SpanWriter:       checkProgramArray(maps.SpanWriter),
 
 	maps.Frontends6.Name:      roundTrip(maps.Frontends6),
 	maps.Backends6.Name:       roundTrip(maps.Backends6),
@@ -287,6 +288,31 @@ func roundTripLPM(t *testing.T, s *maps.Set) {
 	}
 	if got, err := m.Get(k); err != nil || got != v {
 		t.Fatalf("got %+v %v", got, err)
+	}
+}
+
+// The service networks are one LPM trie for both families (IPv4 mapped): a
+// ClusterIP inside a ServiceCIDR is found as itself, another address of the
+// range as the range.
+func roundTripServiceNets(t *testing.T, s *maps.Set) {
+	m, err := maps.ServiceNets.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(bits uint32, a string) gen.SluiceSvcnetKey {
+		return gen.SluiceSvcnetKey{Prefixlen: bits, Addr: gen.NetAddr6(netip.MustParseAddr(a))}
+	}
+	rangeV := gen.SluiceSvcnetValue{Kind: gen.SluiceSvcnetKindSVCNET_RANGE}
+	clusterIP := gen.SluiceSvcnetValue{Kind: gen.SluiceSvcnetKindSVCNET_CLUSTER_IP}
+	for k, v := range map[gen.SluiceSvcnetKey]gen.SluiceSvcnetValue{key(96+12, "10.96.0.0"): rangeV, key(128, "10.96.0.10"): clusterIP} {
+		if err := m.Put(k, v, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for a, want := range map[string]gen.SluiceSvcnetValue{"10.96.0.10": clusterIP, "10.96.0.11": rangeV} {
+		if got, err := m.Get(key(128, a)); err != nil || got != want {
+			t.Fatalf("lookup of %s: %+v %v, want %+v", a, got, err, want)
+		}
 	}
 }
 

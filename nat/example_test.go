@@ -63,7 +63,7 @@ func ExampleSyncer_Apply() {
 func TestExampleSyncerApply(t *testing.T) {
 	bpftest.Require(t)
 	got := bpftest.Stdout(t, ExampleSyncer_Apply)
-	want := "map writes: 7\n10.96.0.10:80 TCP 2 backends\n10.210.0.1:30080 TCP 2 backends\n"
+	want := "map writes: 8\n10.96.0.10:80 TCP 2 backends\n10.210.0.1:30080 TCP 2 backends\n"
 	if got != want {
 		t.Fatalf("the example printed\n%s\nwant\n%s", got, want)
 	}

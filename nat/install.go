@@ -127,6 +127,12 @@ func (s *Syncer) install(name ServicePortName, old, p *plan, stats *Stats) []err
 	for _, ip := range newIPs {
 		s.refIP(ip)
 	}
+	if old.svc != nil {
+		s.unrefClusterIP(old.svc.ClusterIP)
+	}
+	if p != nil {
+		s.refClusterIP(p.svc.ClusterIP)
+	}
 
 	if p == nil {
 		delete(s.services, name)
@@ -247,9 +253,13 @@ func (s *Syncer) write(stats *Stats) error {
 		{"maglev table updates", maglevUpdates, true},
 		{"service name updates", s.names.ApplyUpdatesOnly, false},
 		{"frontend updates", s.fe.ApplyUpdatesOnly, false},
+		// After the frontends: a new ClusterIP is refused on its
+		// undefined ports only once its defined ones are served.
+		{"service network updates", s.svcnet.ApplyUpdatesOnly, false},
 		{"backend deletions", s.be.ApplyDeletionsOnly, false},
 		{"source range deletions", s.src.ApplyDeletionsOnly, false},
 		{"service name deletions", s.names.ApplyDeletionsOnly, false},
+		{"service network deletions", s.svcnet.ApplyDeletionsOnly, false},
 		{"host IPs", s.hostIPs.ApplyAll, false},
 	}
 	for _, step := range steps {

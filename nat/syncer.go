@@ -47,6 +47,12 @@ type State struct {
 	Node      Node
 	Services  map[ServicePortName]*ServicePort
 	Endpoints map[ServicePortName][]Endpoint
+	// ServiceCIDRs are the cluster's service ranges (ServiceCIDR objects):
+	// a new flow to one of their addresses that no Service holds is
+	// dropped, as kube-proxy nftables drops it. Every ClusterIP is known
+	// to the datapath besides, ranges or not: a flow to one of its ports
+	// that no Service defines is rejected.
+	ServiceCIDRs []netip.Prefix
 	// Changed, when not nil, names every service port added, removed or
 	// changed (service or endpoints) since the previous Apply, as a change
 	// tracker knows them; Apply then looks at nothing else, so its cost follows
@@ -103,6 +109,7 @@ type Syncer struct {
 	src     *splitMap[gen.SluiceSrcrange6Key, gen.SluiceSrcrangeValue, gen.SluiceSrcrangeKey, gen.SluiceSrcrangeValue]
 	hostIPs *splitMap[gen.SluiceHostip6Key, gen.SluiceHostipValue, gen.SluiceHostipKey, gen.SluiceHostipValue]
 	names   *maps.CachingMap[gen.SluiceSvcnameKey, gen.SluiceSvcnameValue]
+	svcnet  *maps.CachingMap[gen.SluiceSvcnetKey, gen.SluiceSvcnetValue]
 	aff     *maps.Map[gen.SluiceAffKey, gen.SluiceAffValue]
 	aff6    *maps.Map[gen.SluiceAff6Key, gen.SluiceAff6Value]
 
@@ -119,6 +126,10 @@ type Syncer struct {
 	// planned again when it lets go.
 	feWaiting map[gen.SluiceFe6Key]map[ServicePortName]bool
 	ipRefs    map[netip.Addr]int
+	// clusterIPRefs counts the service ports of each ClusterIP, and
+	// serviceCIDRs are State.ServiceCIDRs: sl_svcnet_v1's contents (svcnet.go).
+	clusterIPRefs map[netip.Addr]int
+	serviceCIDRs  map[netip.Prefix]bool
 	// affinityDirty: service ids whose backends changed while they use affinity.
 	affinityDirty map[uint32]bool
 	maglev        *maglevWriter // nil without Options.Maglev
@@ -135,6 +146,7 @@ func NewSyncer(opts Options) (*Syncer, error) {
 		ids: newIDAllocator(), feOwner: map[gen.SluiceFe6Key]ServicePortName{},
 		feWaiting: map[gen.SluiceFe6Key]map[ServicePortName]bool{},
 		ipRefs:    map[netip.Addr]int{}, affinityDirty: map[uint32]bool{},
+		clusterIPRefs: map[netip.Addr]int{}, serviceCIDRs: map[netip.Prefix]bool{},
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -185,6 +197,11 @@ func NewSyncer(opts Options) (*Syncer, error) {
 		return nil, err
 	}
 	s.names = maps.NewCachingMap(names)
+	svcnet, err := maps.ServiceNets.In(opts.Maps)
+	if err != nil {
+		return nil, err
+	}
+	s.svcnet = maps.NewCachingMap(svcnet)
 	s.fe, s.be = newFrontendMap(fe, fe6), newBackendMap(be, be6)
 	s.src, s.hostIPs = newSrcRangeMap(src, src6), newHostIPMap(hip, hip6)
 	if opts.Maglev != nil {
@@ -258,6 +275,7 @@ func (s *Syncer) Apply(st State) (Stats, error) {
 		}
 	}
 	s.setHostIPs(st.Node.NodePortIPs)
+	s.setServiceCIDRs(st.ServiceCIDRs)
 	stats.NodePortIPs = slices.Clone(st.Node.NodePortIPs)
 	if s.maglev != nil {
 		stats.MaglevTablesBuilt = s.maglev.builds
@@ -402,6 +420,9 @@ func (s *Syncer) load() error {
 		if err := m.LoadDataplaneState(); err != nil {
 			return fmt.Errorf("nat syncer: read maps: %w", err)
 		}
+	}
+	if err := s.loadSvcnet(); err != nil {
+		return fmt.Errorf("nat syncer: read maps: %w", err)
 	}
 	s.loaded = true
 	// Affinity entries of services that no longer exist are dropped by the

@@ -24,6 +24,8 @@ type fixture struct {
 	set  *maps.Set
 	s    *nat.Syncer
 	node nat.Node
+	// serviceCIDRs go into every apply's State.
+	serviceCIDRs []netip.Prefix
 }
 
 func newFixture(t *testing.T, opts nat.Options) *fixture {
@@ -50,7 +52,7 @@ func (f *fixture) open(opts nat.Options) {
 
 func (f *fixture) apply(svcs []*nat.ServicePort, eps map[nat.ServicePortName][]nat.Endpoint) nat.Stats {
 	f.t.Helper()
-	st := nat.State{Node: f.node, Services: map[nat.ServicePortName]*nat.ServicePort{}, Endpoints: eps}
+	st := nat.State{Node: f.node, Services: map[nat.ServicePortName]*nat.ServicePort{}, Endpoints: eps, ServiceCIDRs: f.serviceCIDRs}
 	for _, s := range svcs {
 		st.Services[s.Name] = s
 	}
@@ -216,7 +218,7 @@ func TestSyncerProgramsServicesExactly(t *testing.T) {
 	if !slices.Contains(st.StaleUDP, nat.StaleBackend{ServiceID: dnsID, Backend: netip.MustParseAddrPort("10.2.0.9:53")}) {
 		t.Fatalf("stale UDP %v", st.StaleUDP)
 	}
-	wantEqual(t, "deletes for a removed service", st.Deletes, 4) // frontend, marker, backend, name
+	wantEqual(t, "deletes for a removed service", st.Deletes, 5) // frontend, marker, backend, name, ClusterIP's service network
 }
 
 func TestSyncerSourceRangesAndLoadBalancer(t *testing.T) {
@@ -393,7 +395,7 @@ func TestSyncerOneChangeAmong10000ServicesIsOConstant(t *testing.T) {
 	f := newFixture(t, nat.Options{})
 	svcs, e := scale(10_000, 10)
 	st := f.apply(svcs, e)
-	wantEqual(t, "initial writes", st.Writes, 10_000*(1+1+10+1)+1) // frontend, echo marker, 10 backends, name; the host IP
+	wantEqual(t, "initial writes", st.Writes, 10_000*(1+1+10+1+1)+1) // frontend, echo marker, 10 backends, name, ClusterIP's service network; the host IP
 	e[svcs[1234].Name] = slices.Clone(e[svcs[1234].Name])
 	e[svcs[1234].Name][3].Addr = netip.MustParseAddrPort("10.250.0.1:8080")
 	st = f.apply(svcs, e)
@@ -425,7 +427,7 @@ func TestSyncerChangeSet(t *testing.T) {
 	st := nat.State{Node: f.node, Services: map[nat.ServicePortName]*nat.ServicePort{a.Name: a, b.Name: b}, Endpoints: e,
 		Changed: map[nat.ServicePortName]bool{b.Name: true}}
 	stats, err := f.s.Apply(st)
-	if err != nil || stats.Writes != 4 { // b's frontend, marker, backend, name
+	if err != nil || stats.Writes != 5 { // b's frontend, marker, backend, name, ClusterIP's service network
 		t.Fatalf("adding b through the change set: %+v %v", stats, err)
 	}
 	delete(st.Services, a.Name)

@@ -79,7 +79,7 @@ type Result struct {
 var (
 	copiedWithEntries = []string{gen.SluiceMapSlCtV2, gen.SluiceMapSlCt6V1, gen.SluiceMapSlAffV1, gen.SluiceMapSlAff6V1,
 		gen.SluiceMapSlFragV1, gen.SluiceMapSlFrag6V1, gen.SluiceMapSlSockV1, gen.SluiceMapSlSock6V1}
-	copiedEmpty = []string{gen.SluiceMapSlCountersV6, gen.SluiceMapSlSvcstatsV1, gen.SluiceMapSlEventsV1,
+	copiedEmpty = []string{gen.SluiceMapSlCountersV7, gen.SluiceMapSlSvcstatsV1, gen.SluiceMapSlEventsV1,
 		gen.SluiceMapSlEvcpuV1, gen.SluiceMapSlRulectrV1, gen.SluiceMapSlPortcrowdV1, gen.SluiceMapSlSpanV1, gen.SluiceMapSlSpan6V1, gen.SluiceMapSlRouteV1,
 		gen.SluiceMapSlRoute6V1, gen.SluiceMapSlSpanwriterV1}
 )
@@ -183,7 +183,7 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 		return nil, err
 	}
 	r.newFlows(before, after, affBefore, affinity(replace, pkt))
-	if r.Counters, err = counters(replace[gen.SluiceMapSlCountersV6]); err != nil {
+	if r.Counters, err = counters(replace[gen.SluiceMapSlCountersV7]); err != nil {
 		return nil, err
 	}
 	for _, c := range slices.Sorted(stdmaps.Keys(r.Counters)) {

@@ -7,6 +7,7 @@
 #define SL_FE_MAX		262144		/* frontends: service IP:port:proto entries */
 #define SL_BE_MAX		1048576		/* backends: (service, ordinal) entries */
 #define SL_SRCRANGE_MAX		16384		/* loadBalancerSourceRanges CIDRs */
+#define SL_SVCNET_MAX		262144		/* ServiceCIDRs and allocated ClusterIPs */
 #define SL_AFF_MAX		65536		/* session affinity entries (LRU) */
 #define SL_CT_MAX		524288		/* conntrack entries, two per flow */
 #define SL_HOSTIP_MAX		256		/* this node's addresses */

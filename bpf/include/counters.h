@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v6;
+/* Per-CPU counters of drops, rejects and other notable verdicts (sl_counters_v7;
  * the version grows with the array, so an older agent's pin is never opened
  * with a size it does not have):
  * a per-CPU array indexed by enum counter, each value a host-order __u64. */
@@ -63,6 +63,13 @@ enum counter : __u32 {
 					 * it at the backend) and drew one from the
 					 * range: the rate to alert on before
 					 * CNT_DROP_SNAT_PORTS */
+	CNT_REJECT_UNDEFINED_PORT,	/* a new flow to a port of a ClusterIP that no
+					 * Service defines: RST or ICMP port
+					 * unreachable sent (svcnet.h) */
+	CNT_DROP_UNALLOCATED_SERVICE_IP, /* a new flow to an address of a
+					 * ServiceCIDR that no Service holds */
+	CNT_SOCK_REJECT_UNDEFINED_PORT,	/* connect()/sendmsg() to a port of a
+					 * ClusterIP that no Service defines refused */
 	CNT_MAX,
 };
 
@@ -71,12 +78,12 @@ struct {
 	__uint(max_entries, CNT_MAX);
 	__type(key, enum counter);
 	__type(value, __u64);
-} sl_counters_v6 SEC(".maps");
+} sl_counters_v7 SEC(".maps");
 
 static __always_inline void count(enum counter c)
 {
 	enum counter key = c;
-	__u64 *v = bpf_map_lookup_elem(&sl_counters_v6, &key);
+	__u64 *v = bpf_map_lookup_elem(&sl_counters_v7, &key);
 
 	if (v)
 		*v += 1;	/* per-CPU: no other CPU writes this slot */

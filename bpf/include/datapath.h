@@ -52,6 +52,7 @@
 #include "reject.h"
 #include "rewrite.h"
 #include "service.h"
+#include "svcnet.h"
 #include "svcstats.h"
 
 /* Local delivery (deliver.h): a packet leaving a workload for a workload of
@@ -94,13 +95,15 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len);
 /* dsr6.h, which datapath6.h includes (bpf/sluice.c includes both pipelines). */
 static __always_inline int dsr6_pull_first(struct __sk_buff *skb, const __u32 l2_len);
 
-__subprog int reject(struct __sk_buff *skb, const struct packet *p)
+/* reject answers a new flow with a RST (TCP) or an ICMP port unreachable (UDP,
+ * SCTP), counted under why. */
+__subprog int reject(struct __sk_buff *skb, const struct packet *p, enum counter why)
 {
 	int err = p->proto == IPPROTO_TCP ? reject_tcp(skb, p) : reject_udp(skb, p);
 
 	if (err)
 		return drop(CNT_DROP_REJECT_FAILED);
-	count(CNT_REJECT_NO_ENDPOINTS);
+	count(why);
 	return bpf_redirect(skb->ifindex, 0);
 }
 
@@ -206,7 +209,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	}
 	switch (picked) {
 	case PICK_NO_ENDPOINTS:
-		return reject(skb, p);
+		return reject(skb, p, CNT_REJECT_NO_ENDPOINTS);
 	case PICK_NO_LOCAL:
 		return drop(CNT_DROP_NO_LOCAL_BACKEND);
 	case PICK_BACKEND_MISSING:
@@ -273,6 +276,18 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	return (flags & CT_HAIRPIN) ? hairpin_verdict(skb, verdict) : fib ? fib_verdict(skb, verdict) : verdict;
 }
 
+/* portless_to_service_net: a packet of a protocol without ports entering
+ * the node (an echo request to an address that is no service IP, GRE, ESP,
+ * ...). Toward an address of a ServiceCIDR it is dropped, as kube-proxy's
+ * cluster-ips-check drops it (and rejects it toward a ClusterIP, whose echo
+ * requests the datapath answers instead); elsewhere it passes. */
+static __always_inline int portless_to_service_net(__be32 daddr)
+{
+	if (svcnet_kind4(daddr) != SVCNET_NONE)
+		return drop(CNT_DROP_UNALLOCATED_SERVICE_IP);
+	return TC_ACT_OK;
+}
+
 __subprog int handle_icmp(struct __sk_buff *skb, struct packet *p, enum hook hook)
 {
 	switch (p->icmp_type) {
@@ -285,9 +300,10 @@ __subprog int handle_icmp(struct __sk_buff *skb, struct packet *p, enum hook hoo
 				return verdict;
 		}
 		struct fe_key key = { .addr = p->daddr, .proto = IPPROTO_ICMP };
-		if ((hook != HOOK_FROM_WL && hook != HOOK_FROM_HOST) ||
-		    !bpf_map_lookup_elem(&sl_fe_v1, &key))
+		if (hook != HOOK_FROM_WL && hook != HOOK_FROM_HOST)
 			return TC_ACT_OK;
+		if (!bpf_map_lookup_elem(&sl_fe_v1, &key))
+			return portless_to_service_net(p->daddr);
 		if (answer_echo(skb, p))
 			return drop(CNT_DROP_REJECT_FAILED);
 		count(CNT_ICMP_ECHO_ANSWERED);
@@ -373,6 +389,11 @@ __subprog int host_new_flow_out(struct __sk_buff *skb, struct packet *p)
 	if (skb->ingress_ifindex ||
 	    (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN))
 		return TC_ACT_OK;
+	/* A local socket's flow to an address of a ServiceCIDR that no
+	 * Service holds (the socket hooks translated nothing): dropped, as
+	 * kube-proxy's output chain does (svcnet.h). */
+	if (skb->sk && svcnet_kind4(p->daddr) == SVCNET_RANGE)
+		return drop(CNT_DROP_UNALLOCATED_SERVICE_IP);
 	struct ifstate_key k = { .ifindex = skb->ifindex };
 	struct ifstate_value *st = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
 
@@ -387,12 +408,18 @@ __subprog int host_new_flow_out(struct __sk_buff *skb, struct packet *p)
 }
 
 /* judge_other: a packet of a protocol the datapath neither balances nor
- * tracks (SCTP, GRE, ESP, ...). A workload's policy judges it packet by
+ * tracks (GRE, ESP, ...). Entering the node toward a service network it is
+ * dropped (portless_to_service_net). A workload's policy judges it packet by
  * packet at the workload's hooks, so isolation holds for every protocol (a
- * rule with ports never matches it: ports are TCP's and UDP's); elsewhere it
- * passes. */
+ * rule with ports never matches it: ports are TCP's, UDP's and SCTP's);
+ * elsewhere it passes. */
 static __always_inline int judge_other(struct __sk_buff *skb, const struct packet *p, enum hook hook)
 {
+	if (hook == HOOK_FROM_WL || hook == HOOK_FROM_HOST) {
+		int verdict = portless_to_service_net(p->daddr);
+		if (verdict != TC_ACT_OK)
+			return verdict;
+	}
 	if (hook == HOOK_FROM_WL)
 		return judge_stateless(skb, p, POLICY_DIR_EGRESS);
 	if (hook == HOOK_TO_WL)
@@ -577,6 +604,16 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	struct fe_value *fe = fe_lookup(p.daddr, p.dport, p.proto);
 	if (fe)
 		return new_flow(skb, &p, hook, fe);
+	/* A service address that serves nothing here refuses the flow, as
+	 * kube-proxy nftables' cluster-ips-check does (svcnet.h). */
+	switch (svcnet_kind4(p.daddr)) {
+	case SVCNET_CLUSTER_IP:
+		return reject(skb, &p, CNT_REJECT_UNDEFINED_PORT);
+	case SVCNET_RANGE:
+		return drop(CNT_DROP_UNALLOCATED_SERVICE_IP);
+	default:
+		break;
+	}
 	/* Traffic from a workload waits for its egress policy; traffic from
 	 * outside to the node itself, for its host endpoint's ingress policy. */
 	return track_flow(skb, &p, POLICY_DIR_EGRESS,

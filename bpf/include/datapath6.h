@@ -59,6 +59,14 @@ static __always_inline int judged_at(enum hook hook)
 	return -1;
 }
 
+/* portless_to_service_net6: portless_to_service_net (datapath.h). */
+static __always_inline int portless_to_service_net6(const __u8 *daddr)
+{
+	if (svcnet_kind6(daddr) != SVCNET_NONE)
+		return drop(CNT_DROP_UNALLOCATED_SERVICE_IP);
+	return TC_ACT_OK;
+}
+
 __subprog int handle_icmp6(struct __sk_buff *skb, struct packet6 *p6, enum hook hook)
 {
 	switch (p6->p.icmp_type) {
@@ -71,8 +79,10 @@ __subprog int handle_icmp6(struct __sk_buff *skb, struct packet6 *p6, enum hook 
 			if (verdict != TC_ACT_OK)
 				return verdict;
 		}
-		if ((hook != HOOK_FROM_WL && hook != HOOK_FROM_HOST) || !is_service_ip6(p6->daddr))
+		if (hook != HOOK_FROM_WL && hook != HOOK_FROM_HOST)
 			return TC_ACT_OK;
+		if (!is_service_ip6(p6->daddr))
+			return portless_to_service_net6(p6->daddr);
 		if (answer_echo6(skb, p6))
 			return drop(CNT_DROP_REJECT_FAILED);
 		count(CNT_ICMP_ECHO_ANSWERED);
@@ -148,6 +158,8 @@ __subprog int host_new_flow_out6(struct __sk_buff *skb, struct packet6 *p6, cons
 	if (skb->ingress_ifindex ||
 	    (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN))
 		return TC_ACT_OK;
+	if (skb->sk && svcnet_kind6(p6->daddr) == SVCNET_RANGE)
+		return drop(CNT_DROP_UNALLOCATED_SERVICE_IP);
 	struct ifstate_key k = { .ifindex = skb->ifindex };
 	struct ifstate_value *st = bpf_map_lookup_elem(&sl_ifstate_v1, &k);
 
@@ -279,6 +291,11 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		if (p->proto == IPPROTO_ICMPV6)
 			return handle_icmp6(skb, &p6, hook);
 		/* judge_other (datapath.h): isolation holds for every protocol. */
+		if (hook == HOOK_FROM_WL || hook == HOOK_FROM_HOST) {
+			int verdict = portless_to_service_net6(p6.daddr);
+			if (verdict != TC_ACT_OK)
+				return verdict;
+		}
 		int dir = judged_at(hook);
 		return dir < 0 ? TC_ACT_OK : judge_stateless6(skb, &p6, dir);
 	}
@@ -366,6 +383,14 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		return hook == HOOK_FROM_WL ? stack_routed(judge_stateless6(skb, &p6, POLICY_DIR_EGRESS)) : TC_ACT_OK;
 	} else {
 		fe = fe6_lookup(p6.daddr, p->dport, p->proto);
+		/* An unserved service address (svcnet.h, pipeline). */
+		if (!fe) {
+			enum svcnet_kind kind = svcnet_kind6(p6.daddr);
+			if (kind == SVCNET_CLUSTER_IP)
+				return reject6(skb, &p6, CNT_REJECT_UNDEFINED_PORT);
+			if (kind == SVCNET_RANGE)
+				return drop(CNT_DROP_UNALLOCATED_SERVICE_IP);
+		}
 		if (!fe)
 			return track_flow6(skb, &p6, &key, POLICY_DIR_EGRESS,
 					   hook == HOOK_FROM_WL ? policy_slot(skb, POLICY_DIR_EGRESS)
@@ -379,5 +404,5 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 		if (dsr6_push(skb, &p6, &key))
 			return drop(CNT_DROP_DSR_FAILED);
 	}
-	return verdict == NEW_FLOW_REJECT ? reject6(skb, &p6) : verdict;
+	return verdict == NEW_FLOW_REJECT ? reject6(skb, &p6, CNT_REJECT_NO_ENDPOINTS) : verdict;
 }

@@ -124,16 +124,17 @@ __subprog int reject6_udp(struct __sk_buff *skb, const struct packet6 *p6)
 	return 0;
 }
 
-/* reject6 answers a new flow to a Service without endpoints. Each answer is
+/* reject6 answers a new flow (to a Service without endpoints, or to an
+ * undefined port of a ClusterIP: why counts which). Each answer is
  * a function of its own, so the stack holds one reply at a time: the
  * pipeline's frames and the UDP reply's quote fill most of the 512 bytes. */
-static __always_inline int reject6(struct __sk_buff *skb, const struct packet6 *p6)
+static __always_inline int reject6(struct __sk_buff *skb, const struct packet6 *p6, enum counter why)
 {
 	int err = p6->p.proto == IPPROTO_TCP ? reject6_tcp(skb, p6) : reject6_udp(skb, p6);
 
 	if (err)
 		return drop(CNT_DROP_REJECT_FAILED);
-	count(CNT_REJECT_NO_ENDPOINTS);
+	count(why);
 	return bpf_redirect(skb->ifindex, 0);
 }
 

@@ -24,6 +24,7 @@
 #include "counters.h"
 #include "service.h"
 #include "service6.h"
+#include "svcnet.h"
 
 #define AF_INET		2
 #define ECONNREFUSED	111
@@ -79,6 +80,20 @@ static __always_inline int socklb_fail(int picked)
 	return 0;
 }
 
+/* socklb_unserved: a connect() or sendmsg() to an address no frontend
+ * matched. A port of an allocated ClusterIP that no Service defines is
+ * refused (ECONNREFUSED, as kube-proxy's reject gives it); anything else goes
+ * on (an unallocated address of a ServiceCIDR is dropped at the egress hook,
+ * host_new_flow_out, as kube-proxy drops it). */
+static __always_inline int socklb_unserved(enum svcnet_kind kind)
+{
+	if (kind != SVCNET_CLUSTER_IP)
+		return 1;
+	count(CNT_SOCK_REJECT_UNDEFINED_PORT);
+	bpf_set_retval(-ECONNREFUSED);
+	return 0;
+}
+
 /* SOCKLB_PASS: socklb_balance found no frontend for the destination, or
  * may not balance it: the call goes on untranslated. */
 #define SOCKLB_PASS 2
@@ -93,7 +108,7 @@ static __always_inline int socklb_balance(struct bpf_sock_addr *ctx, const struc
 	struct fe_value *fe = fe_lookup(addr, port, ctx->protocol);
 
 	if (!fe)
-		return SOCKLB_PASS;
+		return socklb_unserved(svcnet_kind4(addr)) ? SOCKLB_PASS : 0;
 	/* Host sockets share the node's address as their client identity, as
 	 * their packets would with kube-proxy; external policy Local does not
 	 * apply to host traffic (it goes to every endpoint). */
@@ -274,7 +289,7 @@ static __always_inline int socklb_translate6(struct bpf_sock_addr *ctx)
 	__be16 port = (__be16)ctx->user_port;
 	struct fe_value *fe = fe6_lookup(addr, port, ctx->protocol);
 	if (!fe)
-		return 1;
+		return socklb_unserved(svcnet_kind6(addr));
 	/* Host sockets are the node's IPv6 address to affinity and source
 	 * ranges, as in socklb_translate. */
 	__u8 client[16] = {};

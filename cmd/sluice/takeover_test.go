@@ -445,21 +445,31 @@ func waitLog(t *testing.T, p *agentProc, what string) {
 // takeoverMetric reads sluice_takeover_flows_total{result} from the agent.
 func takeoverMetric(t *testing.T, ns *bpftest.NetNS, addr, result string) float64 {
 	t.Helper()
+	series := fmt.Sprintf("sluice_takeover_flows_total{result=%q}", result)
+	v, ok := metricValue(t, ns, addr, series)
+	if !ok {
+		t.Fatalf("no %s in /metrics", series)
+	}
+	return v
+}
+
+// metricValue reads one series (name and labels, as /metrics prints them)
+// from the agent's /metrics at addr, reached from ns.
+func metricValue(t *testing.T, ns *bpftest.NetNS, addr, series string) (float64, bool) {
+	t.Helper()
 	body, err := ns.Command("curl", "-sS", "http://"+addr+"/metrics").Output()
 	if err != nil {
 		t.Errorf("curl %s/metrics: %v", addr, err)
-		return 0
+		return 0, false
 	}
-	prefix := fmt.Sprintf("sluice_takeover_flows_total{result=%q} ", result)
 	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, prefix); ok {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return f
+			return f, true
 		}
 	}
-	t.Fatalf("no %s in /metrics", prefix)
-	return 0
+	return 0, false
 }

@@ -207,7 +207,7 @@ func (d *Datapath) RunOK(prog *ebpf.Program, frame []byte) *Decoded {
 func (d *Datapath) Counter(c gen.SluiceCounter) uint64 {
 	d.TB.Helper()
 	var vs []uint64
-	if err := d.Objs.SlCountersV6.Lookup(c, &vs); err != nil {
+	if err := d.Objs.SlCountersV7.Lookup(c, &vs); err != nil {
 		d.TB.Fatal(err)
 	}
 	var sum uint64

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -19,8 +20,8 @@ import (
 
 // RunInformers feeds the proxier from the API server with shared informers, as
 // kube-proxy does: Services without the service-proxy-name label,
-// EndpointSlices without the headless label, and this Node (every Node too,
-// when Config.Routes is set). It returns once
+// EndpointSlices without the headless label, this Node (every Node too,
+// when Config.Routes is set), and the ServiceCIDRs. It returns once
 // the informers have started; they stop with ctx.
 func RunInformers(ctx context.Context, client kubernetes.Interface, p *kubeproxy.Proxier, resync time.Duration) error {
 	// Services and slices have informers of their own, without the
@@ -65,7 +66,26 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *kubeproxy
 	})); err != nil {
 		return err
 	}
-	factories := []informers.SharedInformerFactory{nodeFactory}
+	// ServiceCIDRs, as kube-proxy watches them: the union of every object's
+	// CIDRs, handed over whole on each change. They do not hold up the
+	// first sync: without them only unallocated addresses are not refused.
+	cidrFactory := informers.NewSharedInformerFactoryWithOptions(client, resync)
+	cidrsByName := map[string][]string{}
+	if _, err := cidrFactory.Networking().V1().ServiceCIDRs().Informer().AddEventHandler(handler(func(c *networkingv1.ServiceCIDR, deleted bool) {
+		if deleted {
+			delete(cidrsByName, c.Name)
+		} else {
+			cidrsByName[c.Name] = c.Spec.CIDRs
+		}
+		var all []string
+		for _, cidrs := range cidrsByName {
+			all = append(all, cidrs...)
+		}
+		p.OnServiceCIDRsChanged(all)
+	})); err != nil {
+		return err
+	}
+	factories := []informers.SharedInformerFactory{nodeFactory, cidrFactory}
 	if routes := p.Routes(); routes != nil {
 		// Every Node, for the route lookup (the factory above sees this
 		// node only).

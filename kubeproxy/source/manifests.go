@@ -20,6 +20,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -319,6 +320,15 @@ func (m *ManifestSource) Sync(p *kubeproxy.Proxier) {
 		}
 	}
 	m.seen = next
+	// ServiceCIDRs, whole on each change of the folder, as the informer
+	// hands them (informer.go).
+	var cidrs []string
+	for _, o := range next {
+		if c, ok := o.Obj.(*networkingv1.ServiceCIDR); ok {
+			cidrs = append(cidrs, c.Spec.CIDRs...)
+		}
+	}
+	p.OnServiceCIDRsChanged(cidrs)
 	if p.Routes() != nil {
 		var nodes []*v1.Node
 		for _, o := range next {
