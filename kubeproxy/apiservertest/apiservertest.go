@@ -19,11 +19,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sluice-net/sluice/gen/bpftest"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -238,4 +241,25 @@ func (s *Server) waitReady(timeout time.Duration) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return last
+}
+
+// CRD is a CustomResourceDefinition of a cluster-scoped kind whose objects
+// may hold any content (the tests write valid ones): enough for an informer
+// to follow it. Create it with the dynamic client, then WaitServed.
+func CRD(r schema.GroupVersionResource, kind string) *unstructured.Unstructured {
+	meta := map[string]any{"name": r.Resource + "." + r.Group}
+	if strings.HasSuffix(r.Group, ".k8s.io") {
+		// k8s.io groups need it; the project's own CRDs carry the URL of its API review.
+		meta["annotations"] = map[string]any{"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/network-policy-api/pull/347"}
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+		"metadata": meta,
+		"spec": map[string]any{
+			"group": r.Group, "scope": "Cluster",
+			"names": map[string]any{"plural": r.Resource, "kind": kind},
+			"versions": []any{map[string]any{"name": r.Version, "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
+		},
+	}}
 }

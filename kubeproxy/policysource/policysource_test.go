@@ -21,26 +21,6 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 )
 
-// crd is a CustomResourceDefinition of our own for one of the network
-// policy API's kinds, accepting any content (the tests write valid objects).
-func crd(r schema.GroupVersionResource, kind string) *unstructured.Unstructured {
-	meta := map[string]any{"name": r.Resource + "." + r.Group}
-	if strings.HasSuffix(r.Group, ".k8s.io") {
-		// k8s.io groups need it; the project's own CRDs carry the URL of its API review.
-		meta["annotations"] = map[string]any{"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/network-policy-api/pull/347"}
-	}
-	return &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-		"metadata": meta,
-		"spec": map[string]any{
-			"group": r.Group, "scope": "Cluster",
-			"names": map[string]any{"plural": r.Resource, "kind": kind},
-			"versions": []any{map[string]any{"name": r.Version, "served": true, "storage": true,
-				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
-		},
-	}}
-}
-
 // Against a real kube-apiserver: without the CRDs the agent follows
 // NetworkPolicy only; once they are installed — after it started, as a
 // chart that ships the CRDs beside the DaemonSet may do — it follows
@@ -79,7 +59,7 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
 	kinds := []string{"ClusterNetworkPolicy", "AdminNetworkPolicy", "BaselineAdminNetworkPolicy", "HostEndpoint"}
 	for i, r := range adminPolicyResources {
-		if _, err := crds.Create(ctx, crd(r, kinds[i]), metav1.CreateOptions{}); err != nil {
+		if _, err := crds.Create(ctx, apiservertest.CRD(r, kinds[i]), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
