@@ -222,3 +222,37 @@ func TestSCTPCRCPowersTable(t *testing.T) {
 		pow = mul(pow, pow)
 	}
 }
+
+// SCTP through a LoadBalancer IP (or externalIP: the same external
+// frontend) from outside the node, and with session affinity: every INIT of
+// a client goes to its first backend, in both families.
+func TestSCTPExternalFrontendAndAffinity(t *testing.T) {
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			d := f.newDP(t)
+			lb, ext := netip.MustParseAddrPort("203.0.113.10:3868"), netip.MustParseAddrPort("198.51.100.9:50000")
+			if f.vip.Addr().Is6() {
+				lb, ext = netip.MustParseAddrPort("[2001:db8::10]:3868"), netip.MustParseAddrPort("[2001:db8:9::9]:50000")
+			}
+			d.AddService(bpftest.Service{ID: 1, Front: lb, Proto: protoSCTP, Flags: gen.SluiceFeFlagsFE_EXTERNAL,
+				Backends: []bpftest.Backend{{AP: f.be1, Local: true}}})
+			init := d.RunOK(d.Objs.SlFromHost, bpftest.SCTPPacket(ext, lb, bpftest.SCTPInit, make([]byte, 16)))
+			wantAP(t, "INIT to the LoadBalancer IP, destination", init.Dst, f.be1)
+			wantAP(t, "INIT to the LoadBalancer IP, source (local backend: kept)", init.Src, ext)
+			ack := d.RunOK(d.Objs.SlFromWl, bpftest.SCTPPacket(f.be1, ext, bpftest.SCTPInitAck, make([]byte, 20)))
+			wantAP(t, "INIT ACK source", ack.Src, lb)
+			wantAP(t, "INIT ACK destination", ack.Dst, ext)
+
+			third := netip.AddrPortFrom(f.be2.Addr().Next(), f.be2.Port())
+			d.AddService(bpftest.Service{ID: 2, Front: f.vip, Proto: protoSCTP, Affinity: 60,
+				Backends: []bpftest.Backend{{AP: f.be1}, {AP: f.be2}, {AP: third}}})
+			first := d.RunOK(d.Objs.SlFromWl, bpftest.SCTPPacket(f.client, f.vip, bpftest.SCTPInit, make([]byte, 16))).Dst
+			for i := range uint16(20) {
+				src := netip.AddrPortFrom(f.client.Addr(), 40000+i)
+				if got := d.RunOK(d.Objs.SlFromWl, bpftest.SCTPPacket(src, f.vip, bpftest.SCTPInit, make([]byte, 16))).Dst; got != first {
+					t.Fatalf("association %d from port %d went to %v: affinity says %v", i+2, src.Port(), got, first)
+				}
+			}
+		})
+	}
+}
