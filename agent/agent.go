@@ -76,7 +76,9 @@ type Config struct {
 	IPv6Tables string
 	// Profiling serves Go's /debug/pprof on the metrics address
 	// (kube-proxy's enableProfiling).
-	Profiling        bool
+	Profiling bool
+	// MinSyncPeriod bounds how often Services are synced and policies
+	// updated (--min-sync-period).
 	MinSyncPeriod    time.Duration
 	SyncPeriod       time.Duration
 	PinDir           string
@@ -639,7 +641,7 @@ func (a *Agent) start(ctx context.Context) error {
 		if err := source.RunInformers(ctx, client, a.Proxier, 15*time.Minute); err != nil {
 			return err
 		}
-		policies, err := policysource.Watch(ctx, client, dyn, log, feed.Update)
+		policies, err := policysource.Watch(ctx, client, dyn, minSync, log, feed.Update)
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	stdmaps "maps"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/ifacemgr"
@@ -75,7 +76,9 @@ func (f *policyFeed) Update(c k8s.Cluster) {
 	}) {
 		c.HostEndpoints = append(slices.Clip(c.HostEndpoints), f.defaultHost)
 	}
+	start := time.Now()
 	endpoints, first := f.b.Update(c)
+	translated := time.Now()
 	seen := map[string]bool{}
 	hosts := map[string]string{}
 	// The routes are read only for pods whose address is new, or when the
@@ -131,8 +134,11 @@ func (f *policyFeed) Update(c k8s.Cluster) {
 		f.ifaces.PoliciesChanged()
 	}
 	f.hosts = hosts
+	bound := time.Now()
 	f.ifaces.Apply()
 	f.b.Finish()
+	f.log.Debug("policy update", "pods", len(c.Pods), "endpoints", len(endpoints),
+		"translate", translated.Sub(start), "bind", bound.Sub(translated), "apply", time.Since(bound))
 }
 
 // Install implements ifacemgr.PolicyProvider. A data or tunnel interface

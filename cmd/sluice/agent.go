@@ -73,7 +73,7 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.StringVar(&cfg.IPv6Tables, "ipv6-tables", def.IPv6Tables,
 		"size of the IPv6 tables: full, minimal (about 140 MiB less kernel memory, no IPv6 Service), or auto (full when the node has an IPv6 address beyond link-local)")
 	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve Go's /debug/pprof on the metrics address")
-	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", def.MinSyncPeriod, "least time between syncs (a burst of changes is coalesced over it)")
+	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", def.MinSyncPeriod, "least time between syncs of Services and of policies (a burst of changes is coalesced over it)")
 	fs.DurationVar(&cfg.SyncPeriod, "sync-period", def.SyncPeriod, "most time between syncs")
 	fs.StringVar(&cfg.PinDir, "bpf-pin-dir", def.PinDir, "bpffs directory of Sluice's pinned maps and links")
 	fs.Func("workload-iface-prefixes", "comma-separated name prefixes of pods' host-side interfaces (default cali,lxc,veth,sl)", func(s string) error {

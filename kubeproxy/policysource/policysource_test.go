@@ -42,7 +42,7 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 	CRDPollInterval = 200 * time.Millisecond
 	var logs syncBuffer
 	updates := make(chan k8s.Cluster, 100)
-	run, err := Watch(ctx, s.Client, dyn, slog.New(slog.NewTextHandler(&logs, nil)), func(c k8s.Cluster) { updates <- c })
+	run, err := Watch(ctx, s.Client, dyn, 0, slog.New(slog.NewTextHandler(&logs, nil)), func(c k8s.Cluster) { updates <- c })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestPolicyInformersFollowAdminPolicyCRDs(t *testing.T) {
 func checkFromTheStart(ctx context.Context, t *testing.T, client kubernetes.Interface, dyn dynamic.Interface) {
 	t.Helper()
 	updates := make(chan k8s.Cluster, 100)
-	run, err := Watch(ctx, client, dyn, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
+	run, err := Watch(ctx, client, dyn, 0, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func TestPolicyInformersTranslateOnlyForChangesThatMatter(t *testing.T) {
 		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.200.0.1"}}}}
 	client := fake.NewSimpleClientset(web, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, nodeA)
 	updates := make(chan k8s.Cluster, 100)
-	run, err := Watch(ctx, client, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
+	run, err := Watch(ctx, client, nil, 0, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c k8s.Cluster) { updates <- c })
 	if err != nil {
 		t.Fatal(err)
 	}
