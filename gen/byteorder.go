@@ -52,3 +52,24 @@ func NetAddr6(a netip.Addr) [16]uint8 {
 func AddrFromNet6(v [16]uint8) netip.Addr {
 	return netip.AddrFrom16(v)
 }
+
+// SvcnetKeyOf returns the sl_svcnet_v1 key of a prefix: both families share
+// the trie, so an IPv4 prefix is keyed IPv4-mapped (::ffff:a.b.c.d) with 96
+// more bits of prefix length.
+func SvcnetKeyOf(pfx netip.Prefix) SluiceSvcnetKey {
+	bits := pfx.Bits()
+	if pfx.Addr().Is4() {
+		bits += 96
+	}
+	return SluiceSvcnetKey{Prefixlen: uint32(bits), Addr: NetAddr6(pfx.Masked().Addr())}
+}
+
+// Prefix returns the prefix an sl_svcnet_v1 key holds, IPv4 unmapped: the
+// inverse of SvcnetKeyOf.
+func (k SluiceSvcnetKey) Prefix() netip.Prefix {
+	a, bits := AddrFromNet6(k.Addr), int(k.Prefixlen)
+	if a.Is4In6() && bits >= 96 {
+		a, bits = a.Unmap(), bits-96
+	}
+	return netip.PrefixFrom(a, bits)
+}

@@ -670,15 +670,11 @@ func (e *env) serviceNets() []string {
 	}
 	var out []string
 	m.Iterate(func(k gen.SluiceSvcnetKey, v gen.SluiceSvcnetValue) bool {
-		a, bits := gen.AddrFromNet6(k.Addr), int(k.Prefixlen)
-		if a.Is4In6() {
-			a, bits = a.Unmap(), bits-96
-		}
 		kind := "range"
 		if v.Kind == gen.SluiceSvcnetKindSVCNET_CLUSTER_IP {
 			kind = "clusterIP"
 		}
-		out = append(out, fmt.Sprintf("%v %s", netip.PrefixFrom(a, bits), kind))
+		out = append(out, fmt.Sprintf("%v %s", k.Prefix(), kind))
 		return true
 	})
 	slices.Sort(out)
@@ -691,6 +687,7 @@ func (e *env) serviceNets() []string {
 func TestServiceCIDRsFollowTheAPI(t *testing.T) {
 	e := newEnv(t, kubeproxy.Config{})
 	client := fake.NewClientset()
+	client.Resources = servesServiceCIDRs
 	ctx := context.Background()
 	cidr := func(name string, cidrs ...string) *networkingv1.ServiceCIDR {
 		return &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: cidrs}}
@@ -730,4 +727,42 @@ func TestServiceCIDRsFollowTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitNets("the first ServiceCIDR and the Service deleted", "10.97.0.0/24 range")
+}
+
+// servesServiceCIDRs is the discovery answer of an API server that serves
+// ServiceCIDRs (Kubernetes 1.33 and later).
+var servesServiceCIDRs = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1",
+	APIResources: []metav1.APIResource{{Name: "networkpolicies"}, {Name: "servicecidrs"}}}}
+
+// TestServiceCIDRsNotServed: an API server without ServiceCIDRs (before
+// 1.33) gets no ServiceCIDR informer, whose list would fail forever; the
+// Services are served and there are no ranges.
+func TestServiceCIDRsNotServed(t *testing.T) {
+	e := newEnv(t, kubeproxy.Config{})
+	client := fake.NewClientset()
+	client.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1",
+		APIResources: []metav1.APIResource{{Name: "networkpolicies"}}}}
+	ctx := context.Background()
+	if _, err := client.CoreV1().Services("default").Create(ctx, svc("web", "10.96.0.10"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, endpointSlice("web", "web-1", "10.2.0.1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := source.RunInformers(ctx, client, e.p, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.96.0.10/32 clusterIP"}
+	var got []string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !slices.Equal(got, want); time.Sleep(10 * time.Millisecond) {
+		got = e.serviceNets()
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("service networks %q, want %q", got, want)
+	}
+	for _, a := range client.Actions() {
+		if a.GetResource().Resource == "servicecidrs" {
+			t.Errorf("%s servicecidrs on an API server that does not serve them", a.GetVerb())
+		}
+	}
 }

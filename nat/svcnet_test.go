@@ -20,13 +20,9 @@ func (f *fixture) serviceNets() []string {
 	}
 	var out []string
 	err = m.Iterate(func(k gen.SluiceSvcnetKey, v gen.SluiceSvcnetValue) bool {
-		a, bits := gen.AddrFromNet6(k.Addr), int(k.Prefixlen)
-		if a.Is4In6() {
-			a, bits = a.Unmap(), bits-96
-		}
 		kind := map[gen.SluiceSvcnetKind]string{gen.SluiceSvcnetKindSVCNET_CLUSTER_IP: "clusterIP",
 			gen.SluiceSvcnetKindSVCNET_RANGE: "range"}[v.Kind]
-		out = append(out, fmt.Sprintf("%v %s", netip.PrefixFrom(a, bits), kind))
+		out = append(out, fmt.Sprintf("%v %s", k.Prefix(), kind))
 		return true
 	})
 	if err != nil {
@@ -88,10 +84,22 @@ func TestSyncerServiceNetworks(t *testing.T) {
 	if stats.Writes != 0 || stats.Deletes != 0 {
 		t.Errorf("restart with the same state: %d writes, %d deletes, want none", stats.Writes, stats.Deletes)
 	}
+	// Until a State names the ranges (nil: not listed yet), a restarted
+	// syncer keeps those it finds; its ClusterIPs follow the State.
 	f.open(nat.Options{})
 	f.serviceCIDRs = nil
+	stats = f.apply(nil, nil)
+	want = []string{"10.96.0.0/12 range"}
+	if got := f.serviceNets(); !slices.Equal(got, want) {
+		t.Errorf("restart, ranges not known yet:\n got %q\nwant %q", got, want)
+	}
+	if stats.Writes != 0 {
+		t.Errorf("restart, ranges not known yet: %d writes, want none", stats.Writes)
+	}
+	f.open(nat.Options{})
+	f.serviceCIDRs = []netip.Prefix{}
 	f.apply(nil, nil)
 	if got := f.serviceNets(); len(got) != 0 {
-		t.Errorf("restart with nothing: the map still holds %q", got)
+		t.Errorf("restart with no ranges and no services: the map still holds %q", got)
 	}
 }

@@ -249,17 +249,13 @@ func waitServiceNet(t *testing.T, pinDir string, pfx netip.Prefix) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bits := pfx.Bits()
-	if pfx.Addr().Is4() {
-		bits += 96
-	}
-	key := gen.SluiceSvcnetKey{Prefixlen: uint32(bits), Addr: gen.NetAddr6(pfx.Addr())}
+	key := gen.SvcnetKeyOf(pfx)
 	var seen []string
 	waitFor(t, 15*time.Second, fmt.Sprintf("the agent knows the ServiceCIDR %v", pfx), func() bool {
 		seen = seen[:0]
 		found := false
 		nets.Iterate(func(k gen.SluiceSvcnetKey, v gen.SluiceSvcnetValue) bool {
-			seen = append(seen, fmt.Sprintf("%v/%d:%d", gen.AddrFromNet6(k.Addr), k.Prefixlen, v.Kind))
+			seen = append(seen, fmt.Sprintf("%v:%d", k.Prefix(), v.Kind))
 			found = found || (k == key && v.Kind == gen.SluiceSvcnetKindSVCNET_RANGE)
 			return true
 		})

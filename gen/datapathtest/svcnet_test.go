@@ -13,12 +13,7 @@ import (
 // putServiceNet writes pfx into sl_svcnet_v1 as the NAT syncer does
 // (nat/svcnet.go): one trie for both families, IPv4 mapped.
 func putServiceNet(d *bpftest.Datapath, pfx netip.Prefix, kind gen.SluiceSvcnetKind) {
-	bits := pfx.Bits()
-	if pfx.Addr().Is4() {
-		bits += 96
-	}
-	d.Put(d.Objs.SlSvcnetV1, gen.SluiceSvcnetKey{Prefixlen: uint32(bits), Addr: gen.NetAddr6(pfx.Addr())},
-		gen.SluiceSvcnetValue{Kind: kind})
+	d.Put(d.Objs.SlSvcnetV1, gen.SvcnetKeyOf(pfx), gen.SluiceSvcnetValue{Kind: kind})
 }
 
 // TestUnservedServiceAddressesAreRefused: a new flow to a port of a
