@@ -135,6 +135,9 @@ func NewProxier(cfg Config, syncer *nat.Syncer, flusher Flusher, metrics *proxym
 // NodeName is the name of the Node this proxier serves.
 func (p *Proxier) NodeName() string { return p.cfg.NodeName }
 
+// Log is the proxier's logger, for the sources that feed it.
+func (p *Proxier) Log() *slog.Logger { return p.log }
+
 // Routes is where the Nodes' pod routes go (nil: none are kept).
 func (p *Proxier) Routes() *NodeRoutes { return p.cfg.Routes }
 
@@ -258,9 +261,10 @@ func (p *Proxier) SetNodeIPs(ips []netip.Addr) {
 // OnServiceCIDRsChanged takes the cluster's service ranges: the CIDRs of
 // every ServiceCIDR object (networking.k8s.io/v1), as kube-proxy's handler of
 // the same name. A new flow to an address of them that no Service holds is
-// dropped. A CIDR that does not parse is logged and left out.
+// dropped. A CIDR that does not parse is logged and left out. Until the
+// first call the datapath keeps the ranges it has (a restarted agent's).
 func (p *Proxier) OnServiceCIDRsChanged(cidrs []string) {
-	var parsed []netip.Prefix
+	parsed := []netip.Prefix{} // not nil: the ranges are known, maybe none
 	for _, c := range cidrs {
 		pfx, err := netip.ParsePrefix(c)
 		if err != nil {
@@ -274,7 +278,7 @@ func (p *Proxier) OnServiceCIDRsChanged(cidrs []string) {
 	})
 	parsed = slices.Compact(parsed)
 	p.mu.Lock()
-	same := slices.Equal(parsed, p.serviceCIDRs)
+	same := p.serviceCIDRs != nil && slices.Equal(parsed, p.serviceCIDRs)
 	p.serviceCIDRs = parsed
 	p.mu.Unlock()
 	if !same {

@@ -10,19 +10,13 @@ import (
 	"github.com/sluice-net/sluice/gen"
 )
 
-// svcnetKey is a prefix as sl_svcnet_v1 keys it: both families in one trie,
-// IPv4 as ::ffff:a.b.c.d with 96 more bits of prefix.
-func svcnetKey(pfx netip.Prefix) gen.SluiceSvcnetKey {
-	bits := pfx.Bits()
-	if pfx.Addr().Is4() {
-		bits += 96
-	}
-	return gen.SluiceSvcnetKey{Prefixlen: uint32(bits), Addr: gen.NetAddr6(pfx.Masked().Addr())}
-}
-
-// setServiceCIDRs makes cidrs the service ranges the datapath knows.
-// Invalid prefixes (a zero value) are skipped.
+// setServiceCIDRs makes cidrs the service ranges the datapath knows; nil
+// (not known yet) keeps the ranges it has. Invalid prefixes (a zero value)
+// are skipped.
 func (s *Syncer) setServiceCIDRs(cidrs []netip.Prefix) {
+	if cidrs == nil {
+		return
+	}
 	want := make(map[netip.Prefix]bool, len(cidrs))
 	for _, c := range cidrs {
 		if c.IsValid() {
@@ -69,7 +63,7 @@ func (s *Syncer) unrefClusterIP(ip netip.Addr) {
 // single address some service port has) outranks a ServiceCIDR of the same
 // prefix, a /32 range say.
 func (s *Syncer) settleSvcnet(pfx netip.Prefix) {
-	k := svcnetKey(pfx)
+	k := gen.SvcnetKeyOf(pfx)
 	switch {
 	case pfx.IsSingleIP() && s.clusterIPRefs[pfx.Addr()] > 0:
 		s.svcnet.SetDesired(k, gen.SluiceSvcnetValue{Kind: gen.SluiceSvcnetKindSVCNET_CLUSTER_IP})
@@ -80,19 +74,24 @@ func (s *Syncer) settleSvcnet(pfx netip.Prefix) {
 	}
 }
 
-// loadSvcnet reads the map back and wants none of it: the first Apply wants
-// again what its State holds, and the rest is deleted.
+// loadSvcnet reads the map back. Its ranges are wanted until a State names
+// the ServiceCIDRs (State.ServiceCIDRs not nil); its ClusterIPs are not: the
+// first Apply wants again those its State holds, and the rest is deleted
+// (what the map holds is not wanted until set again).
 func (s *Syncer) loadSvcnet() error {
 	if err := s.svcnet.LoadDataplaneState(); err != nil {
 		return err
 	}
-	var keys []gen.SluiceSvcnetKey
-	s.svcnet.IterDataplane(func(k gen.SluiceSvcnetKey, _ gen.SluiceSvcnetValue) bool {
-		keys = append(keys, k)
+	var ranges []gen.SluiceSvcnetKey
+	s.svcnet.IterDataplane(func(k gen.SluiceSvcnetKey, v gen.SluiceSvcnetValue) bool {
+		if v.Kind == gen.SluiceSvcnetKindSVCNET_RANGE {
+			ranges = append(ranges, k)
+		}
 		return true
 	})
-	for _, k := range keys {
-		s.svcnet.DeleteDesired(k)
+	for _, k := range ranges {
+		s.serviceCIDRs[k.Prefix()] = true
+		s.svcnet.SetDesired(k, gen.SluiceSvcnetValue{Kind: gen.SluiceSvcnetKindSVCNET_RANGE})
 	}
 	return nil
 }

@@ -51,7 +51,11 @@ type State struct {
 	// a new flow to one of their addresses that no Service holds is
 	// dropped, as kube-proxy nftables drops it. Every ClusterIP is known
 	// to the datapath besides, ranges or not: a flow to one of its ports
-	// that no Service defines is rejected.
+	// that no Service defines is rejected. Nil means not known yet (the
+	// source has not listed them): the ranges the datapath holds stay as
+	// they are, across a restart too, so that they are not deleted and
+	// rewritten while a restarted agent waits for the list. Empty and
+	// not nil means none.
 	ServiceCIDRs []netip.Prefix
 	// Changed, when not nil, names every service port added, removed or
 	// changed (service or endpoints) since the previous Apply, as a change

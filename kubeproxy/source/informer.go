@@ -3,10 +3,12 @@ package source
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -66,26 +68,12 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *kubeproxy
 	})); err != nil {
 		return err
 	}
-	// ServiceCIDRs, as kube-proxy watches them: the union of every object's
-	// CIDRs, handed over whole on each change. They do not hold up the
-	// first sync: without them only unallocated addresses are not refused.
-	cidrFactory := informers.NewSharedInformerFactoryWithOptions(client, resync)
-	cidrsByName := map[string][]string{}
-	if _, err := cidrFactory.Networking().V1().ServiceCIDRs().Informer().AddEventHandler(handler(func(c *networkingv1.ServiceCIDR, deleted bool) {
-		if deleted {
-			delete(cidrsByName, c.Name)
-		} else {
-			cidrsByName[c.Name] = c.Spec.CIDRs
-		}
-		var all []string
-		for _, cidrs := range cidrsByName {
-			all = append(all, cidrs...)
-		}
-		p.OnServiceCIDRsChanged(all)
-	})); err != nil {
+	factories := []informers.SharedInformerFactory{nodeFactory}
+	if cidrFactory, err := serviceCIDRInformer(ctx, client, p, resync); err != nil {
 		return err
+	} else if cidrFactory != nil {
+		factories = append(factories, cidrFactory)
 	}
-	factories := []informers.SharedInformerFactory{nodeFactory, cidrFactory}
 	if routes := p.Routes(); routes != nil {
 		// Every Node, for the route lookup (the factory above sees this
 		// node only).
@@ -111,6 +99,76 @@ func RunInformers(ctx context.Context, client kubernetes.Interface, p *kubeproxy
 		}
 	}()
 	return nil
+}
+
+// serviceCIDRInformer follows the ServiceCIDRs as kube-proxy watches them:
+// the union of every object's CIDRs, handed over whole on each change and
+// once the first list is in (so that "none" is known too). They do not hold
+// up the first sync: until they are known the datapath keeps the ranges it
+// has. An API server that does not serve them (before Kubernetes 1.33) gets
+// no informer, whose list would fail and be retried forever: the proxier is
+// told there are none, and the log says so. It returns the factory to start,
+// or nil.
+func serviceCIDRInformer(ctx context.Context, client kubernetes.Interface, p *kubeproxy.Proxier, resync time.Duration) (informers.SharedInformerFactory, error) {
+	served, err := servesResource(client, networkingv1.SchemeGroupVersion.String(), "servicecidrs")
+	switch {
+	case err != nil:
+		// Discovery failed, not the resource: watch anyway; the informer
+		// retries as it does for Services.
+		p.Log().Warn("ServiceCIDRs: discovery failed; watching them anyway", "err", err)
+	case !served:
+		p.Log().Info("ServiceCIDRs: the API server does not serve networking.k8s.io/v1 servicecidrs; unallocated service addresses are not refused")
+		p.OnServiceCIDRsChanged(nil)
+		return nil, nil
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, resync)
+	var mu sync.Mutex
+	cidrsByName := map[string][]string{}
+	report := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		all := []string{}
+		for _, cidrs := range cidrsByName {
+			all = append(all, cidrs...)
+		}
+		p.OnServiceCIDRsChanged(all)
+	}
+	reg, err := factory.Networking().V1().ServiceCIDRs().Informer().AddEventHandler(handler(func(c *networkingv1.ServiceCIDR, deleted bool) {
+		mu.Lock()
+		if deleted {
+			delete(cidrsByName, c.Name)
+		} else {
+			cidrsByName[c.Name] = c.Spec.CIDRs
+		}
+		mu.Unlock()
+		report()
+	}))
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+			report()
+		}
+	}()
+	return factory, nil
+}
+
+// servesResource tells whether the API server serves resource in groupVersion.
+func servesResource(client kubernetes.Interface, groupVersion, resource string) (bool, error) {
+	list, err := client.Discovery().ServerResourcesForGroupVersion(groupVersion)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, r := range list.APIResources {
+		if r.Name == resource {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // trackerHandler hands a Tracker its informers' events, with the object
