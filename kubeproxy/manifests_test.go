@@ -3,6 +3,7 @@ package kubeproxy_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -105,6 +106,44 @@ func TestReadManifestsReportsBadDocuments(t *testing.T) {
 	}
 	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "a.yaml: document 4") {
 		t.Fatalf("errors %v: want the bad document named by file and position", errs)
+	}
+}
+
+// Kinds of API groups Sluice reads nothing of are skipped, not errors (a
+// chart's folder holds Deployments and ConfigMaps too), also inside a List;
+// an unknown kind in a group it reads is a typo, and an error.
+func TestReadManifestsSkipsOtherGroups(t *testing.T) {
+	dir := t.TempDir()
+	other := `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec: {replicas: 2}
+---
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: ConfigMap, metadata: {name: c}}
+- {apiVersion: rbac.authorization.k8s.io/v1, kind: ClusterRole, metadata: {name: r}}
+- {apiVersion: v1, kind: Service, metadata: {name: in-list}, spec: {clusterIP: 10.96.0.11, ports: [{port: 80}]}}
+---
+apiVersion: v1
+kind: Servce
+metadata: {name: typo}
+`
+	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(other), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	objs, errs := source.ReadManifests(os.DirFS(dir))
+	var names []string
+	for _, o := range objs {
+		names = append(names, fmt.Sprintf("%T", o.Obj))
+	}
+	// The ConfigMap is core/v1, a group Sluice reads: decoded, then unused.
+	if len(objs) != 2 {
+		t.Fatalf("objects %v, want the List's ConfigMap and Service only", names)
+	}
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "a.yaml: document 3") || !strings.Contains(errs[0].Error(), "Servce") {
+		t.Fatalf("errors %v: want the typo'd kind named by file and position, and nothing for the Deployment or ClusterRole", errs)
 	}
 }
 

@@ -2,11 +2,16 @@
 // pkg/proxy/config does: informers on an API server (RunInformers), or a
 // folder of manifests, followed with inotify (ManifestSource). It reads;
 // it writes nothing to the API server or the folder.
+//
+// Built with the tag sluice_nokube it has no RunInformers, and does not
+// import client-go's clientset and informers: a program that reads
+// manifests only (`sluice demo`) builds in a fraction of the time.
 package source
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -21,9 +26,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/client-go/kubernetes/scheme"
 	npav1alpha1 "sigs.k8s.io/network-policy-api/apis/v1alpha1"
 	npav1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 	"sigs.k8s.io/yaml"
@@ -37,21 +43,48 @@ type Object struct {
 	Obj  runtime.Object
 }
 
-// decoder reads the kinds of client-go's scheme and the network policy API's
-// (ClusterNetworkPolicy, and the older AdminNetworkPolicy and
-// BaselineAdminNetworkPolicy), which are custom resources in a cluster.
+// decoder reads the kinds Sluice reads — core/v1, discovery.k8s.io/v1 and
+// networking.k8s.io/v1 — and the network policy API's (ClusterNetworkPolicy,
+// and the older AdminNetworkPolicy and BaselineAdminNetworkPolicy), which are
+// custom resources in a cluster. Not client-go's scheme of every API group:
+// its packages are much of a first build, for kinds that would be ignored.
 var decoder = newDecoder(nil)
+
+// manifestDecoder decodes the kinds of its scheme, and tells the documents
+// of other API groups (a Deployment beside a Service), which are skipped.
+type manifestDecoder struct {
+	runtime.Decoder
+	scheme *runtime.Scheme
+}
 
 // newDecoder is the decoder of the default kinds and more (a kind's
 // AddToScheme).
-func newDecoder(kinds []func(*runtime.Scheme) error) runtime.Decoder {
+func newDecoder(kinds []func(*runtime.Scheme) error) manifestDecoder {
 	s := runtime.NewScheme()
-	for _, add := range append([]func(*runtime.Scheme) error{scheme.AddToScheme, npav1beta1.AddToScheme, npav1alpha1.AddToScheme}, kinds...) {
+	defaults := []func(*runtime.Scheme) error{v1.AddToScheme, discovery.AddToScheme, networkingv1.AddToScheme,
+		npav1beta1.AddToScheme, npav1alpha1.AddToScheme}
+	for _, add := range append(defaults, kinds...) {
 		if err := add(s); err != nil {
 			panic(err) // registrations of Go types: a bug if they fail
 		}
 	}
-	return serializer.NewCodecFactory(s).UniversalDeserializer()
+	return manifestDecoder{serializer.NewCodecFactory(s).UniversalDeserializer(), s}
+}
+
+// decode decodes one JSON document. A kind of an API group the scheme does
+// not hold is skipped (nil, nil): Sluice reads none of that group. A kind
+// the scheme does not know in a group it holds ("Servce") is an error.
+func (d manifestDecoder) decode(js []byte) (runtime.Object, error) {
+	obj, _, err := d.Decode(js, nil, nil)
+	if err != nil && runtime.IsNotRegisteredError(err) {
+		var tm metav1.TypeMeta
+		if json.Unmarshal(js, &tm) == nil && tm.Kind != "" {
+			if gv, perr := schema.ParseGroupVersion(tm.APIVersion); perr == nil && !d.scheme.IsGroupRegistered(gv.Group) {
+				return nil, nil
+			}
+		}
+	}
+	return obj, err
 }
 
 // isManifest tells a manifest file by its name.
@@ -90,7 +123,7 @@ func ReadManifests(fsys fs.FS) ([]Object, []error) {
 }
 
 // parseManifest decodes the documents of one file.
-func parseManifest(decoder runtime.Decoder, path string, data []byte) ([]Object, []error) {
+func parseManifest(decoder manifestDecoder, path string, data []byte) ([]Object, []error) {
 	var objs []Object
 	var errs []error
 	for i, doc := range splitDocuments(data) {
@@ -105,10 +138,13 @@ func parseManifest(decoder runtime.Decoder, path string, data []byte) ([]Object,
 		if string(bytes.TrimSpace(js)) == "null" {
 			continue // only comments
 		}
-		obj, _, err := decoder.Decode(js, nil, nil)
+		obj, err := decoder.decode(js)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: document %d: %w", path, i+1, err))
 			continue
+		}
+		if obj == nil {
+			continue // another API group's kind
 		}
 		list, ok := obj.(*v1.List)
 		if !ok {
@@ -116,9 +152,12 @@ func parseManifest(decoder runtime.Decoder, path string, data []byte) ([]Object,
 			continue
 		}
 		for j, item := range list.Items {
-			o, _, err := decoder.Decode(item.Raw, nil, nil)
+			o, err := decoder.decode(item.Raw)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: document %d: list item %d: %w", path, i+1, j+1, err))
+				continue
+			}
+			if o == nil {
 				continue
 			}
 			objs = append(objs, Object{File: path, Obj: o})
@@ -184,18 +223,19 @@ type ManifestSource struct {
 	// policy API's (the agent adds Sluice's HostEndpoint).
 	Kinds []func(*runtime.Scheme) error
 
-	dec        runtime.Decoder
+	dec        *manifestDecoder
 	files      map[string]*manifestFile // by path relative to Dir
 	seen       map[string]Object        // by kind/namespace/name
 	stamp      string
 	unreadable error
 }
 
-func (m *ManifestSource) decoder() runtime.Decoder {
+func (m *ManifestSource) decoder() manifestDecoder {
 	if m.dec == nil {
-		m.dec = newDecoder(m.Kinds)
+		d := newDecoder(m.Kinds)
+		m.dec = &d
 	}
-	return m.dec
+	return *m.dec
 }
 
 // manifestFile is what one file gave when it was last read.
