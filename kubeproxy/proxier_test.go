@@ -695,6 +695,27 @@ func TestServiceCIDRsFollowTheAPI(t *testing.T) {
 	if _, err := client.NetworkingV1().ServiceCIDRs().Create(ctx, cidr("kubernetes", "10.96.0.0/16", "fd00:96::/112"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	runWebInformers(t, e, client)
+	e.waitServiceNets("the first list", "10.96.0.0/16 range", "10.96.0.10/32 clusterIP", "fd00:96::/112 range")
+
+	if _, err := client.NetworkingV1().ServiceCIDRs().Create(ctx, cidr("extra", "10.97.0.0/24", "not-a-cidr"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitServiceNets("a second ServiceCIDR", "10.96.0.0/16 range", "10.96.0.10/32 clusterIP", "10.97.0.0/24 range", "fd00:96::/112 range")
+	if err := client.NetworkingV1().ServiceCIDRs().Delete(ctx, "kubernetes", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitServiceNets("the first ServiceCIDR and the Service deleted", "10.97.0.0/24 range")
+}
+
+// runWebInformers creates Service web (10.96.0.10) and its slice in client,
+// then feeds e's proxier from client's informers.
+func runWebInformers(t *testing.T, e *env, client *fake.Clientset) {
+	t.Helper()
+	ctx := context.Background()
 	if _, err := client.CoreV1().Services("default").Create(ctx, svc("web", "10.96.0.10"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -704,29 +725,18 @@ func TestServiceCIDRsFollowTheAPI(t *testing.T) {
 	if err := source.RunInformers(ctx, client, e.p, 0); err != nil {
 		t.Fatal(err)
 	}
-	waitNets := func(what string, want ...string) {
-		t.Helper()
-		var got []string
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			if got = e.serviceNets(); slices.Equal(got, want) {
-				return
-			}
-		}
-		t.Fatalf("%s: service networks %q, want %q", what, got, want)
-	}
-	waitNets("the first list", "10.96.0.0/16 range", "10.96.0.10/32 clusterIP", "fd00:96::/112 range")
+}
 
-	if _, err := client.NetworkingV1().ServiceCIDRs().Create(ctx, cidr("extra", "10.97.0.0/24", "not-a-cidr"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+// waitServiceNets waits up to 10 s for the service networks to be want.
+func (e *env) waitServiceNets(what string, want ...string) {
+	e.t.Helper()
+	var got []string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if got = e.serviceNets(); slices.Equal(got, want) {
+			return
+		}
 	}
-	waitNets("a second ServiceCIDR", "10.96.0.0/16 range", "10.96.0.10/32 clusterIP", "10.97.0.0/24 range", "fd00:96::/112 range")
-	if err := client.NetworkingV1().ServiceCIDRs().Delete(ctx, "kubernetes", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := client.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitNets("the first ServiceCIDR and the Service deleted", "10.97.0.0/24 range")
+	e.t.Fatalf("%s: service networks %q, want %q", what, got, want)
 }
 
 // servesServiceCIDRs is the discovery answer of an API server that serves
@@ -742,24 +752,8 @@ func TestServiceCIDRsNotServed(t *testing.T) {
 	client := fake.NewClientset()
 	client.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1",
 		APIResources: []metav1.APIResource{{Name: "networkpolicies"}}}}
-	ctx := context.Background()
-	if _, err := client.CoreV1().Services("default").Create(ctx, svc("web", "10.96.0.10"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, endpointSlice("web", "web-1", "10.2.0.1"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := source.RunInformers(ctx, client, e.p, 0); err != nil {
-		t.Fatal(err)
-	}
-	want := []string{"10.96.0.10/32 clusterIP"}
-	var got []string
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !slices.Equal(got, want); time.Sleep(10 * time.Millisecond) {
-		got = e.serviceNets()
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("service networks %q, want %q", got, want)
-	}
+	runWebInformers(t, e, client)
+	e.waitServiceNets("Services without ServiceCIDRs", "10.96.0.10/32 clusterIP")
 	for _, a := range client.Actions() {
 		if a.GetResource().Resource == "servicecidrs" {
 			t.Errorf("%s servicecidrs on an API server that does not serve them", a.GetVerb())
