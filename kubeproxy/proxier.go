@@ -263,6 +263,9 @@ func (p *Proxier) SetNodeIPs(ips []netip.Addr) {
 // the same name. A new flow to an address of them that no Service holds is
 // dropped. A CIDR that does not parse is logged and left out. Until the
 // first call the datapath keeps the ranges it has (a restarted agent's).
+// Every call says the ranges are known: nil or empty means the cluster has
+// none (an API server that does not serve ServiceCIDRs), and the datapath's
+// are removed.
 func (p *Proxier) OnServiceCIDRsChanged(cidrs []string) {
 	parsed := []netip.Prefix{} // not nil: the ranges are known, maybe none
 	for _, c := range cidrs {
