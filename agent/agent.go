@@ -39,10 +39,6 @@ import (
 	netv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // Config is the agent's configuration; flags and the config file fill it.
@@ -301,6 +297,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 		if err := source.CheckManifestDir(cfg.Manifests); err != nil {
 			return nil, fmt.Errorf("--manifests: %w", err)
 		}
+	}
+	if cfg.Source == nil && cfg.Manifests == "" && !kubeClient {
+		return nil, errNoKubeClient
 	}
 	if err := cfg.localTraffic().Check(); err != nil {
 		return nil, err
@@ -626,26 +625,9 @@ func (a *Agent) start(ctx context.Context) error {
 		}}
 		a.spawn(ctx, "manifests", func() error { src.Run(ctx, a.Proxier); return nil })
 	default:
-		rc, err := a.restConfig()
-		if err != nil {
+		if err := a.watchAPIServer(ctx, minSync, feed.Update); err != nil {
 			return err
 		}
-		client, err := kubernetes.NewForConfig(rc)
-		if err != nil {
-			return err
-		}
-		dyn, err := dynamic.NewForConfig(rc)
-		if err != nil {
-			return err
-		}
-		if err := source.RunInformers(ctx, client, a.Proxier, 15*time.Minute); err != nil {
-			return err
-		}
-		policies, err := policysource.Watch(ctx, client, dyn, minSync, log, feed.Update)
-		if err != nil {
-			return err
-		}
-		a.spawn(ctx, "policy informers", policies)
 	}
 	a.spawn(ctx, "proxier", func() error { a.Proxier.Run(ctx); return nil })
 	go a.returnListMemory(ctx)
@@ -858,31 +840,6 @@ func (a *Agent) writeNodeConfig() error {
 		}
 	}
 	return nil
-}
-
-// restConfig is how the agent reaches the API server: in-cluster, or by
-// --kubeconfig/--master, with the configured rate and content type.
-func (a *Agent) restConfig() (*rest.Config, error) {
-	var rc *rest.Config
-	var err error
-	if a.cfg.Kubeconfig == "" && a.cfg.Master == "" {
-		rc, err = rest.InClusterConfig()
-	} else {
-		rc, err = clientcmd.BuildConfigFromFlags(a.cfg.Master, a.cfg.Kubeconfig)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("API server configuration: %w", err)
-	}
-	if a.cfg.KubeAPIQPS > 0 {
-		rc.QPS = a.cfg.KubeAPIQPS
-	}
-	if a.cfg.KubeAPIBurst > 0 {
-		rc.Burst = a.cfg.KubeAPIBurst
-	}
-	if a.cfg.KubeAPIContentType != "" {
-		rc.ContentType = a.cfg.KubeAPIContentType
-	}
-	return rc, nil
 }
 
 // timeouts are conntrack's defaults with the configured replacements.

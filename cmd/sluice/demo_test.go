@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -21,5 +22,37 @@ func TestDemo(t *testing.T) {
 	}
 	if strings.Contains(string(out), "sluice-demo") {
 		t.Fatalf("demo namespaces left behind: %s", out)
+	}
+}
+
+// The README's first command builds with the tag sluice_nokube: without
+// client-go's clientset, informers and the API groups Sluice reads nothing
+// of (most of a first build), and that binary runs the demo.
+func TestDemoBuildWithoutKubernetesClient(t *testing.T) {
+	bpftest.Require(t)
+	deps, err := exec.Command("go", "list", "-tags", "sluice_nokube", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(deps)) {
+		for _, heavy := range []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/informers",
+			"k8s.io/client-go/applyconfigurations", "k8s.io/client-go/dynamic", "k8s.io/api/apps"} {
+			if pkg == heavy || strings.HasPrefix(pkg, heavy+"/") {
+				t.Errorf("the demo build imports %s", pkg)
+			}
+		}
+	}
+	bin := filepath.Join(t.TempDir(), "sluice")
+	if out, err := exec.Command("go", "build", "-tags", "sluice_nokube", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags sluice_nokube: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "demo").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "all demo steps passed") {
+		t.Fatalf("demo of the sluice_nokube build: %v\n%s", err, out)
+	}
+	// Asked to watch an API server, that binary says why it cannot.
+	out, err = exec.Command(bin, "agent", "--kubeconfig", "/nonexistent", "--healthz-bind-address", "", "--metrics-bind-address", "").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "sluice_nokube") {
+		t.Fatalf("agent of the sluice_nokube build with --kubeconfig: %v\n%s", err, out)
 	}
 }
