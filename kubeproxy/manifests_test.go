@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+
 	"github.com/sluice-net/sluice/kubeproxy"
 	"github.com/sluice-net/sluice/kubeproxy/source"
 )
@@ -144,6 +146,14 @@ metadata: {name: typo}
 	}
 	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "a.yaml: document 3") || !strings.Contains(errs[0].Error(), "Servce") {
 		t.Fatalf("errors %v: want the typo'd kind named by file and position, and nothing for the Deployment or ClusterRole", errs)
+	}
+	// Asked for apps/v1, the Deployment is read too.
+	objs, errs = source.ReadManifestsWith(os.DirFS(dir), appsv1.AddToScheme)
+	if len(objs) != 3 || len(errs) != 1 {
+		t.Fatalf("with apps/v1: %d objects, errors %v; want the Deployment as a third object", len(objs), errs)
+	}
+	if _, ok := objs[0].Obj.(*appsv1.Deployment); !ok {
+		t.Fatalf("with apps/v1: first object %T, want the Deployment", objs[0].Obj)
 	}
 }
 

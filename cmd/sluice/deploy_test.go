@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/kubernetes/scheme"
+
 	"github.com/sluice-net/sluice/agent"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
@@ -39,7 +41,7 @@ func TestDeployManifestsValidate(t *testing.T) {
 	deploy := os.DirFS(filepath.Join("..", "..", "deploy"))
 	// The CRDs: TestDeployCRDs; the Grafana dashboard: TestMetricsFromTheDatapath;
 	// the chart renders deploy/sluice.yaml.
-	objs, errs := source.ReadManifests(withoutDir{deploy, []string{"crds", "grafana", "helm"}})
+	objs, errs := source.ReadManifestsWith(withoutDir{deploy, []string{"crds", "grafana", "helm"}}, scheme.AddToScheme)
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}

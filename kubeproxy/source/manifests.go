@@ -101,6 +101,17 @@ func isManifest(name string) bool {
 // document that does not decode is reported with its file and position, and
 // the others still count.
 func ReadManifests(fsys fs.FS) ([]Object, []error) {
+	return readManifests(fsys, decoder)
+}
+
+// ReadManifestsWith is ReadManifests that also decodes the kinds kinds
+// register (an AddToScheme each): client-go's scheme.AddToScheme reads
+// every built-in kind, a Deployment too.
+func ReadManifestsWith(fsys fs.FS, kinds ...func(*runtime.Scheme) error) ([]Object, []error) {
+	return readManifests(fsys, newDecoder(kinds))
+}
+
+func readManifests(fsys fs.FS, decoder manifestDecoder) ([]Object, []error) {
 	var objs []Object
 	var errs []error
 	err := fs.WalkDir(fsys, ".", func(path string, d fs.DirEntry, err error) error {
