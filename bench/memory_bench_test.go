@@ -179,54 +179,63 @@ func (e *baselineEnv) scrape(b *testing.B, url string) int {
 // clients at once.
 func (e *baselineEnv) createServicesWithEndpoints(b *testing.B, n, perService int) {
 	ctx := context.Background()
+	inParallel(b, 16, n, func(i int) error {
+		name := fmt.Sprintf("m%d", i)
+		// As `kubectl apply` of a Helm-labelled manifest creates it:
+		// the manifest in the last-applied annotation, and the
+		// API server's managedFields for kubectl's field manager.
+		svc := &v1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{
+				"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod", "app.kubernetes.io/version": "1.24.3",
+				"app.kubernetes.io/component": "server", "app.kubernetes.io/part-of": "shop", "app.kubernetes.io/managed-by": "Helm",
+				"helm.sh/chart": "shop-server-4.2.1", "team": "checkout"}},
+			Spec: v1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod"},
+				Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromString("http")}}}}
+		applied, err := json.Marshal(svc)
+		if err != nil {
+			return err
+		}
+		svc.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": string(applied) + "\n",
+			"meta.helm.sh/release-name": name + "-prod", "meta.helm.sh/release-namespace": "default"}
+		if _, err := e.api.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{FieldManager: "kubectl-client-side-apply"}); err != nil {
+			return err
+		}
+		var addrs []string
+		for j := range perService {
+			addrs = append(addrs, fmt.Sprintf("10.%d.%d.%d", 100+j, (i>>8)&0xff, i&0xff))
+		}
+		s := slice(name, 8080, addrs...)
+		// What the EndpointSlice controller writes besides the
+		// endpoints: its owner, its labels, and the Pod behind
+		// each endpoint.
+		s.Annotations = map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": time.Now().UTC().Format(time.RFC3339)}
+		s.Labels["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
+		s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name,
+			UID: types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", i)), Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}
+		for j := range s.Endpoints {
+			s.Endpoints[j].Conditions = discovery.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)}
+			s.Endpoints[j].NodeName = ptr(fmt.Sprintf("node-%d", j))
+			s.Endpoints[j].TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: "default", Name: fmt.Sprintf("%s-%d-x7k2p", name, j),
+				UID: types.UID(fmt.Sprintf("00000000-0000-0000-%04d-%012d", j, i))}
+		}
+		_, err = e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, s, metav1.CreateOptions{FieldManager: "endpointslice-controller"})
+		return err
+	})
+}
+
+// inParallel calls do for 0..n-1 from workers goroutines (item i on worker
+// i mod workers), as many API clients creating objects at once; the first
+// error fails b.
+func inParallel(b *testing.B, workers, n int, do func(i int) error) {
+	b.Helper()
 	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for w := range 16 {
+	errs := make(chan error, workers)
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i < n; i += 16 {
-				name := fmt.Sprintf("m%d", i)
-				// As `kubectl apply` of a Helm-labelled manifest creates it:
-				// the manifest in the last-applied annotation, and the
-				// API server's managedFields for kubectl's field manager.
-				svc := &v1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-					ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{
-						"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod", "app.kubernetes.io/version": "1.24.3",
-						"app.kubernetes.io/component": "server", "app.kubernetes.io/part-of": "shop", "app.kubernetes.io/managed-by": "Helm",
-						"helm.sh/chart": "shop-server-4.2.1", "team": "checkout"}},
-					Spec: v1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod"},
-						Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromString("http")}}}}
-				applied, err := json.Marshal(svc)
-				if err != nil {
-					errs <- err
-					return
-				}
-				svc.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": string(applied) + "\n",
-					"meta.helm.sh/release-name": name + "-prod", "meta.helm.sh/release-namespace": "default"}
-				if _, err := e.api.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{FieldManager: "kubectl-client-side-apply"}); err != nil {
-					errs <- err
-					return
-				}
-				var addrs []string
-				for j := range perService {
-					addrs = append(addrs, fmt.Sprintf("10.%d.%d.%d", 100+j, (i>>8)&0xff, i&0xff))
-				}
-				s := slice(name, 8080, addrs...)
-				// What the EndpointSlice controller writes besides the
-				// endpoints: its owner, its labels, and the Pod behind
-				// each endpoint.
-				s.Annotations = map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": time.Now().UTC().Format(time.RFC3339)}
-				s.Labels["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
-				s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name,
-					UID: types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", i)), Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}
-				for j := range s.Endpoints {
-					s.Endpoints[j].Conditions = discovery.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)}
-					s.Endpoints[j].NodeName = ptr(fmt.Sprintf("node-%d", j))
-					s.Endpoints[j].TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: "default", Name: fmt.Sprintf("%s-%d-x7k2p", name, j),
-						UID: types.UID(fmt.Sprintf("00000000-0000-0000-%04d-%012d", j, i))}
-				}
-				if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, s, metav1.CreateOptions{FieldManager: "endpointslice-controller"}); err != nil {
+			for i := w; i < n; i += workers {
+				if err := do(i); err != nil {
 					errs <- err
 					return
 				}

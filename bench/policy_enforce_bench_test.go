@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -140,33 +139,18 @@ func (e *baselineEnv) createPods(b *testing.B, n int) {
 		return fmt.Sprintf("ns%d", i%10), fmt.Sprintf("pod%d", i), fmt.Sprintf("node-%d", i%50),
 			fmt.Sprintf("10.100.%d.%d", i/250, i%250+1), map[string]string{"app": fmt.Sprintf("app%d", i%10)}
 	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				ns, name, node, ip, labels := pod(i)
-				p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
-					Spec: v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "c", Image: "none"}}}}
-				created, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
-				if err == nil {
-					created.Status = v1.PodStatus{Phase: v1.PodRunning, PodIP: ip, PodIPs: []v1.PodIP{{IP: ip}}}
-					_, err = c.CoreV1().Pods(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{})
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
+	inParallel(b, 8, n, func(i int) error {
+		ns, name, node, ip, labels := pod(i)
+		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+			Spec: v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "c", Image: "none"}}}}
+		created, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		created.Status = v1.PodStatus{Phase: v1.PodRunning, PodIP: ip, PodIPs: []v1.PodIP{{IP: ip}}}
+		_, err = c.CoreV1().Pods(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{})
+		return err
+	})
 }
 
 // policyOps are the create and delete of one policy of kind that denies b1
