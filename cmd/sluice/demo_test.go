@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -50,9 +51,16 @@ func TestDemoBuildWithoutKubernetesClient(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "all demo steps passed") {
 		t.Fatalf("demo of the sluice_nokube build: %v\n%s", err, out)
 	}
-	// Asked to watch an API server, that binary says why it cannot.
-	out, err = exec.Command(bin, "agent", "--kubeconfig", "/nonexistent", "--healthz-bind-address", "", "--metrics-bind-address", "").CombinedOutput()
+	// Asked to watch an API server, that binary says why it cannot, before
+	// it pins anything.
+	pins := filepath.Join("/sys/fs/bpf", "sluice-nokube-test-"+filepath.Base(t.TempDir()))
+	out, err = exec.Command(bin, "agent", "--kubeconfig", "/nonexistent", "--bpf-pin-dir", pins,
+		"--healthz-bind-address", "", "--metrics-bind-address", "").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "sluice_nokube") {
 		t.Fatalf("agent of the sluice_nokube build with --kubeconfig: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(pins); !os.IsNotExist(err) {
+		os.RemoveAll(pins)
+		t.Fatalf("the refused agent made its pin folder %s (%v)", pins, err)
 	}
 }

@@ -143,8 +143,8 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 	nss := coreinformers.NewNamespaceInformer(client, resync, noIndexes)
 	pols := networkinginformers.NewNetworkPolicyInformer(client, metav1.NamespaceAll, resync, noIndexes)
 	nodes := coreinformers.NewNodeInformer(client, resync, noIndexes) // what ClusterNetworkPolicies' nodes peers select
-	typedInformers := []cache.SharedIndexInformer{pods, nss, pols, nodes}
-	for _, inf := range typedInformers {
+	toRun := []cache.SharedIndexInformer{pods, nss, pols, nodes}
+	for _, inf := range toRun {
 		if err := inf.SetTransform(k8s.Slim); err != nil {
 			return nil, err
 		}
@@ -198,7 +198,7 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 		return inf, nil
 	}
 	synced := []cache.InformerSynced{}
-	for _, inf := range typedInformers {
+	for _, inf := range toRun {
 		if _, err := inf.AddEventHandler(changeTrigger(runner.Trigger)); err != nil {
 			return nil, err
 		}
@@ -211,10 +211,10 @@ func Watch(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interfa
 		}
 		admin[r] = inf
 		synced = append(synced, inf.HasSynced)
-		typedInformers = append(typedInformers, inf)
+		toRun = append(toRun, inf)
 		log.Info("following admin network policies", "resource", r.String())
 	}
-	for _, inf := range typedInformers {
+	for _, inf := range toRun {
 		go inf.RunWithContext(ctx)
 	}
 	// followLater asks discovery for the kinds not followed yet, and
