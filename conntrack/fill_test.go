@@ -181,6 +181,7 @@ func TestEndedFlowsDroppedUnderPressure(t *testing.T) {
 	// Connections opened and closed, by the client first and by the server
 	// first in turn, until the map refuses one.
 	closed := 0
+	var serverFirst []netip.AddrPort
 	for port := uint16(2000); ; port++ {
 		client := netip.AddrPortFrom(clientAP.Addr(), port)
 		if handshake(client) != 0 {
@@ -196,6 +197,7 @@ func TestEndedFlowsDroppedUnderPressure(t *testing.T) {
 			dp.RunOK(dp.Objs.SlFromWl, serverFIN)
 			dp.RunOK(dp.Objs.SlFromWl, clientFIN)
 			dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, client, bpftest.ACK))
+			serverFirst = append(serverFirst, client)
 		}
 		closed++
 	}
@@ -205,7 +207,10 @@ func TestEndedFlowsDroppedUnderPressure(t *testing.T) {
 
 	// The first scan finds the map full but the flows within their
 	// creation grace; the next, past the grace a closed flow gets, drops
-	// them and keeps the live connection.
+	// them and keeps the live connection. Of the flows whose server closed
+	// first it drops only the forward entry: the reverse entry guards the
+	// server's TIME_WAIT, and the map is under the low-water mark without
+	// dropping it.
 	clock.Add(int64(2 * time.Second))
 	if first, err := sc.Scan(); err != nil || first.FillRatio < 0.9 || first.DeletedTotal() != 0 {
 		t.Fatalf("first scan %+v, %v: want a full map and nothing deleted", first, err)
@@ -214,8 +219,18 @@ func TestEndedFlowsDroppedUnderPressure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := second.Deleted[conntrack.ReasonEarlyDrop]; got != closed {
-		t.Fatalf("early-dropped %d flows, want the %d closed ones (deleted %v)", got, closed, second.Deleted)
+	clientFirst := closed - len(serverFirst)
+	if got, guards := second.Deleted[conntrack.ReasonEarlyDrop], second.Deleted[conntrack.ReasonGuardOnly]; got != clientFirst || guards != len(serverFirst) {
+		t.Fatalf("early-dropped %d flows and cut %d to their guard, want the %d the client closed first and the %d the server did (deleted %v)",
+			got, guards, clientFirst, len(serverFirst), second.Deleted)
+	}
+	for _, c := range serverFirst {
+		if _, ok := dp.CT(bpftest.CtKey(c, vipAP, bpftest.ProtoTCP)); ok {
+			t.Fatalf("%v: the forward entry of a flow the server closed first was kept under pressure", c)
+		}
+		if _, ok := dp.CT(bpftest.CtKey(be1AP, c, bpftest.ProtoTCP)); !ok {
+			t.Fatalf("%v: the guard of the server's TIME_WAIT was dropped with the map under the low-water mark", c)
+		}
 	}
 	if _, ok := dp.CT(bpftest.CtKey(live, vipAP, bpftest.ProtoTCP)); !ok {
 		t.Fatal("the live connection was dropped under pressure")
@@ -223,16 +238,116 @@ func TestEndedFlowsDroppedUnderPressure(t *testing.T) {
 	if handshake(netip.AddrPortFrom(clientAP.Addr(), 3000)) != 0 {
 		t.Fatal("the next connection was refused after the scan")
 	}
-	// The eviction left the live connection's 2 entries; the next scan sees
-	// the new connection's 2 as growth (what a scan leaves counts entries,
-	// both of each deleted flow, not flows).
+	// The eviction left the live connection's 2 entries and the guards;
+	// the next scan sees the new connection's 2 as growth (what a scan
+	// leaves counts entries, both of each deleted flow, not flows).
 	clock.Add(int64(time.Second))
 	third, err := sc.Scan()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if third.Entries != 4 || third.TimeToPressure == 0 {
-		t.Fatalf("third scan %+v: want 4 entries and the growth of 2 since the eviction", third)
+	if want := 4 + len(serverFirst); third.Entries != want || third.TimeToPressure == 0 {
+		t.Fatalf("third scan %+v: want %d entries and the growth of 2 since the eviction", third, want)
+	}
+}
+
+// Under pressure, a flow whose server closed first keeps its reverse entry
+// alone, which goes on guarding the server's TIME_WAIT: the client reopening
+// its tuple takes it back, another flow that would land on the tuple (the
+// same client port to another Service on that backend) is remapped rather
+// than meet PAWS there. The guards are dropped only while the map stays
+// past the low-water mark, 10 points under PressureFill, oldest first.
+func TestGuardsOfServerTimeWaitDroppedOldestFirst(t *testing.T) {
+	bpftest.Require(t)
+	raw := conntrackOfSize(t, 64)
+	dp := bpftest.NewDatapathWithMaps(t, nodeIP, map[string]*ebpf.Map{maps.Conntrack.Name: raw})
+	dp.AddService(bpftest.Service{ID: 1, Front: vipAP, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
+	vip2 := netip.MustParseAddrPort("10.96.0.99:80")
+	dp.AddService(bpftest.Service{ID: 2, Front: vip2, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
+	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock atomic.Int64
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, PressureFill: 0.5,
+		Clock: func() time.Duration { return conntrack.Monotonic() + time.Duration(clock.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Flows closed by the server first, one every 10 ms (the datapath's
+	// clock is the coarse one), until the map refuses one.
+	var flows []netip.AddrPort
+	for port := uint16(2000); ; port++ {
+		c := netip.AddrPortFrom(clientAP.Addr(), port)
+		if ret, _ := dp.Run(dp.Objs.SlFromWl, bpftest.TCPPacket(c, vipAP, bpftest.SYN)); ret == 2 /* TC_ACT_SHOT */ {
+			break
+		}
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, c, bpftest.SYN|bpftest.ACK))
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(c, vipAP, bpftest.ACK))
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, c, bpftest.FIN|bpftest.ACK))
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(c, vipAP, bpftest.FIN|bpftest.ACK))
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, c, bpftest.ACK))
+		flows = append(flows, c)
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(flows) != 32 {
+		t.Fatalf("%d flows before the map refused one, want 32", len(flows))
+	}
+	guarded := func(c netip.AddrPort) bool {
+		_, ok := dp.CT(bpftest.CtKey(be1AP, c, bpftest.ProtoTCP))
+		return ok
+	}
+	clock.Add(int64(2 * time.Second))
+	scan := func() conntrack.ScanStats {
+		st, err := sc.Scan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	scan() // finds the map full: the next one is under pressure
+	// Every flow is cut to its guard: 32 of 64 entries, past the mark of
+	// 40% (25). The 7 oldest guards go.
+	if st := scan(); st.Deleted[conntrack.ReasonGuardOnly] != 32 || st.Deleted[conntrack.ReasonEarlyDrop] != 7 {
+		t.Fatalf("the first scan under pressure deleted %v, want every flow cut to its guard and the 7 oldest guards dropped", st.Deleted)
+	}
+	for i, c := range flows {
+		if _, ok := dp.CT(bpftest.CtKey(c, vipAP, bpftest.ProtoTCP)); ok {
+			t.Fatalf("flow %d (%v): forward entry kept", i, c)
+		}
+		if guarded(c) != (i >= 7) {
+			t.Fatalf("flow %d (%v): guard kept %v, want the 7 oldest dropped", i, c, guarded(c))
+		}
+	}
+
+	// A guard keeps the tuple: another Service's flow from the client's
+	// port to the same backend would be the same connection there. It is
+	// remapped to another port, and the client reopening its own tuple
+	// takes its guard back and keeps its port.
+	out := dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(flows[31], vip2, bpftest.SYN))
+	if out.Src == flows[31] {
+		t.Fatalf("a flow to another Service took the tuple %v the guard holds", flows[31])
+	}
+	dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, out.Src, bpftest.SYN|bpftest.ACK))
+	out = dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(flows[30], vipAP, bpftest.SYN))
+	if out.Src != flows[30] || out.Dst != be1AP {
+		t.Fatalf("the client reopening its tuple left as %v to %v, want its own port to %v", out.Src, out.Dst, be1AP)
+	}
+	dp.RunOK(dp.Objs.SlFromWl, bpftest.TCPPacket(be1AP, flows[30], bpftest.SYN|bpftest.ACK))
+	if e, ok := dp.CT(bpftest.CtKey(be1AP, flows[30], bpftest.ProtoTCP)); !ok || e.Peer != bpftest.CtKey(flows[30], vipAP, bpftest.ProtoTCP) {
+		t.Fatalf("the reopened flow's reverse entry %+v (found %v) is not its own", e, ok)
+	}
+
+	// 24 guards, the reopened flow's guard taken back and its forward
+	// entry, the remapped flow's 2: 28, past the mark. The 3 oldest guards
+	// go; the reopened flow's is its own now, live.
+	if st := scan(); st.Deleted[conntrack.ReasonEarlyDrop] != 3 {
+		t.Fatalf("dropped %v, want the 3 oldest guards early", st.Deleted)
+	}
+	for i, c := range flows {
+		if guarded(c) != (i >= 10) {
+			t.Fatalf("flow %d (%v): guard kept %v, want %v", i, c, guarded(c), i >= 10)
+		}
 	}
 }
 

@@ -1,11 +1,13 @@
 package conntrack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/sluice-net/sluice/gen"
@@ -27,6 +29,14 @@ const (
 	// netfilter's early_drop, which evicts unassured flows and TCP flows
 	// past their FINs.
 	ReasonEarlyDrop Reason = "early-drop"
+	// ReasonGuardOnly: the map is under pressure and the flow's server
+	// closed first: its forward entry is deleted, and its reverse entry
+	// alone stays to keep new flows off the tuple the server holds in
+	// TIME_WAIT (one entry, as netfilter's TIME_WAIT conntrack). Such a
+	// guard is dropped only while the map stays past the low-water mark,
+	// oldest first. Counted per forward entry deleted: the flow lives on
+	// as its guard.
+	ReasonGuardOnly Reason = "guard-only"
 )
 
 // EntryScanner is one link of the scanner's chain: it judges flows.
@@ -180,6 +190,14 @@ type Scanner struct {
 	tables   []table
 	toDelete []Key
 	reasons  []Reason
+	// Under pressure: trims are the forward entries of flows whose server
+	// closed first, to delete (ReasonGuardOnly); guards the reverse
+	// entries guarding a server's TIME_WAIT that may be dropped
+	// (evictGuards). Reused across scans under pressure, released after
+	// one that was not: up to one per flow.
+	trims, guards []guard
+	// removed counts the entries evictGuards deleted one by one.
+	removed int
 	// pressure: the last scan found the map fuller than PressureFill, by
 	// table.
 	pressure []bool
@@ -236,6 +254,16 @@ func NewScanner(opts Options) (*Scanner, error) {
 // timestamps are of (gen.Monotonic).
 func Monotonic() time.Duration { return gen.Monotonic() }
 
+// guard is an entry of a flow whose server closed first, as the walk found
+// it: its key and last packet. Such entries are deleted one by one after
+// the walk, each only if it has not changed since: a client reusing its
+// port reopens the same tuple every few seconds, and a batch deletion after
+// the walk would take the new flow's entry.
+type guard struct {
+	key      Key
+	lastSeen uint64
+}
+
 // Scan walks the map once. Each forward entry is judged together with its
 // reverse entry (looked up by the peer key it holds) and both are deleted
 // together. A reverse entry is judged alone only when it looks expired by its
@@ -271,7 +299,7 @@ func (s *Scanner) Scan() (ScanStats, error) {
 				"fill", fmt.Sprintf("%.0f%%", 100*fill), "early_dropped", dropped)
 		}
 		s.pressure[i] = fill > s.opts.PressureFill
-		left := n - len(s.toDelete) // entries, both of each deleted flow
+		left := n - len(s.toDelete) - s.removed // entries, both of each deleted flow
 		s.growth[i] = 0
 		if grown := n - s.left[i]; s.lastScan > 0 && grown > 0 && now > s.lastScan {
 			s.growth[i] = float64(grown) / (now - s.lastScan).Seconds()
@@ -296,6 +324,13 @@ func (s *Scanner) Scan() (ScanStats, error) {
 // than PressureFill at the last scan.
 func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanStats) error {
 	s.toDelete, s.reasons = s.toDelete[:0], s.reasons[:0]
+	s.removed = 0
+	if pressure {
+		s.trims, s.guards = s.trims[:0], s.guards[:0]
+	} else {
+		s.trims, s.guards = nil, nil
+	}
+	entries := st.Entries
 	var walkErr error
 	err := t.iterate(func(k Key, v Entry) bool {
 		st.Entries++
@@ -319,8 +354,14 @@ func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanS
 				}
 			}
 			reason := s.judge(p, now)
-			if reason == "" && pressure && s.evictable(p, now) {
-				reason = ReasonEarlyDrop
+			if reason == "" && pressure {
+				switch s.eviction(p, now) {
+				case evictFlow:
+					reason = ReasonEarlyDrop
+				case evictForward:
+					s.trims = append(s.trims, guard{key: k, lastSeen: v.LastSeen})
+					return true
+				}
 			}
 			if reason != "" {
 				s.delete(k, reason)
@@ -338,6 +379,10 @@ func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanS
 		st.Reverse++
 		*p = Pair{RevKey: k, Rev: v, HasRev: true, FwdKey: v.Peer}
 		if !s.looksExpired(p, now) {
+			if pressure && k.Proto == protoTCP && v.TcpSeen&(tcpFIN|finFirst) == tcpFIN|finFirst &&
+				now-time.Duration(v.LastSeen) > s.opts.EndedGrace {
+				s.guards = append(s.guards, guard{key: k, lastSeen: v.LastSeen})
+			}
 			return true
 		}
 		p.HasFwd, walkErr = t.lookup(v.Peer, &p.Fwd)
@@ -353,10 +398,75 @@ func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanS
 	if err == nil {
 		err = walkErr
 	}
+	if err == nil && pressure {
+		err = s.evictGuards(t, st.Entries-entries, st)
+	}
 	if err != nil {
 		return fmt.Errorf("conntrack scan: %s: %w", t.name(), err)
 	}
 	return s.applyDeletions(t, st)
+}
+
+// evictGuards deletes the forward entries of the flows whose server closed
+// first (trims), then drops guards of the servers' TIME_WAIT, oldest first,
+// while what the scan leaves of t's n entries is past the low-water mark, 10
+// points under PressureFill: room for the flows that keep coming until the
+// next scans. A server holds its tuple for 60 s (Linux) to 4 minutes, so
+// the oldest guard is the likeliest to guard nothing any more; one dropped
+// early lets a new flow take a tuple whose server may still refuse its SYN
+// (PAWS: the SYN is retransmitted), where a full map refuses new flows
+// outright. Only reverse entries alone are guards: one whose flow still has
+// its forward entry is live (a server that closed first while its client
+// still sends). Each entry is read again right before its deletion and
+// kept if a packet matched it since the walk, or a new flow took its key.
+func (s *Scanner) evictGuards(t table, n int, st *ScanStats) error {
+	left := n - len(s.toDelete)
+	var e, fwd Entry
+	for _, g := range s.trims {
+		ok, err := t.lookup(g.key, &e)
+		if err != nil {
+			return err
+		}
+		if !ok || e.LastSeen != g.lastSeen {
+			continue
+		}
+		if err := t.remove(g.key); err != nil {
+			return err
+		}
+		st.Deleted[ReasonGuardOnly]++
+		s.removed++
+		left--
+	}
+	mark := int((s.opts.PressureFill - 0.1) * float64(t.capacity()))
+	if left <= mark || len(s.guards) == 0 {
+		return nil
+	}
+	slices.SortFunc(s.guards, func(a, b guard) int { return cmp.Compare(a.lastSeen, b.lastSeen) })
+	for _, g := range s.guards {
+		if left <= mark {
+			break
+		}
+		ok, err := t.lookup(g.key, &e)
+		if err != nil {
+			return err
+		}
+		if !ok || e.LastSeen != g.lastSeen {
+			continue // gone, or taken back by its client, since the walk
+		}
+		if ok, err = t.lookup(e.Peer, &fwd); err != nil {
+			return err
+		}
+		if ok && fwd.Peer == g.key {
+			continue // its flow's forward entry is still there: live
+		}
+		if err := t.remove(g.key); err != nil {
+			return err
+		}
+		st.Deleted[ReasonEarlyDrop]++
+		s.removed++
+		left--
+	}
+	return nil
 }
 
 // counts reads Options.Entries; nil without it or on an error (logged: the
@@ -395,13 +505,36 @@ func (s *Scanner) expectsPressure(i int, t table, now time.Duration) bool {
 	return expected > s.opts.PressureFill*float64(t.capacity())
 }
 
-// evictable tells whether a flow goes first when the map is under pressure:
-// never answered past UnansweredGrace, or ended and idle past EndedGrace.
-func (s *Scanner) evictable(p *Pair, now time.Duration) bool {
+// evictionChoice is what a scan under pressure does with a flow.
+type evictionChoice int
+
+const (
+	keepFlow     evictionChoice = iota
+	evictFlow                   // both entries
+	evictForward                // the forward entry: the reverse one guards the server's TIME_WAIT
+)
+
+// eviction tells what goes first when the map is under pressure: flows
+// never answered past UnansweredGrace, and flows ended and idle past
+// EndedGrace, whole; but of a flow whose server closed first only the
+// forward entry, so that its reverse entry goes on guarding the tuple the
+// server holds in TIME_WAIT (evictGuards drops those only past the
+// low-water mark). A client reopening that tuple finds its own guard and
+// takes it back (bpf/include/ct_new.h, own_tuple).
+func (s *Scanner) eviction(p *Pair, now time.Duration) evictionChoice {
 	if !p.Assured() {
-		return now-p.Created() > s.opts.UnansweredGrace
+		if now-p.Created() > s.opts.UnansweredGrace {
+			return evictFlow
+		}
+		return keepFlow
 	}
-	return p.Ended() && now-p.LastSeen() > s.opts.EndedGrace
+	if !p.Ended() || now-p.LastSeen() <= s.opts.EndedGrace {
+		return keepFlow
+	}
+	if p.State() == StateServerTimeWait {
+		return evictForward
+	}
+	return evictFlow
 }
 
 // lookupOwnReverse reads the forward entry's reverse entry into the pair,

@@ -96,7 +96,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	// Every deletion reason has a series from the start, so a dashboard's
 	// rate() sees the first deletion of each.
 	for _, r := range []conntrack.Reason{conntrack.ReasonExpired, conntrack.ReasonStaleNAT, conntrack.ReasonOrphan,
-		conntrack.ReasonFlushed, conntrack.ReasonEarlyDrop} {
+		conntrack.ReasonFlushed, conntrack.ReasonEarlyDrop, conntrack.ReasonGuardOnly} {
 		m.ConntrackDeleted.WithLabelValues(string(r))
 	}
 	return m
