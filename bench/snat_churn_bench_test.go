@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -23,17 +27,29 @@ const snatChurnBackends = 8
 // BenchmarkSNATChurn is issue 46's run: a client outside the cluster's pod
 // CIDR, so that both proxies masquerade its ClusterIP flows to the node's
 // address (kube-proxy with --cluster-cidr, Sluice the same), dials as fast as
-// it can with 4 workers and the kernel's default ephemeral range; every
-// server closes first (an HTTP/1.0 server, nginx closing idle keep-alives),
-// so each connection's tuple is held in TIME_WAIT at its backend. First 16
-// Services in turn, then one Service, each for the phase's length, against
-// a real API server, kube-proxy nftables in its own node beside Sluice.
-// Reported per phase: the rate, the dials that failed (or waited over a
-// second), SYN retransmits, and for Sluice the flows refused for want of a
-// SNAT port and the ports drawn.
+// it can with 4 workers and the kernel's default ephemeral range, against a
+// real API server, kube-proxy nftables in its own node beside Sluice, and
+// the same client dialling the backends with no proxy at all. Four phases,
+// each for the phase's length:
+//   - servers close first (an HTTP/1.0 server, nginx closing idle
+//     keep-alives), so each connection's tuple is held in TIME_WAIT at its
+//     backend: 16 Services in turn, then one Service;
+//   - clients close first (they hold TIME_WAIT themselves): 16 Services,
+//     then one.
 //
-// Short mode (CI): 10 s a phase. SLUICE_BENCH_FULL=1: 150 s a phase (5
-// minutes in all).
+// Without a proxy, "16 Services" are 16 backend sockets (8 pods, 2 ports)
+// and "one Service" one socket: as many addresses as the client's kernel
+// sees through the proxies, which is what bounds a client that closes first
+// (it does not reuse a port toward the same address for 60 s).
+//
+// Reported per phase: the rate, the dials that failed (no answer in 3 s),
+// SYN retransmits, the backends' PAWS rejects and listen overflows; for
+// Sluice the flows refused for want of a SNAT port, the ports drawn, and its
+// conntrack scanner's work: flows dropped early, flows cut to the guard of
+// their server's TIME_WAIT, and the entries at the phase's end.
+//
+// Short mode (CI): 10 s a phase. SLUICE_BENCH_FULL=1: 75 s a phase (5
+// minutes in all). SLUICE_CHURN_PHASE sets another length.
 func BenchmarkSNATChurn(b *testing.B) {
 	bpftest.Require(b)
 	if _, _, err := apiservertest.Binaries(); err != nil {
@@ -42,29 +58,49 @@ func BenchmarkSNATChurn(b *testing.B) {
 	sluice, kubeProxy := proxyBinaries(b)
 	d := 10 * time.Second
 	if os.Getenv("SLUICE_BENCH_FULL") == "1" {
-		d = 150 * time.Second
+		d = 75 * time.Second
 	}
-	for _, proxy := range []string{"sluice", "nftables"} {
+	if v := os.Getenv("SLUICE_CHURN_PHASE"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			b.Fatalf("SLUICE_CHURN_PHASE=%q: %v", v, err)
+		}
+	}
+	for _, proxy := range []string{"sluice", "nftables", "no-proxy"} {
 		b.Run(proxy, func(b *testing.B) {
-			e, client := newSNATChurnEnv(b)
-			e.startProxy(b, proxy, sluice, kubeProxy, "--cluster-cidr=10.200.0.0/13")
-			ips := e.createCloseFirstServices(b, 16, e.backendIPs)
+			e, client := newSNATChurnEnv(b, proxy != "no-proxy")
+			var closeFirst, clientFirst []string // 16 targets each
+			if proxy == "no-proxy" {
+				for _, ip := range e.backendIPs {
+					closeFirst = append(closeFirst, addrs([]string{ip}, 8080)[0], addrs([]string{ip}, 8082)[0])
+					clientFirst = append(clientFirst, addrs([]string{ip}, 8081)[0], addrs([]string{ip}, 8083)[0])
+				}
+			} else {
+				e.startProxy(b, proxy, sluice, kubeProxy, "--cluster-cidr=10.200.0.0/13", "--metrics-bind-address=127.0.0.1:10249")
+				ips := e.createChurnServices(b, 16, e.backendIPs)
+				closeFirst, clientFirst = addrs(ips, 80), addrs(ips, 81)
+			}
 			for b.Loop() {
 			}
 			for _, phase := range []struct {
 				name    string
 				targets []string
+				run     func(*bpftest.NetNS, []string, int, time.Duration) bpftest.ClientResult
 			}{
-				{"16-services", addrs(ips, 80)},
-				{"1-service", addrs(ips[:1], 80)},
+				{"16-services", closeFirst, bpftest.RunClients},
+				{"1-service", closeFirst[:1], bpftest.RunClients},
+				{"16-services-client-closes", clientFirst, bpftest.RunClientsClosingFirst},
+				{"1-service-client-closes", clientFirst[:1], bpftest.RunClientsClosingFirst},
 			} {
 				before, backendsBefore := e.synRetrans(), backendDrops(b, e.backends)
 				var drawnBefore, dropsBefore uint64
+				var scanBefore map[string]float64
 				if proxy == "sluice" {
 					drawnBefore = counter(b, e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
 					dropsBefore = counter(b, e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)
+					scanBefore = e.metricValues(b, scannerSeries...)
 				}
-				res := bpftest.RunClients(client, phase.targets, 4, d)
+				res := phase.run(client, phase.targets, 4, d)
 				b.ReportMetric(res.Rate(), phase.name+"-conn/s")
 				b.ReportMetric(float64(res.Failed), phase.name+"-failed")
 				b.ReportMetric(e.synRetrans()-before, phase.name+"-syn-retrans")
@@ -76,6 +112,14 @@ func BenchmarkSNATChurn(b *testing.B) {
 				if proxy == "sluice" {
 					b.ReportMetric(float64(counter(b, e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)-dropsBefore), phase.name+"-snat-drops")
 					b.ReportMetric(float64(counter(b, e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)-drawnBefore), phase.name+"-ports-drawn")
+					scan := e.metricValues(b, scannerSeries...)
+					for i, what := range []string{"early-drops", "cut-to-guard", "ct-entries"} {
+						v := scan[scannerSeries[i]]
+						if i < 2 { // counters: the phase's
+							v -= scanBefore[scannerSeries[i]]
+						}
+						b.ReportMetric(v, phase.name+"-"+what)
+					}
 				}
 				if res.Failed > 0 {
 					b.Logf("%s %s: %d of %d connections failed; first: %v", proxy, phase.name, res.Failed, res.OK+res.Failed, res.FirstErr)
@@ -85,45 +129,61 @@ func BenchmarkSNATChurn(b *testing.B) {
 	}
 }
 
-// newSNATChurnEnv is a node with an API server, snatChurnBackends backend
-// pods whose servers close first on :8080, and the client pod outside the
-// cluster CIDR.
-func newSNATChurnEnv(b *testing.B) (*baselineEnv, *bpftest.NetNS) {
+// newSNATChurnEnv is a node with snatChurnBackends backend pods, each
+// serving on :8080 and :8082 a server that closes first and on :8081 and
+// :8083 one that waits for its client to close, and the client pod outside
+// the cluster CIDR; withAPI: an API server in the node too.
+func newSNATChurnEnv(b *testing.B, withAPI bool) (*baselineEnv, *bpftest.NetNS) {
 	e := &baselineEnv{node: bpftest.NewNetNS(b)}
 	e.node.Run("sysctl", "-qw", "net.ipv4.ip_forward=1")
 	for i := range snatChurnBackends {
 		ns, ip := e.addPod(b, i)
 		e.backends, e.backendIPs = append(e.backends, ns), append(e.backendIPs, ip)
-		bpftest.ServeCloseFirst(b, ns, fmt.Sprintf("b%d", i), ":8080")
+		name := fmt.Sprintf("b%d", i)
+		bpftest.ServeCloseFirst(b, ns, name, ":8080")
+		bpftest.ServeCloseFirst(b, ns, name, ":8082")
+		bpftest.ServeTCP(b, ns, name, ":8081")
+		bpftest.ServeTCP(b, ns, name, ":8083")
 	}
 	client, _ := e.addPod(b, snatChurnBackends)
 	e.client = client
-	e.api = apiservertest.StartIn(b, e.node)
+	if withAPI {
+		e.api = apiservertest.StartIn(b, e.node)
+	}
 	return e, client
 }
 
-// createCloseFirstServices creates n Services on port 80, each reaching
-// every backend on 8080, and waits until the last answers.
-func (e *baselineEnv) createCloseFirstServices(b *testing.B, n int, backends []string) []string {
+// createChurnServices creates n Services, each reaching every backend:
+// port 80 the servers that close first (8080), port 81 those that wait for
+// the client (8081). It waits until the last answers.
+func (e *baselineEnv) createChurnServices(b *testing.B, n int, backends []string) []string {
 	ctx := context.Background()
 	var ips []string
 	for i := range n {
 		name := fmt.Sprintf("churn%d", i)
 		svc, err := e.api.Client.CoreV1().Services("default").Create(ctx, &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}, metav1.CreateOptions{})
+			Spec: v1.ServiceSpec{Ports: []v1.ServicePort{
+				{Name: "close", Port: 80, Protocol: v1.ProtocolTCP},
+				{Name: "ask", Port: 81, Protocol: v1.ProtocolTCP}}}}, metav1.CreateOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice(name, 8080, backends...), metav1.CreateOptions{}); err != nil {
+		sl := slice(name, 8080, backends...)
+		sl.Ports[0].Name = ptr("close")
+		sl.Ports = append(sl.Ports, discovery.EndpointPort{Name: ptr("ask"), Port: ptr[int32](8081), Protocol: ptr(v1.ProtocolTCP)})
+		if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, sl, metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		ips = append(ips, svc.Spec.ClusterIP)
 	}
-	last := netip.AddrPortFrom(netip.MustParseAddr(ips[len(ips)-1]), 80).String()
-	deadline := time.Now().Add(time.Minute)
-	for bpftest.RunClients(e.client, []string{last}, 1, 50*time.Millisecond).OK == 0 {
-		if time.Now().After(deadline) {
-			b.Fatalf("%s never answered", last)
+	for _, port := range []int{80, 81} {
+		last := netip.AddrPortFrom(netip.MustParseAddr(ips[len(ips)-1]), uint16(port)).String()
+		deadline := time.Now().Add(time.Minute)
+		for bpftest.RunClients(e.client, []string{last}, 1, 50*time.Millisecond).OK == 0 &&
+			bpftest.RunClientsClosingFirst(e.client, []string{last}, 1, 50*time.Millisecond).OK == 0 {
+			if time.Now().After(deadline) {
+				b.Fatalf("%s never answered", last)
+			}
 		}
 	}
 	return ips
@@ -135,6 +195,39 @@ func addrs(ips []string, port int) []string {
 		out = append(out, netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(port)).String())
 	}
 	return out
+}
+
+// scannerSeries are the agent's conntrack scanner series the churn reports.
+var scannerSeries = []string{
+	`sluice_conntrack_deleted_total{reason="early-drop"}`,
+	`sluice_conntrack_deleted_total{reason="guard-only"}`,
+	`sluice_conntrack_entries{map="sl_ct_v2"}`,
+}
+
+// metricValues scrapes the proxy's /metrics (127.0.0.1:10249 in the node
+// namespace) for the values of the series named whole, labels included; a
+// series not exported yet (a gauge before the first scan) reads 0.
+func (e *baselineEnv) metricValues(b *testing.B, series ...string) map[string]float64 {
+	out, err := exec.Command("ip", "netns", "exec", e.node.Name, "curl", "-sSf",
+		"-H", "Accept: text/plain;version=0.0.4", "http://127.0.0.1:10249/metrics").Output()
+	if err != nil {
+		b.Fatalf("scrape the proxy's metrics: %v", err)
+	}
+	want := map[string]bool{}
+	for _, s := range series {
+		want[s] = true
+	}
+	values := map[string]float64{}
+	for line := range strings.Lines(string(out)) {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok || !want[name] {
+			continue
+		}
+		if values[name], err = strconv.ParseFloat(value, 64); err != nil {
+			b.Fatalf("metric %s: %q: %v", name, value, err)
+		}
+	}
+	return values
 }
 
 // backendDrops sums the backends' PAWSTimewait and ListenOverflows.

@@ -1,6 +1,7 @@
 package bpftest
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -25,6 +26,19 @@ func (r ClientResult) Rate() float64 { return float64(r.OK) / r.Elapsed.Seconds(
 // until the duration is over. A connection fails when it cannot connect,
 // read or get a whole line within 3 s.
 func RunClients(ns *NetNS, targets []string, workers int, duration time.Duration) ClientResult {
+	return runClients(ns, targets, workers, duration, connectAndRead)
+}
+
+// RunClientsClosingFirst is RunClients with clients that close first: each
+// sends a line, reads the one line of answer and closes, against servers
+// that answer each line and close once the client has (ServeTCP). The
+// client then holds each tuple in TIME_WAIT, and its kernel does not reuse
+// a port toward the same address for 60 s.
+func RunClientsClosingFirst(ns *NetNS, targets []string, workers int, duration time.Duration) ClientResult {
+	return runClients(ns, targets, workers, duration, connectAskClose)
+}
+
+func runClients(ns *NetNS, targets []string, workers int, duration time.Duration, connect func(target string) error) ClientResult {
 	var ok, failed atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
@@ -36,7 +50,7 @@ func RunClients(ns *NetNS, targets []string, workers int, duration time.Duration
 			defer wg.Done()
 			err := ns.Do(func() error { // one thread in the namespace per worker
 				for i := w; time.Now().Before(deadline); i++ {
-					if err := connectAndRead(targets[i%len(targets)]); err != nil {
+					if err := connect(targets[i%len(targets)]); err != nil {
 						failed.Add(1)
 						firstErr.CompareAndSwap(nil, err)
 						continue
@@ -71,6 +85,25 @@ func connectAndRead(target string) error {
 	}
 	if !bytes.HasSuffix(answer, []byte("\n")) {
 		return fmt.Errorf("%s: answer %q", target, answer)
+	}
+	return nil
+}
+
+// connectAskClose dials target, sends a line, reads the answer's line and
+// closes first.
+func connectAskClose(target string) error {
+	c, err := net.DialTimeout("tcp", target, 3*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c, "x\n"); err != nil {
+		return fmt.Errorf("%s: %w", target, err)
+	}
+	answer, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("%s: answer %q: %w", target, answer, err)
 	}
 	return nil
 }
