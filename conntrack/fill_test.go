@@ -120,6 +120,12 @@ func TestUnansweredFlowsDroppedFirstUnderPressure(t *testing.T) {
 	if second.Deleted[conntrack.ReasonEarlyDrop] != first.Entries/2-2 {
 		t.Fatalf("early-dropped %d flows, want the flood's %d", second.Deleted[conntrack.ReasonEarlyDrop], first.Entries/2-2)
 	}
+	// The eviction left the map nearly empty: the next scan comes by the
+	// deletion ratio's rule (more than a quarter deleted: halve), not a
+	// second later; the kernel's count brings one sooner if it fills again.
+	if next := sc.NextInterval(10*time.Second, second); next != 5*time.Second {
+		t.Fatalf("next scan after %v once the eviction left %.0f%% of the map, want 5s", next, 100*second.LeftRatio)
+	}
 	for _, f := range []struct {
 		name     string
 		src, dst netip.AddrPort

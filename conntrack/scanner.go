@@ -115,9 +115,11 @@ type ScanStats struct {
 	// FIN or RST seen from the client); UDP and other protocols "active".
 	Flows map[FlowState]int
 	// Capacity sums the maps' capacities; FillRatio is the fullest map's
-	// fill (the one that refuses new flows first). Maps has each map's.
-	Capacity  uint32
-	FillRatio float64
+	// fill (the one that refuses new flows first) as the walk found it,
+	// LeftRatio the fullest map's once the scan's deletions are applied.
+	// Maps has each map's.
+	Capacity             uint32
+	FillRatio, LeftRatio float64
 	Maps      []MapFill
 	// TimeToPressure is how soon the map nearest to it would pass
 	// PressureFill, were entries added as fast as since the previous scan;
@@ -300,6 +302,7 @@ func (s *Scanner) Scan() (ScanStats, error) {
 		}
 		s.pressure[i] = fill > s.opts.PressureFill
 		left := n - len(s.toDelete) - s.removed // entries, both of each deleted flow
+		st.LeftRatio = max(st.LeftRatio, float64(left)/float64(max(t.capacity(), 1)))
 		s.growth[i] = 0
 		if grown := n - s.left[i]; s.lastScan > 0 && grown > 0 && now > s.lastScan {
 			s.growth[i] = float64(grown) / (now - s.lastScan).Seconds()
@@ -663,14 +666,18 @@ func (s *Scanner) anyPastPressure() bool {
 	return false
 }
 
-// NextInterval is the adaptive rule: MinInterval while the map is under
-// pressure (see Options.PressureFill); otherwise halve while more than 25% of the entries
-// were deleted, double while fewer than 5% were, within [MinInterval,
-// MaxInterval]; and never later than half the TimeToPressure, so that a
-// rising connection rate meets a scan before it meets a full map.
+// NextInterval is the adaptive rule: MinInterval while the map stays under
+// pressure after the scan's deletions (see Options.PressureFill); otherwise
+// halve while more than 25% of the entries were deleted, double while fewer
+// than 5% were, within [MinInterval, MaxInterval]; and never later than half
+// the TimeToPressure, so that a rising connection rate meets a scan before
+// it meets a full map. A scan that evicted the map back under the mark need
+// not be followed within MinInterval: with Options.Entries, Run scans as
+// soon as the kernel's count passes the mark again, and a walk of a full
+// table each second would take the CPU the flows need.
 func (s *Scanner) NextInterval(cur time.Duration, st ScanStats) time.Duration {
-	if st.FillRatio > s.opts.PressureFill {
-		return s.opts.MinInterval // under pressure
+	if st.LeftRatio > s.opts.PressureFill {
+		return s.opts.MinInterval // still under pressure
 	}
 	next := cur
 	if st.Entries == 0 {
