@@ -40,9 +40,16 @@ const snatChurnBackends = 8
 // Without a proxy, "16 Services" are 16 backend sockets (8 pods, 2 ports)
 // and "one Service" one socket: as many addresses as the client's kernel
 // sees through the proxies, which is what bounds a client that closes first
-// (it does not reuse a port toward the same address for 60 s).
+// (it does not reuse a port toward the same address for 60 s). The last
+// phase dials a 17th Service (or socket), which the client has not yet
+// closed connections to.
 //
-// Reported per phase: the rate, the dials that failed (no answer in 3 s),
+// Reported per phase: the rate, the proxy process's CPU (in CPUs: its
+// scanner, sync and metrics; not the datapath, which runs in the kernel's
+// softirq time of the packets), the dials that failed (no answer in 3 s),
+// the dials the client's kernel refused for want of a local port (a client
+// closing first toward one address: its own TIME_WAIT, with or without a
+// proxy),
 // SYN retransmits, the backends' PAWS rejects and listen overflows; for
 // Sluice the flows refused for want of a SNAT port, the ports drawn, and its
 // conntrack scanner's work: flows dropped early, flows cut to the guard of
@@ -69,16 +76,22 @@ func BenchmarkSNATChurn(b *testing.B) {
 	for _, proxy := range []string{"sluice", "nftables", "no-proxy"} {
 		b.Run(proxy, func(b *testing.B) {
 			e, client := newSNATChurnEnv(b, proxy != "no-proxy")
-			var closeFirst, clientFirst []string // 16 targets each
+			// 16 targets each, and the one the last phase dials: one
+			// the client has not closed connections to already, so that
+			// it starts with every port free toward it, as the others.
+			var closeFirst, clientFirst []string
+			var oneClientFirst string
+			var proc *os.Process
 			if proxy == "no-proxy" {
 				for _, ip := range e.backendIPs {
 					closeFirst = append(closeFirst, addrs([]string{ip}, 8080)[0], addrs([]string{ip}, 8082)[0])
 					clientFirst = append(clientFirst, addrs([]string{ip}, 8081)[0], addrs([]string{ip}, 8083)[0])
 				}
+				oneClientFirst = addrs(e.backendIPs[:1], 8085)[0]
 			} else {
-				e.startProxy(b, proxy, sluice, kubeProxy, "--cluster-cidr=10.200.0.0/13", "--metrics-bind-address=127.0.0.1:10249")
-				ips := e.createChurnServices(b, 16, e.backendIPs)
-				closeFirst, clientFirst = addrs(ips, 80), addrs(ips, 81)
+				proc = e.startProxy(b, proxy, sluice, kubeProxy, "--cluster-cidr=10.200.0.0/13", "--metrics-bind-address=127.0.0.1:10249")
+				ips := e.createChurnServices(b, 17, e.backendIPs)
+				closeFirst, clientFirst, oneClientFirst = addrs(ips[:16], 80), addrs(ips[:16], 81), addrs(ips[16:], 81)[0]
 			}
 			for b.Loop() {
 			}
@@ -90,19 +103,27 @@ func BenchmarkSNATChurn(b *testing.B) {
 				{"16-services", closeFirst, bpftest.RunClients},
 				{"1-service", closeFirst[:1], bpftest.RunClients},
 				{"16-services-client-closes", clientFirst, bpftest.RunClientsClosingFirst},
-				{"1-service-client-closes", clientFirst[:1], bpftest.RunClientsClosingFirst},
+				{"1-service-client-closes", []string{oneClientFirst}, bpftest.RunClientsClosingFirst},
 			} {
 				before, backendsBefore := e.synRetrans(), backendDrops(b, e.backends)
+				var cpuBefore time.Duration
+				if proc != nil {
+					cpuBefore = processCPU(b, proc.Pid)
+				}
 				var drawnBefore, dropsBefore uint64
 				var scanBefore map[string]float64
 				if proxy == "sluice" {
+					scanBefore = e.metricValues(b, append(scannerSeries, dropSeries)...)
 					drawnBefore = counter(b, e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
 					dropsBefore = counter(b, e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)
-					scanBefore = e.metricValues(b, scannerSeries...)
 				}
 				res := phase.run(client, phase.targets, 4, d)
 				b.ReportMetric(res.Rate(), phase.name+"-conn/s")
 				b.ReportMetric(float64(res.Failed), phase.name+"-failed")
+				b.ReportMetric(float64(res.NoLocalPort), phase.name+"-client-out-of-ports")
+				if proc != nil { // the proxy's own process: its share of the 2 CPUs
+					b.ReportMetric((processCPU(b, proc.Pid)-cpuBefore).Seconds()/res.Elapsed.Seconds(), phase.name+"-proxy-cpus")
+				}
 				b.ReportMetric(e.synRetrans()-before, phase.name+"-syn-retrans")
 				// Why a SYN waited: a backend refused it against a
 				// TIME_WAIT tuple (PAWS), or its listen queue overflowed.
@@ -112,13 +133,19 @@ func BenchmarkSNATChurn(b *testing.B) {
 				if proxy == "sluice" {
 					b.ReportMetric(float64(counter(b, e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)-dropsBefore), phase.name+"-snat-drops")
 					b.ReportMetric(float64(counter(b, e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)-drawnBefore), phase.name+"-ports-drawn")
-					scan := e.metricValues(b, scannerSeries...)
+					scan := e.metricValues(b, append(scannerSeries, dropSeries)...)
 					for i, what := range []string{"early-drops", "cut-to-guard", "ct-entries"} {
 						v := scan[scannerSeries[i]]
 						if i < 2 { // counters: the phase's
 							v -= scanBefore[scannerSeries[i]]
 						}
 						b.ReportMetric(v, phase.name+"-"+what)
+					}
+					// Any packet the datapath dropped, by reason.
+					for name, v := range scan {
+						if strings.HasPrefix(name, strings.TrimSuffix(dropSeries, "*")) && v != scanBefore[name] {
+							b.Logf("sluice %s: %s +%.0f", phase.name, name, v-scanBefore[name])
+						}
 					}
 				}
 				if res.Failed > 0 {
@@ -131,7 +158,8 @@ func BenchmarkSNATChurn(b *testing.B) {
 
 // newSNATChurnEnv is a node with snatChurnBackends backend pods, each
 // serving on :8080 and :8082 a server that closes first and on :8081 and
-// :8083 one that waits for its client to close, and the client pod outside
+// :8083 one that waits for its client to close (the first also on :8085),
+// and the client pod outside
 // the cluster CIDR; withAPI: an API server in the node too.
 func newSNATChurnEnv(b *testing.B, withAPI bool) (*baselineEnv, *bpftest.NetNS) {
 	e := &baselineEnv{node: bpftest.NewNetNS(b)}
@@ -144,6 +172,9 @@ func newSNATChurnEnv(b *testing.B, withAPI bool) (*baselineEnv, *bpftest.NetNS) 
 		bpftest.ServeCloseFirst(b, ns, name, ":8082")
 		bpftest.ServeTCP(b, ns, name, ":8081")
 		bpftest.ServeTCP(b, ns, name, ":8083")
+		if i == 0 {
+			bpftest.ServeTCP(b, ns, name, ":8085")
+		}
 	}
 	client, _ := e.addPod(b, snatChurnBackends)
 	e.client = client
@@ -197,6 +228,9 @@ func addrs(ips []string, port int) []string {
 	return out
 }
 
+// dropSeries are the datapath's drop counters.
+const dropSeries = `sluice_datapath_events_total{event="drop_*`
+
 // scannerSeries are the agent's conntrack scanner series the churn reports.
 var scannerSeries = []string{
 	`sluice_conntrack_deleted_total{reason="early-drop"}`,
@@ -205,22 +239,27 @@ var scannerSeries = []string{
 }
 
 // metricValues scrapes the proxy's /metrics (127.0.0.1:10249 in the node
-// namespace) for the values of the series named whole, labels included; a
-// series not exported yet (a gauge before the first scan) reads 0.
+// namespace) for the values of the series named whole, labels included, or
+// starting with one that ends in '*'; a series not exported yet (a gauge
+// before the first scan) reads 0.
 func (e *baselineEnv) metricValues(b *testing.B, series ...string) map[string]float64 {
 	out, err := exec.Command("ip", "netns", "exec", e.node.Name, "curl", "-sSf",
 		"-H", "Accept: text/plain;version=0.0.4", "http://127.0.0.1:10249/metrics").Output()
 	if err != nil {
 		b.Fatalf("scrape the proxy's metrics: %v", err)
 	}
-	want := map[string]bool{}
-	for _, s := range series {
-		want[s] = true
+	wanted := func(name string) bool {
+		for _, s := range series {
+			if prefix, ok := strings.CutSuffix(s, "*"); ok && strings.HasPrefix(name, prefix) || name == s {
+				return true
+			}
+		}
+		return false
 	}
 	values := map[string]float64{}
 	for line := range strings.Lines(string(out)) {
 		name, value, ok := strings.Cut(strings.TrimSpace(line), " ")
-		if !ok || !want[name] {
+		if !ok || strings.HasPrefix(name, "#") || !wanted(name) {
 			continue
 		}
 		if values[name], err = strconv.ParseFloat(value, 64); err != nil {
