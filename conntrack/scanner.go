@@ -120,7 +120,7 @@ type ScanStats struct {
 	// Maps has each map's.
 	Capacity             uint32
 	FillRatio, LeftRatio float64
-	Maps      []MapFill
+	Maps                 []MapFill
 	// TimeToPressure is how soon the map nearest to it would pass
 	// PressureFill, were entries added as fast as since the previous scan;
 	// 0 when no map grew (or on the first scan).
