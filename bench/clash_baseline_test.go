@@ -80,7 +80,7 @@ func runClashBaseline(b *testing.B, proxy, sluice, kubeProxy string) clashResult
 				logCounters(b, e.pinDir)
 			}
 		}
-		r.rate[i], r.failed[i] = res.Rate(), float64(res.Failed)
+		r.rate[i], r.failed[i] = res.Rate(), float64(res.Failed+res.NoLocalPort)
 		r.synRetr[i] = client.synRetrans() - before
 	}
 	return r

@@ -61,8 +61,8 @@ func reuseAtFullRate(t *testing.T, d *bpftest.Datapath, topo *bpftest.Topology, 
 	if t.Failed() || res.Failed != 0 || retrans != 0 || paws != 0 {
 		logCounters(t, d)
 	}
-	if res.Failed != 0 {
-		t.Errorf("%d connections failed; first error: %v", res.Failed, res.FirstErr)
+	if res.Failed != 0 || res.NoLocalPort != 0 {
+		t.Errorf("%d connections failed, %d refused by the client's kernel for want of a port; first error: %v", res.Failed, res.NoLocalPort, res.FirstErr)
 	}
 	if retrans != 0 {
 		t.Errorf("client retransmitted %d SYNs", retrans)

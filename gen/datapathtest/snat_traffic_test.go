@@ -84,7 +84,8 @@ func TestOffClusterClientAtFullRateThroughSNAT(t *testing.T) {
 					logCounters(t, d)
 				}
 				for what, n := range map[string]uint64{"connections failed": uint64(res.Failed), "SYNs retransmitted": retrans,
-					"SYNs rejected against TIME_WAIT (PAWS)": paws, "flows refused for want of a SNAT port": drops,
+					"dials the client's kernel refused for want of a port": uint64(res.NoLocalPort),
+					"SYNs rejected against TIME_WAIT (PAWS)":               paws, "flows refused for want of a SNAT port": drops,
 					// One client: every reopened tuple keeps its port.
 					"SNAT ports drawn": drawn} {
 					if n != 0 {
