@@ -44,14 +44,13 @@ const snatChurnBackends = 8
 // phase dials a 17th Service (or socket), which the client has not yet
 // closed connections to.
 //
-// Reported per phase: the rate, the proxy process's CPU (in CPUs: its
-// scanner, sync and metrics; not the datapath, which runs in the kernel's
-// softirq time of the packets), the dials that failed (no answer in 3 s),
-// the dials the client's kernel refused for want of a local port (a client
-// closing first toward one address: its own TIME_WAIT, with or without a
-// proxy),
-// SYN retransmits, the backends' PAWS rejects and listen overflows; for
-// Sluice the flows refused for want of a SNAT port, the ports drawn, and its
+// Reported per phase: the rate; the proxy process's CPU (in CPUs: its
+// scanner, sync and metrics, not the datapath, which runs in the packets'
+// softirq time); the dials that failed (no answer in 3 s); the dials the
+// client's kernel refused for want of a local port (a client closing first
+// toward one address: its own TIME_WAIT, with or without a proxy); SYN
+// retransmits; the backends' PAWS rejects and listen overflows. For Sluice
+// also the flows refused for want of a SNAT port, the ports drawn, and its
 // conntrack scanner's work: flows dropped early, flows cut to the guard of
 // their server's TIME_WAIT, and the entries at the phase's end.
 //
@@ -158,9 +157,9 @@ func BenchmarkSNATChurn(b *testing.B) {
 
 // newSNATChurnEnv is a node with snatChurnBackends backend pods, each
 // serving on :8080 and :8082 a server that closes first and on :8081 and
-// :8083 one that waits for its client to close (the first also on :8085),
-// and the client pod outside
-// the cluster CIDR; withAPI: an API server in the node too.
+// :8083 one that waits for its client to close (the first pod also on
+// :8085), and the client pod outside the cluster CIDR; withAPI: an API
+// server in the node too.
 func newSNATChurnEnv(b *testing.B, withAPI bool) (*baselineEnv, *bpftest.NetNS) {
 	e := &baselineEnv{node: bpftest.NewNetNS(b)}
 	e.node.Run("sysctl", "-qw", "net.ipv4.ip_forward=1")
@@ -207,11 +206,11 @@ func (e *baselineEnv) createChurnServices(b *testing.B, n int, backends []string
 		}
 		ips = append(ips, svc.Spec.ClusterIP)
 	}
-	for _, port := range []int{80, 81} {
-		last := netip.AddrPortFrom(netip.MustParseAddr(ips[len(ips)-1]), uint16(port)).String()
+	for port, dial := range map[uint16]func(*bpftest.NetNS, []string, int, time.Duration) bpftest.ClientResult{
+		80: bpftest.RunClients, 81: bpftest.RunClientsClosingFirst} {
+		last := netip.AddrPortFrom(netip.MustParseAddr(ips[len(ips)-1]), port).String()
 		deadline := time.Now().Add(time.Minute)
-		for bpftest.RunClients(e.client, []string{last}, 1, 50*time.Millisecond).OK == 0 &&
-			bpftest.RunClientsClosingFirst(e.client, []string{last}, 1, 50*time.Millisecond).OK == 0 {
+		for dial(e.client, []string{last}, 1, 50*time.Millisecond).OK == 0 {
 			if time.Now().After(deadline) {
 				b.Fatalf("%s never answered", last)
 			}

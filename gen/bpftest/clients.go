@@ -82,15 +82,28 @@ func runClients(ns *NetNS, targets []string, workers int, duration time.Duration
 	return r
 }
 
-// connectAndRead dials target, an IPv4 or IPv6 literal, in its own family.
+// clientTimeout bounds a client's connect, and then its exchange.
+const clientTimeout = 3 * time.Second
+
+// dial connects to target, an IPv4 or IPv6 literal, in its own family, with
+// a deadline for what follows.
+func dial(target string) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", target, clientTimeout)
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(clientTimeout))
+	return c, nil
+}
+
+// connectAndRead dials target and reads the answer to its end: the server
+// closes first, the client after it.
 func connectAndRead(target string) error {
-	c, err := net.DialTimeout("tcp", target, 3*time.Second)
+	c, err := dial(target)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(3 * time.Second))
-	// Read to the end: the server closes first, the client after it.
 	answer, err := io.ReadAll(c)
 	if err != nil {
 		return fmt.Errorf("%s: %w", target, err)
@@ -104,12 +117,11 @@ func connectAndRead(target string) error {
 // connectAskClose dials target, sends a line, reads the answer's line and
 // closes first.
 func connectAskClose(target string) error {
-	c, err := net.DialTimeout("tcp", target, 3*time.Second)
+	c, err := dial(target)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(3 * time.Second))
 	if _, err := io.WriteString(c, "x\n"); err != nil {
 		return fmt.Errorf("%s: %w", target, err)
 	}
