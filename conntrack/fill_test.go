@@ -524,3 +524,126 @@ func conntrackOfSize(t *testing.T, entries uint32) *ebpf.Map {
 	t.Cleanup(func() { raw.Close() })
 	return raw
 }
+
+// Under pressure, datagram flows idle past a second go after the flows
+// never answered, and only while the map stays past the low-water mark,
+// least recently used first. A resolver asking thousands of queries a
+// second from new ports would otherwise fill the map with answered flows
+// kept for the UDP timeout, and every new query would be refused.
+func TestIdleDatagramFlowsDroppedLeastRecentlyUsedFirst(t *testing.T) {
+	bpftest.Require(t)
+	raw := conntrackOfSize(t, 64)
+	dp := bpftest.NewDatapathWithMaps(t, nodeIP, map[string]*ebpf.Map{maps.Conntrack.Name: raw})
+	dp.AddService(bpftest.Service{ID: 2, Front: dnsAP, Proto: bpftest.ProtoUDP, Backends: []bpftest.Backend{{AP: udpBE}}})
+	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock atomic.Int64
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, PressureFill: 0.5,
+		Clock: func() time.Duration { return conntrack.Monotonic() + time.Duration(clock.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A flow whose client sends again after the queries: the oldest, but
+	// the most recently used.
+	stream := netip.AddrPortFrom(clientAP.Addr(), 1000)
+	dp.RunOK(dp.Objs.SlFromWl, bpftest.UDPPacket(stream, dnsAP, []byte("q")))
+	dp.RunOK(dp.Objs.SlFromWl, bpftest.UDPPacket(udpBE, stream, []byte("a")))
+	// Queries from new ports, each answered, one every 10 ms (the
+	// datapath's clock is the coarse one), until the map refuses one.
+	var queries []netip.AddrPort
+	for port := uint16(2000); ; port++ {
+		c := netip.AddrPortFrom(clientAP.Addr(), port)
+		if ret, _ := dp.Run(dp.Objs.SlFromWl, bpftest.UDPPacket(c, dnsAP, []byte("q"))); ret == 2 /* TC_ACT_SHOT */ {
+			break
+		}
+		dp.RunOK(dp.Objs.SlFromWl, bpftest.UDPPacket(udpBE, c, []byte("a")))
+		queries = append(queries, c)
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(queries) != 31 {
+		t.Fatalf("%d queries before the map refused one, want 31 beside the stream", len(queries))
+	}
+	// Past the datapath's refresh of an entry's last packet (250 ms).
+	dp.RunOK(dp.Objs.SlFromWl, bpftest.UDPPacket(stream, dnsAP, []byte("q2")))
+	clock.Add(int64(2 * time.Second))
+	for i := range 2 { // the first finds the map full, the second is under pressure
+		if _, err := sc.Scan(); err != nil {
+			t.Fatalf("scan %d: %v", i, err)
+		}
+	}
+	// 64 entries, the mark at 40% (25): the 20 oldest queries' 40 go.
+	for i, c := range queries {
+		_, fwd := dp.CT(bpftest.CtKey(c, dnsAP, bpftest.ProtoUDP))
+		_, rev := dp.CT(bpftest.CtKey(udpBE, c, bpftest.ProtoUDP))
+		if want := i >= 20; fwd != want || rev != want {
+			t.Fatalf("query %d (%v): entries kept %v and %v, want %v: the 20 oldest dropped whole", i, c, fwd, rev, want)
+		}
+	}
+	if _, ok := dp.CT(bpftest.CtKey(stream, dnsAP, bpftest.ProtoUDP)); !ok {
+		t.Fatal("the flow used last was dropped")
+	}
+}
+
+// A map growing fast gets more room from an eviction: the low-water mark
+// drops by what the map gains in two polls of its count at the growth seen
+// between the last two scans, so that the flows still coming do not fill it
+// before the scan after.
+func TestEvictionLeavesRoomForTheGrowth(t *testing.T) {
+	bpftest.Require(t)
+	raw := conntrackOfSize(t, 100)
+	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock atomic.Int64
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, MinInterval: time.Second,
+		Clock: func() time.Duration { return conntrack.Monotonic() + time.Duration(clock.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Answered datagram flows, idle for 5 s (the scanner's clock runs
+	// ahead): both entries each.
+	add := func(from, n int) {
+		old := uint64(conntrack.Monotonic() - 5*time.Second)
+		for i := from; i < from+n; i++ {
+			fwd := gen.SluiceCtKey{Saddr: uint32(i + 1), Daddr: 1 << 20, Proto: 17}
+			rev := gen.SluiceCtKey{Saddr: 1 << 20, Daddr: uint32(i + 1), Proto: 17}
+			for k, v := range map[gen.SluiceCtKey]gen.SluiceCtValue{
+				fwd: {Created: old - 1, LastSeen: old + uint64(i), Peer: rev, Type: gen.SluiceCtTypeCT_FORWARD},
+				rev: {Created: old - 1, LastSeen: old + uint64(i), Peer: fwd, Type: gen.SluiceCtTypeCT_REVERSE, TcpSeen: uint32(gen.SluiceCtSeenCT_SEEN_PACKET)},
+			} {
+				if err := ct.Put(k, v, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	clock.Add(int64(10 * time.Second)) // past the creation grace
+	add(0, 10)
+	scan := func() conntrack.ScanStats {
+		st, err := sc.Scan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	scan()
+	// 72 entries in a second: the next scan finds 92% and knows the growth.
+	clock.Add(int64(time.Second))
+	add(10, 36)
+	if st := scan(); st.DeletedTotal() != 0 || st.FillRatio < 0.9 {
+		t.Fatalf("%+v: want the map past the mark, nothing deleted yet", st)
+	}
+	// Under pressure: 2 polls of 1 s at 72 entries a second is 144, more
+	// than the map; the mark stops at 30 points under PressureFill, 60%.
+	// The 16 least recently used flows go, not the 6 of the 80% mark.
+	st := scan()
+	if got := st.Deleted[conntrack.ReasonEarlyDrop]; got != 16 {
+		t.Fatalf("early-dropped %d flows, want 16: the map left at 60%% (deleted %v)", got, st.Deleted)
+	}
+	if st.LeftRatio != 0.6 {
+		t.Fatalf("left %.2f of the map, want 0.60", st.LeftRatio)
+	}
+}

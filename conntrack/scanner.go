@@ -27,7 +27,9 @@ const (
 	// answered (a flood's, most often), or it has ended (FINs both ways, or
 	// a RST) and is only held for its last packets and the clash rules, as
 	// netfilter's early_drop, which evicts unassured flows and TCP flows
-	// past their FINs.
+	// past their FINs; or, while the map stays past the low-water mark, a
+	// datagram flow idle a second, or a guard of a server's TIME_WAIT
+	// (ReasonGuardOnly).
 	ReasonEarlyDrop Reason = "early-drop"
 	// ReasonGuardOnly: the map is under pressure and the flow's server
 	// closed first: its forward entry is deleted, and its reverse entry
@@ -192,13 +194,14 @@ type Scanner struct {
 	tables   []table
 	toDelete []Key
 	reasons  []Reason
-	// Under pressure: trims are the forward entries of flows whose server
-	// closed first, to delete (ReasonGuardOnly); guards the reverse
-	// entries guarding a server's TIME_WAIT that may be dropped
-	// (evictGuards). Reused across scans under pressure, released after
-	// one that was not: up to one per flow.
-	trims, guards []guard
-	// removed counts the entries evictGuards deleted one by one.
+	// Under pressure (evictTowardMark): trims are the forward entries of
+	// flows whose server closed first, to delete (ReasonGuardOnly);
+	// datagrams the forward entries of idle datagram flows, and guards the
+	// reverse entries guarding a server's TIME_WAIT, that may be dropped.
+	// Reused across scans under pressure, released after one that was
+	// not: up to one per flow.
+	trims, datagrams, guards []seenEntry
+	// removed counts the entries evictTowardMark deleted one by one.
 	removed int
 	// pressure: the last scan found the map fuller than PressureFill, by
 	// table.
@@ -256,12 +259,12 @@ func NewScanner(opts Options) (*Scanner, error) {
 // timestamps are of (gen.Monotonic).
 func Monotonic() time.Duration { return gen.Monotonic() }
 
-// guard is an entry of a flow whose server closed first, as the walk found
+// seenEntry is an entry a scan under pressure may delete, as its walk saw
 // it: its key and last packet. Such entries are deleted one by one after
 // the walk, each only if it has not changed since: a client reusing its
 // port reopens the same tuple every few seconds, and a batch deletion after
 // the walk would take the new flow's entry.
-type guard struct {
+type seenEntry struct {
 	key      Key
 	lastSeen uint64
 }
@@ -287,7 +290,10 @@ func (s *Scanner) Scan() (ScanStats, error) {
 	for i, t := range s.tables {
 		entries, early := st.Entries, st.Deleted[ReasonEarlyDrop]
 		pressure := s.pressure[i] || s.expectsPressure(i, t, now) || s.pastPressure(counts, t)
-		if err := s.scanTable(t, pressure, now, &st); err != nil {
+		// What the map gains in two polls of its count at the last
+		// growth: an eviction leaves room for it below the mark.
+		headroom := int(2 * s.growth[i] * s.opts.MinInterval.Seconds())
+		if err := s.scanTable(t, pressure, headroom, now, &st); err != nil {
 			return st, err
 		}
 		n := st.Entries - entries
@@ -325,13 +331,13 @@ func (s *Scanner) Scan() (ScanStats, error) {
 // scanTable walks one map and applies its deletions. Each forward entry is
 // judged with its reverse entry, as Scan says; pressure: that map was fuller
 // than PressureFill at the last scan.
-func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanStats) error {
+func (s *Scanner) scanTable(t table, pressure bool, room int, now time.Duration, st *ScanStats) error {
 	s.toDelete, s.reasons = s.toDelete[:0], s.reasons[:0]
 	s.removed = 0
 	if pressure {
-		s.trims, s.guards = s.trims[:0], s.guards[:0]
+		s.trims, s.datagrams, s.guards = s.trims[:0], s.datagrams[:0], s.guards[:0]
 	} else {
-		s.trims, s.guards = nil, nil
+		s.trims, s.datagrams, s.guards = nil, nil, nil
 	}
 	entries := st.Entries
 	var walkErr error
@@ -362,8 +368,10 @@ func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanS
 				case evictFlow:
 					reason = ReasonEarlyDrop
 				case evictForward:
-					s.trims = append(s.trims, guard{key: k, lastSeen: v.LastSeen})
+					s.trims = append(s.trims, seenEntry{key: k, lastSeen: v.LastSeen})
 					return true
+				case evictPastMark:
+					s.datagrams = append(s.datagrams, seenEntry{key: k, lastSeen: v.LastSeen})
 				}
 			}
 			if reason != "" {
@@ -384,7 +392,7 @@ func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanS
 		if !s.looksExpired(p, now) {
 			if pressure && k.Proto == protoTCP && v.TcpSeen&(tcpFIN|finFirst) == tcpFIN|finFirst &&
 				now-time.Duration(v.LastSeen) > s.opts.EndedGrace {
-				s.guards = append(s.guards, guard{key: k, lastSeen: v.LastSeen})
+				s.guards = append(s.guards, seenEntry{key: k, lastSeen: v.LastSeen})
 			}
 			return true
 		}
@@ -402,7 +410,7 @@ func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanS
 		err = walkErr
 	}
 	if err == nil && pressure {
-		err = s.evictGuards(t, st.Entries-entries, st)
+		err = s.evictTowardMark(t, st.Entries-entries, room, st)
 	}
 	if err != nil {
 		return fmt.Errorf("conntrack scan: %s: %w", t.name(), err)
@@ -410,64 +418,108 @@ func (s *Scanner) scanTable(t table, pressure bool, now time.Duration, st *ScanS
 	return s.applyDeletions(t, st)
 }
 
-// evictGuards deletes the forward entries of the flows whose server closed
-// first (trims), then drops guards of the servers' TIME_WAIT, oldest first,
-// while what the scan leaves of t's n entries is past the low-water mark, 10
-// points under PressureFill: room for the flows that keep coming until the
-// next scans. A server holds its tuple for 60 s (Linux) to 4 minutes, so
-// the oldest guard is the likeliest to guard nothing any more; one dropped
-// early lets a new flow take a tuple whose server may still refuse its SYN
-// (PAWS: the SYN is retransmitted), where a full map refuses new flows
-// outright. Only reverse entries alone are guards: one whose flow still has
-// its forward entry is live (a server that closed first while its client
-// still sends). Each entry is read again right before its deletion and
-// kept if a packet matched it since the walk, or a new flow took its key.
-func (s *Scanner) evictGuards(t table, n int, st *ScanStats) error {
+// evictTowardMark deletes the forward entries of the flows whose server
+// closed first (trims); then, while what the scan leaves of t's n entries is
+// past the low-water mark, the idle datagram flows, least recently used
+// first (datagrams), then the guards of the servers' TIME_WAIT, oldest
+// first. The mark leaves room for the flows that keep coming until the next
+// scans: 10 points under PressureFill, lower by what the map gains in two
+// polls of its count when it grows faster (room), at most 30 points under.
+//
+// A datagram flow has no end to tell that it is over: a resolver asking from
+// a new port for every query leaves flows answered once and idle, which the
+// UDP timeout keeps a minute (netfilter does not assure them and
+// early-drops them). Past the mark they go as in an LRU, after the flows
+// never answered and before the guards; the client of one still in use
+// starts a new flow with its next datagram. A server holds its TIME_WAIT for
+// 60 s (Linux) to 4 minutes, so the oldest guard is the likeliest to guard
+// nothing any more; one dropped early lets a new flow take a tuple whose
+// server may still refuse its SYN (PAWS: the SYN is retransmitted), where a
+// full map refuses new flows outright. Only reverse entries alone are
+// guards: one whose flow still has its forward entry is live (a server that
+// closed first while its client still sends).
+//
+// Each entry is read again right before its deletion and kept if a packet
+// matched it since the walk, or a new flow took its key.
+func (s *Scanner) evictTowardMark(t table, n, room int, st *ScanStats) error {
 	left := n - len(s.toDelete)
-	var e, fwd Entry
-	for _, g := range s.trims {
+	var e, other Entry
+	// unchanged reads g's entry again into e: still there, no packet since.
+	unchanged := func(g seenEntry) (bool, error) {
 		ok, err := t.lookup(g.key, &e)
+		return ok && e.LastSeen == g.lastSeen, err
+	}
+	remove := func(k Key, reason Reason) error {
+		if err := t.remove(k); err != nil {
+			return err
+		}
+		if reason != "" {
+			st.Deleted[reason]++
+		}
+		s.removed++
+		left--
+		return nil
+	}
+	for _, g := range s.trims {
+		ok, err := unchanged(g)
+		if err == nil && ok {
+			err = remove(g.key, ReasonGuardOnly)
+		}
 		if err != nil {
 			return err
 		}
-		if !ok || e.LastSeen != g.lastSeen {
-			continue
+	}
+	c := float64(t.capacity())
+	mark := max(min(int((s.opts.PressureFill-0.1)*c), int(s.opts.PressureFill*c)-room), int((s.opts.PressureFill-0.3)*c))
+	byAge := func(a, b seenEntry) int { return cmp.Compare(a.lastSeen, b.lastSeen) }
+	if left > mark {
+		slices.SortFunc(s.datagrams, byAge)
+	}
+	for _, g := range s.datagrams {
+		if left <= mark {
+			break
 		}
-		if err := t.remove(g.key); err != nil {
+		ok, err := unchanged(g)
+		if err != nil {
 			return err
 		}
-		st.Deleted[ReasonGuardOnly]++
-		s.removed++
-		left--
+		if !ok {
+			continue
+		}
+		rev := e.Peer
+		if err := remove(g.key, ReasonEarlyDrop); err != nil {
+			return err
+		}
+		if ok, err = t.lookup(rev, &other); err == nil && ok && other.Peer == g.key {
+			err = remove(rev, "")
+		}
+		if err != nil {
+			return err
+		}
 	}
-	mark := int((s.opts.PressureFill - 0.1) * float64(t.capacity()))
-	if left <= mark || len(s.guards) == 0 {
-		return nil
+	if left > mark {
+		slices.SortFunc(s.guards, byAge)
 	}
-	slices.SortFunc(s.guards, func(a, b guard) int { return cmp.Compare(a.lastSeen, b.lastSeen) })
 	for _, g := range s.guards {
 		if left <= mark {
 			break
 		}
-		ok, err := t.lookup(g.key, &e)
+		ok, err := unchanged(g)
 		if err != nil {
 			return err
 		}
-		if !ok || e.LastSeen != g.lastSeen {
+		if !ok {
 			continue // gone, or taken back by its client, since the walk
 		}
-		if ok, err = t.lookup(e.Peer, &fwd); err != nil {
+		if ok, err = t.lookup(e.Peer, &other); err != nil {
 			return err
 		}
-		if ok && fwd.Peer == g.key {
+		if ok && other.Peer == g.key {
 			continue // its flow's forward entry is still there: live
 		}
-		if err := t.remove(g.key); err != nil {
+		if err := remove(g.key, ReasonEarlyDrop); err != nil {
 			return err
 		}
-		st.Deleted[ReasonEarlyDrop]++
-		s.removed++
-		left--
 	}
 	return nil
 }
@@ -512,9 +564,10 @@ func (s *Scanner) expectsPressure(i int, t table, now time.Duration) bool {
 type evictionChoice int
 
 const (
-	keepFlow     evictionChoice = iota
-	evictFlow                   // both entries
-	evictForward                // the forward entry: the reverse one guards the server's TIME_WAIT
+	keepFlow      evictionChoice = iota
+	evictFlow                    // both entries
+	evictForward                 // the forward entry: the reverse one guards the server's TIME_WAIT
+	evictPastMark                // both entries, oldest first, while the map stays past the low-water mark
 )
 
 // eviction tells what goes first when the map is under pressure: flows
@@ -523,13 +576,18 @@ const (
 // forward entry, so that its reverse entry goes on guarding the tuple the
 // server holds in TIME_WAIT (evictGuards drops those only past the
 // low-water mark). A client reopening that tuple finds its own guard and
-// takes it back (bpf/include/ct_new.h, own_tuple).
+// takes it back (bpf/include/ct_new.h, own_tuple). An answered datagram
+// flow idle past EndedGrace goes only while the map stays past the
+// low-water mark, least recently used first (evictTowardMark).
 func (s *Scanner) eviction(p *Pair, now time.Duration) evictionChoice {
 	if !p.Assured() {
 		if now-p.Created() > s.opts.UnansweredGrace {
 			return evictFlow
 		}
 		return keepFlow
+	}
+	if p.proto() != protoTCP && p.proto() != protoSCTP && now-p.LastSeen() > s.opts.EndedGrace {
+		return evictPastMark
 	}
 	if !p.Ended() || now-p.LastSeen() <= s.opts.EndedGrace {
 		return keepFlow

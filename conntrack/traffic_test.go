@@ -1,11 +1,16 @@
 package conntrack_test
 
 import (
+	"cmp"
+	"context"
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/sluice-net/sluice/conntrack"
 	"github.com/sluice-net/sluice/gen"
@@ -72,5 +77,90 @@ func TestFixedPortUDPClientFollowsReplacedBackend(t *testing.T) {
 	got, err := ask("q2", 2*time.Second)
 	if err != nil || !strings.HasPrefix(got, "b2 ") {
 		t.Fatalf("after the flush: %q %v, want an answer from b2", got, err)
+	}
+}
+
+// Resolver-like clients ask a UDP Service from a new port for every query,
+// over the whole unprivileged range: each query is a flow of its own,
+// answered once, and the UDP timeout would keep it a minute. Here one of
+// them fills a table of 65,536 entries (an eighth of the built-in one) within
+// seconds, over and over. The scanner under pressure drops the idle datagram
+// flows least recently used first, so every query is answered and none is
+// refused for a full table.
+func TestOneShotUDPQueriesKeepFlowingThroughAFullTable(t *testing.T) {
+	raw := conntrackOfSize(t, 65536)
+	dp := bpftest.NewDatapathWithMaps(t, nodeIP, map[string]*ebpf.Map{maps.Conntrack.Name: raw})
+	topo := bpftest.NewTopology(t, dp, "client", "b1", "b2")
+	vip := netip.MustParseAddrPort("10.96.0.53:53")
+	var backends []bpftest.Backend
+	for _, n := range []string{"b1", "b2"} {
+		bpftest.ServeUDPEcho(t, topo.Pods[n], n, ":5353")
+		backends = append(backends, bpftest.Backend{AP: netip.AddrPortFrom(topo.PodIP[n], 5353), Local: true})
+	}
+	dp.AddService(bpftest.Service{ID: 9, Front: vip, Proto: bpftest.ProtoUDP, Backends: backends})
+	// More client ports than the table holds flows: a port reused within
+	// the minute would continue its old flow instead of making a new one.
+	topo.Pods["client"].Run("sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65535")
+	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := func() (map[string]int64, error) {
+		n := int64(0)
+		err := ct.Iterate(func(gen.SluiceCtKey, gen.SluiceCtValue) bool { n++; return true })
+		return map[string]int64{maps.Conntrack.Name: n}, err
+	}
+	var dropped atomic.Int64
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Entries: entries, MinInterval: 100 * time.Millisecond,
+		OnScan: func(st conntrack.ScanStats) { dropped.Add(int64(st.Deleted[conntrack.ReasonEarlyDrop])) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	var answered, failed int
+	var firstErr error
+	deadline := time.Now().Add(20 * time.Second)
+	err = topo.Pods["client"].Do(func() error {
+		buf := make([]byte, 64)
+		for time.Now().Before(deadline) {
+			err := func() error {
+				c, err := net.Dial("udp4", vip.String()) // a new port each query
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(time.Second))
+				if _, err := c.Write([]byte("q")); err != nil {
+					return err
+				}
+				_, err = c.Read(buf)
+				return err
+			}()
+			if err != nil {
+				failed++
+				firstErr = cmp.Or(firstErr, err)
+				continue
+			}
+			answered++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := dp.Counter(gen.SluiceCounterCNT_DROP_CT_FULL)
+	t.Logf("%d queries answered, %d failed, %d refused for a full table, %d flows dropped early", answered, failed, full, dropped.Load())
+	if failed != 0 || full != 0 {
+		t.Errorf("%d queries failed (first: %v), %d refused for a full table", failed, firstErr, full)
+	}
+	if answered < 65536 { // 2 entries each: 2 tables' worth
+		t.Errorf("only %d queries: the table did not fill over and over", answered)
+	}
+	if dropped.Load() == 0 {
+		t.Error("nothing dropped early: the table never came under pressure")
 	}
 }
