@@ -148,17 +148,45 @@ func smallConntrack(t *testing.T, entries uint32) (*bpftest.Datapath, *conntrack
 	t.Helper()
 	raw := conntrackOfSize(t, entries)
 	dp := bpftest.NewDatapathWithMaps(t, nodeIP, map[string]*ebpf.Map{maps.Conntrack.Name: raw})
+	_, sc, clock := scannerAhead(t, raw, conntrack.Options{})
+	return dp, sc, clock
+}
+
+// scannerAhead is a scanner of raw with opts, whose clock runs ahead of the
+// datapath's by what the test adds to the returned offset, and the typed map
+// it scans.
+func scannerAhead(t *testing.T, raw *ebpf.Map, opts conntrack.Options) (*maps.Map[gen.SluiceCtKey, gen.SluiceCtValue], *conntrack.Scanner, *atomic.Int64) {
+	t.Helper()
 	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
 	if err != nil {
 		t.Fatal(err)
 	}
 	clock := new(atomic.Int64)
-	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct,
-		Clock: func() time.Duration { return conntrack.Monotonic() + time.Duration(clock.Load()) }})
+	opts.Conntrack = ct
+	opts.Clock = func() time.Duration { return conntrack.Monotonic() + time.Duration(clock.Load()) }
+	sc, err := conntrack.NewScanner(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return dp, sc, clock
+	return ct, sc, clock
+}
+
+// runScanner runs sc until the test ends.
+func runScanner(t *testing.T, sc *conntrack.Scanner) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sc.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// walkCounts reads ct's entry count as maps.Filler would, for a map outside
+// a maps.Set: the entries a walk of it finds.
+func walkCounts(ct *maps.Map[gen.SluiceCtKey, gen.SluiceCtValue]) func() (map[string]int64, error) {
+	return func() (map[string]int64, error) {
+		n := int64(0)
+		err := ct.Iterate(func(gen.SluiceCtKey, gen.SluiceCtValue) bool { n++; return true })
+		return map[string]int64{maps.Conntrack.Name: n}, err
+	}
 }
 
 // A client opening connections faster than closed flows expire (they are
@@ -270,16 +298,7 @@ func TestGuardsOfServerTimeWaitDroppedOldestFirst(t *testing.T) {
 	dp.AddService(bpftest.Service{ID: 1, Front: vipAP, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
 	vip2 := netip.MustParseAddrPort("10.96.0.99:80")
 	dp.AddService(bpftest.Service{ID: 2, Front: vip2, Proto: bpftest.ProtoTCP, Backends: []bpftest.Backend{{AP: be1AP}}})
-	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var clock atomic.Int64
-	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, PressureFill: 0.5,
-		Clock: func() time.Duration { return conntrack.Monotonic() + time.Duration(clock.Load()) }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, sc, clock := scannerAhead(t, raw, conntrack.Options{PressureFill: 0.5})
 	// Flows closed by the server first, one every 10 ms (the datapath's
 	// clock is the coarse one), until the map refuses one.
 	var flows []netip.AddrPort
@@ -464,24 +483,14 @@ func TestRunScansAtOnceWhenTheCountShowsPressure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The kernel's count, as maps.Filler reads it, for a map outside a
-	// maps.Set: the entries a walk of the real map finds.
-	entries := func() (map[string]int64, error) {
-		n := int64(0)
-		err := ct.Iterate(func(gen.SluiceCtKey, gen.SluiceCtValue) bool { n++; return true })
-		return map[string]int64{maps.Conntrack.Name: n}, err
-	}
 	scans := make(chan conntrack.ScanStats, 16)
-	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Entries: entries,
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Entries: walkCounts(ct),
 		Interval: time.Hour, MinInterval: 20 * time.Millisecond, MaxInterval: time.Hour,
 		OnScan: func(st conntrack.ScanStats) { scans <- st }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { sc.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runScanner(t, sc)
 
 	time.Sleep(100 * time.Millisecond)
 	select {
@@ -535,16 +544,7 @@ func TestIdleDatagramFlowsDroppedLeastRecentlyUsedFirst(t *testing.T) {
 	raw := conntrackOfSize(t, 64)
 	dp := bpftest.NewDatapathWithMaps(t, nodeIP, map[string]*ebpf.Map{maps.Conntrack.Name: raw})
 	dp.AddService(bpftest.Service{ID: 2, Front: dnsAP, Proto: bpftest.ProtoUDP, Backends: []bpftest.Backend{{AP: udpBE}}})
-	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var clock atomic.Int64
-	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, PressureFill: 0.5,
-		Clock: func() time.Duration { return conntrack.Monotonic() + time.Duration(clock.Load()) }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, sc, clock := scannerAhead(t, raw, conntrack.Options{PressureFill: 0.5})
 	// A flow whose client sends again after the queries: the oldest, but
 	// the most recently used.
 	stream := netip.AddrPortFrom(clientAP.Addr(), 1000)
@@ -593,16 +593,7 @@ func TestIdleDatagramFlowsDroppedLeastRecentlyUsedFirst(t *testing.T) {
 func TestEvictionLeavesRoomForTheGrowth(t *testing.T) {
 	bpftest.Require(t)
 	raw := conntrackOfSize(t, 100)
-	ct, err := maps.NewMap[gen.SluiceCtKey, gen.SluiceCtValue](raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var clock atomic.Int64
-	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, MinInterval: time.Second,
-		Clock: func() time.Duration { return conntrack.Monotonic() + time.Duration(clock.Load()) }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ct, sc, clock := scannerAhead(t, raw, conntrack.Options{MinInterval: time.Second})
 	// Answered datagram flows, idle for 5 s (the scanner's clock runs
 	// ahead): both entries each.
 	add := func(from, n int) {

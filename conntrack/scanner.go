@@ -471,57 +471,51 @@ func (s *Scanner) evictTowardMark(t table, n, room int, st *ScanStats) error {
 	}
 	c := float64(t.capacity())
 	mark := max(min(int((s.opts.PressureFill-0.1)*c), int(s.opts.PressureFill*c)-room), int((s.opts.PressureFill-0.3)*c))
-	byAge := func(a, b seenEntry) int { return cmp.Compare(a.lastSeen, b.lastSeen) }
-	if left > mark {
-		slices.SortFunc(s.datagrams, byAge)
-	}
-	for _, g := range s.datagrams {
+	// dropOldest goes through entries oldest first while the map stays
+	// past the mark, and hands drop each one unchanged since the walk (its
+	// entry read into e).
+	dropOldest := func(entries []seenEntry, drop func(k Key) error) error {
 		if left <= mark {
-			break
+			return nil
 		}
-		ok, err := unchanged(g)
-		if err != nil {
-			return err
+		slices.SortFunc(entries, func(a, b seenEntry) int { return cmp.Compare(a.lastSeen, b.lastSeen) })
+		for _, g := range entries {
+			if left <= mark {
+				break
+			}
+			ok, err := unchanged(g)
+			if err == nil && ok {
+				err = drop(g.key)
+			}
+			if err != nil {
+				return err
+			}
 		}
-		if !ok {
-			continue
-		}
+		return nil
+	}
+	err := dropOldest(s.datagrams, func(k Key) error {
 		rev := e.Peer
-		if err := remove(g.key, ReasonEarlyDrop); err != nil {
+		if err := remove(k, ReasonEarlyDrop); err != nil {
 			return err
 		}
-		if ok, err = t.lookup(rev, &other); err == nil && ok && other.Peer == g.key {
+		ok, err := t.lookup(rev, &other)
+		if err == nil && ok && other.Peer == k {
 			err = remove(rev, "")
 		}
-		if err != nil {
-			return err
-		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
-	if left > mark {
-		slices.SortFunc(s.guards, byAge)
-	}
-	for _, g := range s.guards {
-		if left <= mark {
-			break
-		}
-		ok, err := unchanged(g)
-		if err != nil {
+	return dropOldest(s.guards, func(k Key) error {
+		switch ok, err := t.lookup(e.Peer, &other); {
+		case err != nil:
 			return err
+		case ok && other.Peer == k:
+			return nil // its flow's forward entry is still there: live
 		}
-		if !ok {
-			continue // gone, or taken back by its client, since the walk
-		}
-		if ok, err = t.lookup(e.Peer, &other); err != nil {
-			return err
-		}
-		if ok && other.Peer == g.key {
-			continue // its flow's forward entry is still there: live
-		}
-		if err := remove(g.key, ReasonEarlyDrop); err != nil {
-			return err
-		}
-	}
-	return nil
+		return remove(k, ReasonEarlyDrop)
+	})
 }
 
 // counts reads Options.Entries; nil without it or on an error (logged: the

@@ -2,7 +2,6 @@ package conntrack_test
 
 import (
 	"cmp"
-	"context"
 	"net"
 	"net/netip"
 	"strings"
@@ -105,21 +104,13 @@ func TestOneShotUDPQueriesKeepFlowingThroughAFullTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	entries := func() (map[string]int64, error) {
-		n := int64(0)
-		err := ct.Iterate(func(gen.SluiceCtKey, gen.SluiceCtValue) bool { n++; return true })
-		return map[string]int64{maps.Conntrack.Name: n}, err
-	}
 	var dropped atomic.Int64
-	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Entries: entries, MinInterval: 100 * time.Millisecond,
+	sc, err := conntrack.NewScanner(conntrack.Options{Conntrack: ct, Entries: walkCounts(ct), MinInterval: 100 * time.Millisecond,
 		OnScan: func(st conntrack.ScanStats) { dropped.Add(int64(st.Deleted[conntrack.ReasonEarlyDrop])) }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { sc.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runScanner(t, sc)
 
 	var answered, failed int
 	var firstErr error
