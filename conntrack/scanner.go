@@ -82,16 +82,20 @@ type Options struct {
 	// MaxInterval (default 1 min).
 	Interval, MinInterval, MaxInterval time.Duration
 	// PressureFill is the fill ratio above which the map is under pressure
-	// (default 0.9): the next scan comes after MinInterval, and deletes the
-	// flows that were never answered (see Pair.Assured) and are older than
-	// UnansweredGrace (default 1 s), so that a flood of new flows, which
-	// can fill the map but never evict an established flow, does not lock
-	// out the next legitimate ones until its entries expire. It also deletes
-	// the TCP flows that have ended (Pair.Ended) and saw no packet for
-	// EndedGrace (default 1 s, past a first retransmission of a last FIN):
-	// their entries are held for 30 s to 2 min after the end, so a node
-	// opening thousands of connections a second would otherwise fill the
-	// map with flows that are over and refuse every new one.
+	// (default 0.9): the next scan deletes the flows that were never
+	// answered (see Pair.Assured) and are older than UnansweredGrace
+	// (default 1 s), so that a flood of new flows, which can fill the map
+	// but never evict an established flow, does not lock out the next
+	// legitimate ones until its entries expire. It also deletes the TCP
+	// flows that have ended (Pair.Ended) and saw no packet for EndedGrace
+	// (default 1 s, past a first retransmission of a last FIN): their
+	// entries are held for 30 s to 2 min after the end, so a node opening
+	// thousands of connections a second would otherwise fill the map with
+	// flows that are over and refuse every new one. Of a flow whose server
+	// closed first it deletes only the forward entry; past a low-water mark
+	// it goes on with idle datagram flows and those flows' reverse entries
+	// (evictTowardMark). While its deletions leave the map past
+	// PressureFill, the next scan comes after MinInterval.
 	PressureFill    float64
 	UnansweredGrace time.Duration
 	EndedGrace      time.Duration
@@ -568,7 +572,7 @@ const (
 // never answered past UnansweredGrace, and flows ended and idle past
 // EndedGrace, whole; but of a flow whose server closed first only the
 // forward entry, so that its reverse entry goes on guarding the tuple the
-// server holds in TIME_WAIT (evictGuards drops those only past the
+// server holds in TIME_WAIT (evictTowardMark drops those only past the
 // low-water mark). A client reopening that tuple finds its own guard and
 // takes it back (bpf/include/ct_new.h, own_tuple). An answered datagram
 // flow idle past EndedGrace goes only while the map stays past the
