@@ -64,10 +64,20 @@ var (
 	baselineCache = map[string]baselineResult{}
 )
 
+// proxyBinaries builds this tree's agent, or takes SLUICE_AGENT_BINARY, and
+// finds kube-proxy (SLUICE_KUBE_PROXY, which .ci/install builds).
 func proxyBinaries(tb testing.TB) (sluice, kubeProxy string) {
 	kubeProxy = os.Getenv("SLUICE_KUBE_PROXY")
 	if _, err := os.Stat(kubeProxy); kubeProxy == "" || err != nil {
 		tb.Skipf("SLUICE_KUBE_PROXY not set or missing (.ci/install builds it): %v", err)
+	}
+	// Another build of the agent, to compare it with this tree's in the
+	// same harness (a commit before a fix, say).
+	if sluice = os.Getenv("SLUICE_AGENT_BINARY"); sluice != "" {
+		if _, err := os.Stat(sluice); err != nil {
+			tb.Fatalf("SLUICE_AGENT_BINARY: %v", err)
+		}
+		return sluice, kubeProxy
 	}
 	sluice = filepath.Join(tb.TempDir(), "sluice")
 	if out, err := exec.Command("go", "build", "-o", sluice, "github.com/sluice-net/sluice/cmd/sluice").CombinedOutput(); err != nil {
@@ -129,7 +139,7 @@ func (e *baselineEnv) directTargets() []string {
 
 // addPod makes pod i: 10.20<i>.0.2/24 behind a veth whose node side is
 // 10.20<i>.0.1, the pod's gateway.
-func (e *baselineEnv) addPod(b *testing.B, i int) (*bpftest.NetNS, string) {
+func (e *baselineEnv) addPod(b testing.TB, i int) (*bpftest.NetNS, string) {
 	ip := fmt.Sprintf("10.20%d.0.2", i)
 	ns := bpftest.NewPod(b, e.node, fmt.Sprintf("slv%d", i), netip.MustParsePrefix(ip+"/24"), netip.MustParseAddr(fmt.Sprintf("10.20%d.0.1", i)))
 	return ns, ip
@@ -137,7 +147,7 @@ func (e *baselineEnv) addPod(b *testing.B, i int) (*bpftest.NetNS, string) {
 
 // startProxy starts a proxy in the node namespace; extra flags are the
 // proxy's own (Sluice's or kube-proxy's).
-func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string, extra ...string) *os.Process {
+func (e *baselineEnv) startProxy(b testing.TB, name, sluice, kubeProxy string, extra ...string) *os.Process {
 	e.registerNode(b)
 	var args []string
 	if name == "sluice" {
@@ -157,7 +167,7 @@ func (e *baselineEnv) startProxy(b *testing.B, name, sluice, kubeProxy string, e
 // registerNode creates the proxies' Node object, as a kubelet would have:
 // without it kube-proxy waits 30 s for the Node before it falls back to
 // loopback as the node's IP ("Timed out waiting for node to exist").
-func (e *baselineEnv) registerNode(b *testing.B) {
+func (e *baselineEnv) registerNode(b testing.TB) {
 	ip := e.nodeIP
 	if ip == "" {
 		ip = "10.200.0.1"

@@ -119,7 +119,7 @@ func BenchmarkBaselineClash(b *testing.B) {
 
 // logCounters logs the datapath counters of a Sluice agent's pins that are
 // not zero, by enum counter value (bpf/include/counters.h).
-func logCounters(b *testing.B, pinDir string) {
+func logCounters(b testing.TB, pinDir string) {
 	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, gen.SluiceMapSlCountersV7), nil)
 	if err != nil {
 		b.Logf("counters: %v", err)

@@ -58,7 +58,7 @@ func BenchmarkMinSyncPeriod(b *testing.B) {
 }
 
 // processCPU is a process's user and system time so far.
-func processCPU(b *testing.B, pid int) time.Duration {
+func processCPU(b testing.TB, pid int) time.Duration {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		b.Fatal(err)

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -11,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
+	"golang.org/x/sync/errgroup"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,7 +58,10 @@ const snatChurnBackends = 8
 // their server's TIME_WAIT, and the entries at the phase's end.
 //
 // Short mode (CI): 10 s a phase. SLUICE_BENCH_FULL=1: 75 s a phase (5
-// minutes in all). SLUICE_CHURN_PHASE sets another length.
+// minutes in all). SLUICE_CHURN_PHASE sets another length, and
+// SLUICE_CHURN_SERVICES=n has the API server hold n more Services of 10
+// endpoints each (issue 46's 1,000 and 10,000), created before the churn's.
+// SLUICE_BENCH_BPF_STATS=1 adds the datapath's CPU and time per connection.
 func BenchmarkSNATChurn(b *testing.B) {
 	bpftest.Require(b)
 	if _, _, err := apiservertest.Binaries(); err != nil {
@@ -70,6 +76,13 @@ func BenchmarkSNATChurn(b *testing.B) {
 		var err error
 		if d, err = time.ParseDuration(v); err != nil {
 			b.Fatalf("SLUICE_CHURN_PHASE=%q: %v", v, err)
+		}
+	}
+	var more int
+	if v := os.Getenv("SLUICE_CHURN_SERVICES"); v != "" {
+		var err error
+		if more, err = strconv.Atoi(v); err != nil || more < 0 {
+			b.Fatalf("SLUICE_CHURN_SERVICES=%q: want a count of Services", v)
 		}
 	}
 	for _, proxy := range []string{"sluice", "nftables", "no-proxy"} {
@@ -89,8 +102,16 @@ func BenchmarkSNATChurn(b *testing.B) {
 				oneClientFirst = addrs(e.backendIPs[:1], 8085)[0]
 			} else {
 				proc = e.startProxy(b, proxy, sluice, kubeProxy, "--cluster-cidr=10.200.0.0/13", "--metrics-bind-address=127.0.0.1:10249")
+				e.createIdleServices(b, more)
 				ips := e.createChurnServices(b, 17, e.backendIPs)
 				closeFirst, clientFirst, oneClientFirst = addrs(ips[:16], 80), addrs(ips[:16], 81), addrs(ips[16:], 81)[0]
+			}
+			// The datapath's own time, on request (progstats_test.go).
+			var stats io.Closer
+			if proxy == "sluice" {
+				if stats = enableRunTimeStats(b); stats != nil {
+					defer stats.Close()
+				}
 			}
 			for b.Loop() {
 			}
@@ -111,12 +132,26 @@ func BenchmarkSNATChurn(b *testing.B) {
 				}
 				var drawnBefore, dropsBefore uint64
 				var scanBefore map[string]float64
+				var runsBefore map[ebpf.ProgramID]programRun
+				if stats != nil {
+					runsBefore = programRuns(b, "sl_")
+				}
 				if proxy == "sluice" {
 					scanBefore = e.metricValues(b, append(scannerSeries, dropSeries)...)
 					drawnBefore = counter(b, e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
 					dropsBefore = counter(b, e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)
 				}
 				res := phase.run(client, phase.targets, 4, d)
+				if stats != nil { // the datapath's share of the 2 CPUs, and its time per connection
+					total, byName := programRunsSince(runsBefore, programRuns(b, "sl_"))
+					b.ReportMetric(total.time.Seconds()/res.Elapsed.Seconds(), phase.name+"-bpf-cpus")
+					if conns := float64(res.OK + res.Failed); conns > 0 {
+						b.ReportMetric(float64(total.time.Nanoseconds())/conns, phase.name+"-bpf-ns/conn")
+						for _, p := range byName {
+							b.Logf("%s: %s: %.2f runs per connection, %.0f ns a run", phase.name, p.name, float64(p.runs)/conns, float64(p.time.Nanoseconds())/float64(p.runs))
+						}
+					}
+				}
 				b.ReportMetric(res.Rate(), phase.name+"-conn/s")
 				b.ReportMetric(float64(res.Failed), phase.name+"-failed")
 				b.ReportMetric(float64(res.NoLocalPort), phase.name+"-client-out-of-ports")
@@ -160,7 +195,7 @@ func BenchmarkSNATChurn(b *testing.B) {
 // :8083 one that waits for its client to close (the first pod also on
 // :8085), and the client pod outside the cluster CIDR; withAPI: an API
 // server in the node too.
-func newSNATChurnEnv(b *testing.B, withAPI bool) (*baselineEnv, *bpftest.NetNS) {
+func newSNATChurnEnv(b testing.TB, withAPI bool) (*baselineEnv, *bpftest.NetNS) {
 	e := &baselineEnv{node: bpftest.NewNetNS(b)}
 	e.node.Run("sysctl", "-qw", "net.ipv4.ip_forward=1")
 	for i := range snatChurnBackends {
@@ -186,7 +221,7 @@ func newSNATChurnEnv(b *testing.B, withAPI bool) (*baselineEnv, *bpftest.NetNS) 
 // createChurnServices creates n Services, each reaching every backend:
 // port 80 the servers that close first (8080), port 81 those that wait for
 // the client (8081). It waits until the last answers.
-func (e *baselineEnv) createChurnServices(b *testing.B, n int, backends []string) []string {
+func (e *baselineEnv) createChurnServices(b testing.TB, n int, backends []string) []string {
 	ctx := context.Background()
 	var ips []string
 	for i := range n {
@@ -219,6 +254,33 @@ func (e *baselineEnv) createChurnServices(b *testing.B, n int, backends []string
 	return ips
 }
 
+// createIdleServices creates n Services of 10 endpoints each (addresses
+// nothing serves: no client dials them), 8 at a time, as a cluster's other
+// workloads would have; the proxies program them all.
+func (e *baselineEnv) createIdleServices(tb testing.TB, n int) {
+	var endpoints []string
+	for i := range 10 {
+		endpoints = append(endpoints, fmt.Sprintf("10.207.100.%d", i+1))
+	}
+	var g errgroup.Group
+	g.SetLimit(8)
+	for i := range n {
+		g.Go(func() error {
+			name := fmt.Sprintf("idle%d", i)
+			ctx := context.Background()
+			if _, err := e.api.Client.CoreV1().Services("default").Create(ctx, &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			_, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice(name, 8080, endpoints...), metav1.CreateOptions{})
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		tb.Fatalf("create %d idle Services: %v", n, err)
+	}
+}
+
 func addrs(ips []string, port int) []string {
 	var out []string
 	for _, ip := range ips {
@@ -241,7 +303,7 @@ var scannerSeries = []string{
 // namespace) for the values of the series named whole, labels included, or
 // starting with one that ends in '*'; a series not exported yet (a gauge
 // before the first scan) reads 0.
-func (e *baselineEnv) metricValues(b *testing.B, series ...string) map[string]float64 {
+func (e *baselineEnv) metricValues(b testing.TB, series ...string) map[string]float64 {
 	out, err := exec.Command("ip", "netns", "exec", e.node.Name, "curl", "-sSf",
 		"-H", "Accept: text/plain;version=0.0.4", "http://127.0.0.1:10249/metrics").Output()
 	if err != nil {
@@ -269,7 +331,7 @@ func (e *baselineEnv) metricValues(b *testing.B, series ...string) map[string]fl
 }
 
 // backendDrops sums the backends' PAWSTimewait and ListenOverflows.
-func backendDrops(b *testing.B, backends []*bpftest.NetNS) map[string]uint64 {
+func backendDrops(b testing.TB, backends []*bpftest.NetNS) map[string]uint64 {
 	sum := map[string]uint64{}
 	for _, ns := range backends {
 		v, err := bpftest.Netstat(ns, "TcpExt", "PAWSTimewait", "ListenOverflows")

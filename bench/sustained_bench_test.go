@@ -73,7 +73,7 @@ func BenchmarkSustainedConnRate(b *testing.B) {
 }
 
 // counter sums one datapath counter of a Sluice agent's pins over the CPUs.
-func counter(b *testing.B, pinDir string, c gen.SluiceCounter) uint64 {
+func counter(b testing.TB, pinDir string, c gen.SluiceCounter) uint64 {
 	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, gen.SluiceMapSlCountersV7), nil)
 	if err != nil {
 		b.Fatal(err)
