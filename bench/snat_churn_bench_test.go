@@ -3,10 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -31,14 +31,20 @@ const snatChurnBackends = 8
 // CIDR, so that both proxies masquerade its ClusterIP flows to the node's
 // address (kube-proxy with --cluster-cidr, Sluice the same), dials as fast as
 // it can with 4 workers and the kernel's default ephemeral range, against a
-// real API server, kube-proxy nftables in its own node beside Sluice, and
-// the same client dialling the backends with no proxy at all. Four phases,
-// each for the phase's length:
+// real API server. Three nodes side by side, each with its own pods: Sluice,
+// kube-proxy nftables, and no proxy at all (the client dials the backends).
+// Four phases, each for the phase's length:
 //   - servers close first (an HTTP/1.0 server, nginx closing idle
 //     keep-alives), so each connection's tuple is held in TIME_WAIT at its
 //     backend: 16 Services in turn, then one Service;
 //   - clients close first (they hold TIME_WAIT themselves): 16 Services,
 //     then one.
+//
+// Within a phase the three nodes take turns of churnWindow until each has
+// dialled for the phase's length, so that all three meet the same moments
+// of this VM, whose speed varies by a quarter from one minute to the next:
+// runs one after the other measured kube-proxy ahead of Sluice in one and
+// behind it in the next.
 //
 // Without a proxy, "16 Services" are 16 backend sockets (8 pods, 2 ports)
 // and "one Service" one socket: as many addresses as the client's kernel
@@ -59,7 +65,7 @@ const snatChurnBackends = 8
 //
 // Short mode (CI): 10 s a phase. SLUICE_BENCH_FULL=1: 75 s a phase (5
 // minutes in all). SLUICE_CHURN_PHASE sets another length, and
-// SLUICE_CHURN_SERVICES=n has the API server hold n more Services of 10
+// SLUICE_CHURN_SERVICES=n has the API servers hold n more Services of 10
 // endpoints each (issue 46's 1,000 and 10,000), created before the churn's.
 // SLUICE_BENCH_BPF_STATS=1 adds the datapath's CPU and time per connection.
 func BenchmarkSNATChurn(b *testing.B) {
@@ -85,108 +91,180 @@ func BenchmarkSNATChurn(b *testing.B) {
 			b.Fatalf("SLUICE_CHURN_SERVICES=%q: want a count of Services", v)
 		}
 	}
+	var nodes []*churnNode
 	for _, proxy := range []string{"sluice", "nftables", "no-proxy"} {
-		b.Run(proxy, func(b *testing.B) {
-			e, client := newSNATChurnEnv(b, proxy != "no-proxy")
-			// 16 targets each, and the one the last phase dials: one
-			// the client has not closed connections to already, so that
-			// it starts with every port free toward it, as the others.
-			var closeFirst, clientFirst []string
-			var oneClientFirst string
-			var proc *os.Process
-			if proxy == "no-proxy" {
-				for _, ip := range e.backendIPs {
-					closeFirst = append(closeFirst, addrs([]string{ip}, 8080)[0], addrs([]string{ip}, 8082)[0])
-					clientFirst = append(clientFirst, addrs([]string{ip}, 8081)[0], addrs([]string{ip}, 8083)[0])
+		nodes = append(nodes, newChurnNode(b, proxy, sluice, kubeProxy, more))
+	}
+	// The API servers and etcd settle after thousands of writes (etcd
+	// snapshots, the watch cache): a proxy that programs them at once would
+	// otherwise start its phases in their wake.
+	settle := waitQuiet(b, 90*time.Second)
+	// The datapath's own time, on request (progstats_test.go): only
+	// Sluice's node runs programs named sl_*.
+	if stats := enableRunTimeStats(b); stats != nil {
+		defer stats.Close()
+		nodes[0].stats = true
+	}
+	for _, phase := range []struct {
+		name    string
+		targets func(*churnNode) []string
+		run     func(*bpftest.NetNS, []string, int, time.Duration) bpftest.ClientResult
+	}{
+		{"16-services", func(n *churnNode) []string { return n.closeFirst }, bpftest.RunClients},
+		{"1-service", func(n *churnNode) []string { return n.closeFirst[:1] }, bpftest.RunClients},
+		{"16-services-client-closes", func(n *churnNode) []string { return n.clientFirst }, bpftest.RunClientsClosingFirst},
+		{"1-service-client-closes", func(n *churnNode) []string { return []string{n.oneClientFirst} }, bpftest.RunClientsClosingFirst},
+	} {
+		results := make([]bpftest.ClientResult, len(nodes))
+		for _, n := range nodes {
+			n.before(b)
+		}
+		for slices.ContainsFunc(results, func(r bpftest.ClientResult) bool { return r.Elapsed < d }) {
+			for i, n := range nodes {
+				w := min(churnWindow, d-results[i].Elapsed)
+				if w <= 0 {
+					continue
 				}
-				oneClientFirst = addrs(e.backendIPs[:1], 8085)[0]
-			} else {
-				proc = e.startProxy(b, proxy, sluice, kubeProxy, "--cluster-cidr=10.200.0.0/13", "--metrics-bind-address=127.0.0.1:10249")
-				e.createIdleServices(b, more)
-				ips := e.createChurnServices(b, 17, e.backendIPs)
-				closeFirst, clientFirst, oneClientFirst = addrs(ips[:16], 80), addrs(ips[:16], 81), addrs(ips[16:], 81)[0]
-			}
-			// The datapath's own time, on request (progstats_test.go).
-			var stats io.Closer
-			if proxy == "sluice" {
-				if stats = enableRunTimeStats(b); stats != nil {
-					defer stats.Close()
+				r := phase.run(n.client, phase.targets(n), 4, w)
+				results[i].OK += r.OK
+				results[i].Failed += r.Failed
+				results[i].NoLocalPort += r.NoLocalPort
+				results[i].Elapsed += r.Elapsed
+				if results[i].FirstErr == nil {
+					results[i].FirstErr = r.FirstErr
 				}
 			}
+		}
+		for i, n := range nodes {
+			n.after(b, phase.name, results[i])
+		}
+	}
+	for _, n := range nodes {
+		b.Run(n.proxy, func(b *testing.B) {
 			for b.Loop() {
 			}
-			for _, phase := range []struct {
-				name    string
-				targets []string
-				run     func(*bpftest.NetNS, []string, int, time.Duration) bpftest.ClientResult
-			}{
-				{"16-services", closeFirst, bpftest.RunClients},
-				{"1-service", closeFirst[:1], bpftest.RunClients},
-				{"16-services-client-closes", clientFirst, bpftest.RunClientsClosingFirst},
-				{"1-service-client-closes", []string{oneClientFirst}, bpftest.RunClientsClosingFirst},
-			} {
-				before, backendsBefore := e.synRetrans(), backendDrops(b, e.backends)
-				var cpuBefore time.Duration
-				if proc != nil {
-					cpuBefore = processCPU(b, proc.Pid)
-				}
-				var drawnBefore, dropsBefore uint64
-				var scanBefore map[string]float64
-				var runsBefore map[ebpf.ProgramID]programRun
-				if stats != nil {
-					runsBefore = programRuns(b, "sl_")
-				}
-				if proxy == "sluice" {
-					scanBefore = e.metricValues(b, append(scannerSeries, dropSeries)...)
-					drawnBefore = counter(b, e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
-					dropsBefore = counter(b, e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)
-				}
-				res := phase.run(client, phase.targets, 4, d)
-				if stats != nil { // the datapath's share of the 2 CPUs, and its time per connection
-					total, byName := programRunsSince(runsBefore, programRuns(b, "sl_"))
-					b.ReportMetric(total.time.Seconds()/res.Elapsed.Seconds(), phase.name+"-bpf-cpus")
-					if conns := float64(res.OK + res.Failed); conns > 0 {
-						b.ReportMetric(float64(total.time.Nanoseconds())/conns, phase.name+"-bpf-ns/conn")
-						for _, p := range byName {
-							b.Logf("%s: %s: %.2f runs per connection, %.0f ns a run", phase.name, p.name, float64(p.runs)/conns, float64(p.time.Nanoseconds())/float64(p.runs))
-						}
-					}
-				}
-				b.ReportMetric(res.Rate(), phase.name+"-conn/s")
-				b.ReportMetric(float64(res.Failed), phase.name+"-failed")
-				b.ReportMetric(float64(res.NoLocalPort), phase.name+"-client-out-of-ports")
-				if proc != nil { // the proxy's own process: its share of the 2 CPUs
-					b.ReportMetric((processCPU(b, proc.Pid)-cpuBefore).Seconds()/res.Elapsed.Seconds(), phase.name+"-proxy-cpus")
-				}
-				b.ReportMetric(e.synRetrans()-before, phase.name+"-syn-retrans")
-				// Why a SYN waited: a backend refused it against a
-				// TIME_WAIT tuple (PAWS), or its listen queue overflowed.
-				backendsAfter := backendDrops(b, e.backends)
-				b.ReportMetric(float64(backendsAfter["PAWSTimewait"]-backendsBefore["PAWSTimewait"]), phase.name+"-paws-rejects")
-				b.ReportMetric(float64(backendsAfter["ListenOverflows"]-backendsBefore["ListenOverflows"]), phase.name+"-listen-overflows")
-				if proxy == "sluice" {
-					b.ReportMetric(float64(counter(b, e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)-dropsBefore), phase.name+"-snat-drops")
-					b.ReportMetric(float64(counter(b, e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)-drawnBefore), phase.name+"-ports-drawn")
-					scan := e.metricValues(b, append(scannerSeries, dropSeries)...)
-					for i, what := range []string{"early-drops", "cut-to-guard", "ct-entries"} {
-						v := scan[scannerSeries[i]]
-						if i < 2 { // counters: the phase's
-							v -= scanBefore[scannerSeries[i]]
-						}
-						b.ReportMetric(v, phase.name+"-"+what)
-					}
-					// Any packet the datapath dropped, by reason.
-					for name, v := range scan {
-						if strings.HasPrefix(name, strings.TrimSuffix(dropSeries, "*")) && v != scanBefore[name] {
-							b.Logf("sluice %s: %s +%.0f", phase.name, name, v-scanBefore[name])
-						}
-					}
-				}
-				if res.Failed > 0 {
-					b.Logf("%s %s: %d of %d connections failed; first: %v", proxy, phase.name, res.Failed, res.OK+res.Failed, res.FirstErr)
-				}
+			// After b.Loop, which resets the metrics.
+			b.ReportMetric(settle.Seconds(), "settle-s")
+			for _, m := range n.metrics {
+				b.ReportMetric(m.value, m.unit)
 			}
 		})
+	}
+}
+
+// churnWindow is one node's turn within a phase of BenchmarkSNATChurn.
+const churnWindow = 2 * time.Second
+
+// churnNode is one of BenchmarkSNATChurn's nodes: its pods, its proxy
+// (none for "no-proxy"), what each phase dials, and the figures measured.
+type churnNode struct {
+	proxy  string
+	e      *baselineEnv
+	client *bpftest.NetNS
+	proc   *os.Process // the proxy's; nil without one
+	stats  bool        // the datapath's run-time statistics are on
+	// closeFirst and clientFirst are 16 targets each; oneClientFirst is the
+	// one the last phase dials: one the client has not closed connections
+	// to already, so that it starts with every port free toward it, as
+	// the others did.
+	closeFirst, clientFirst []string
+	oneClientFirst          string
+
+	// A phase's readings before it.
+	retrans          float64
+	backends         map[string]uint64
+	cpu              time.Duration
+	drawn, snatDrops uint64
+	scan             map[string]float64
+	runs             map[ebpf.ProgramID]programRun
+	metrics          []churnMetric
+}
+
+type churnMetric struct {
+	value float64
+	unit  string
+}
+
+func newChurnNode(b *testing.B, proxy, sluice, kubeProxy string, idleServices int) *churnNode {
+	e, client := newSNATChurnEnv(b, proxy != "no-proxy")
+	n := &churnNode{proxy: proxy, e: e, client: client}
+	if proxy == "no-proxy" {
+		for _, ip := range e.backendIPs {
+			n.closeFirst = append(n.closeFirst, addrs([]string{ip}, 8080)[0], addrs([]string{ip}, 8082)[0])
+			n.clientFirst = append(n.clientFirst, addrs([]string{ip}, 8081)[0], addrs([]string{ip}, 8083)[0])
+		}
+		n.oneClientFirst = addrs(e.backendIPs[:1], 8085)[0]
+		return n
+	}
+	n.proc = e.startProxy(b, proxy, sluice, kubeProxy, "--cluster-cidr=10.200.0.0/13", "--metrics-bind-address=127.0.0.1:10249")
+	e.createIdleServices(b, idleServices)
+	ips := e.createChurnServices(b, 17, e.backendIPs)
+	n.closeFirst, n.clientFirst, n.oneClientFirst = addrs(ips[:16], 80), addrs(ips[:16], 81), addrs(ips[16:], 81)[0]
+	return n
+}
+
+// before reads what a phase's figures are differences of.
+func (n *churnNode) before(b *testing.B) {
+	n.retrans, n.backends = n.e.synRetrans(), backendDrops(b, n.e.backends)
+	if n.proc != nil {
+		n.cpu = processCPU(b, n.proc.Pid)
+	}
+	if n.proxy == "sluice" {
+		n.scan = n.e.metricValues(b, append(scannerSeries, dropSeries)...)
+		n.drawn = counter(b, n.e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
+		n.snatDrops = counter(b, n.e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)
+	}
+	if n.stats {
+		n.runs = programRuns(b, "sl_")
+	}
+}
+
+// after records a phase's figures, res being the node's dials over all its
+// turns.
+func (n *churnNode) after(b *testing.B, phase string, res bpftest.ClientResult) {
+	report := func(v float64, unit string) { n.metrics = append(n.metrics, churnMetric{v, phase + "-" + unit}) }
+	report(res.Rate(), "conn/s")
+	report(float64(res.Failed), "failed")
+	report(float64(res.NoLocalPort), "client-out-of-ports")
+	if n.proc != nil { // the proxy's own process: its share of the 2 CPUs while this node dialled
+		report((processCPU(b, n.proc.Pid)-n.cpu).Seconds()/res.Elapsed.Seconds(), "proxy-cpus")
+	}
+	report(n.e.synRetrans()-n.retrans, "syn-retrans")
+	// Why a SYN waited: a backend refused it against a TIME_WAIT tuple
+	// (PAWS), or its listen queue overflowed.
+	backends := backendDrops(b, n.e.backends)
+	report(float64(backends["PAWSTimewait"]-n.backends["PAWSTimewait"]), "paws-rejects")
+	report(float64(backends["ListenOverflows"]-n.backends["ListenOverflows"]), "listen-overflows")
+	if n.stats { // the datapath's share of the 2 CPUs, and its time per connection
+		total, byName := programRunsSince(n.runs, programRuns(b, "sl_"))
+		report(total.time.Seconds()/res.Elapsed.Seconds(), "bpf-cpus")
+		if conns := float64(res.OK + res.Failed); conns > 0 {
+			report(float64(total.time.Nanoseconds())/conns, "bpf-ns/conn")
+			for _, p := range byName {
+				b.Logf("%s: %s: %.2f runs per connection, %.0f ns a run", phase, p.name, float64(p.runs)/conns, float64(p.time.Nanoseconds())/float64(p.runs))
+			}
+		}
+	}
+	if n.proxy == "sluice" {
+		report(float64(counter(b, n.e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)-n.snatDrops), "snat-drops")
+		report(float64(counter(b, n.e.pinDir, gen.SluiceCounterCNT_SNAT_PORT_DRAWN)-n.drawn), "ports-drawn")
+		scan := n.e.metricValues(b, append(scannerSeries, dropSeries)...)
+		for i, what := range []string{"early-drops", "cut-to-guard", "ct-entries"} {
+			v := scan[scannerSeries[i]]
+			if i < 2 { // counters: the phase's
+				v -= n.scan[scannerSeries[i]]
+			}
+			report(v, what)
+		}
+		// Any packet the datapath dropped, by reason.
+		for name, v := range scan {
+			if strings.HasPrefix(name, strings.TrimSuffix(dropSeries, "*")) && v != n.scan[name] {
+				b.Logf("sluice %s: %s +%.0f", phase, name, v-n.scan[name])
+			}
+		}
+	}
+	if res.Failed > 0 {
+		b.Logf("%s %s: %d of %d connections failed; first: %v", n.proxy, phase, res.Failed, res.OK+res.Failed, res.FirstErr)
 	}
 }
 
@@ -279,6 +357,20 @@ func (e *baselineEnv) createIdleServices(tb testing.TB, n int) {
 	if err := g.Wait(); err != nil {
 		tb.Fatalf("create %d idle Services: %v", n, err)
 	}
+}
+
+// waitQuiet waits, up to limit, for a second in which the machine's CPUs
+// were busy for less than a tenth of a CPU, and returns how long it waited.
+func waitQuiet(b *testing.B, limit time.Duration) time.Duration {
+	start := time.Now()
+	for time.Since(start) < limit {
+		before := busyCPU(b)
+		time.Sleep(time.Second)
+		if busyCPU(b)-before < 100*time.Millisecond {
+			break
+		}
+	}
+	return time.Since(start)
 }
 
 func addrs(ips []string, port int) []string {
