@@ -40,11 +40,14 @@ const snatChurnBackends = 8
 //   - clients close first (they hold TIME_WAIT themselves): 16 Services,
 //     then one.
 //
-// Within a phase the three nodes take turns of churnWindow until each has
-// dialled for the phase's length, so that all three meet the same moments
-// of this VM, whose speed varies by a quarter from one minute to the next:
-// runs one after the other measured kube-proxy ahead of Sluice in one and
-// behind it in the next.
+// Within a phase the three nodes take turns (2 s, SLUICE_CHURN_TURN) until
+// each has dialled for the phase's length, so that all three meet the same
+// moments of this VM, whose speed varies by a quarter from one minute to the
+// next: runs one after the other measured kube-proxy ahead of Sluice in one
+// and behind it in the next. Turns spread each node's flows over three
+// times the time, so its conntrack table fills a third as fast;
+// SLUICE_CHURN_TURN=0 has each node dial the whole phase in one turn, at
+// the full rate a node sees in the field, one node after the other.
 //
 // Without a proxy, "16 Services" are 16 backend sockets (8 pods, 2 ports)
 // and "one Service" one socket: as many addresses as the client's kernel
@@ -91,6 +94,13 @@ func BenchmarkSNATChurn(b *testing.B) {
 			b.Fatalf("SLUICE_CHURN_SERVICES=%q: want a count of Services", v)
 		}
 	}
+	turn := 2 * time.Second
+	if v := os.Getenv("SLUICE_CHURN_TURN"); v != "" {
+		var err error
+		if turn, err = time.ParseDuration(v); err != nil {
+			b.Fatalf("SLUICE_CHURN_TURN=%q: %v", v, err)
+		}
+	}
 	var nodes []*churnNode
 	for _, proxy := range []string{"sluice", "nftables", "no-proxy"} {
 		nodes = append(nodes, newChurnNode(b, proxy, sluice, kubeProxy, more))
@@ -105,38 +115,21 @@ func BenchmarkSNATChurn(b *testing.B) {
 		defer stats.Close()
 		nodes[0].stats = true
 	}
-	for _, phase := range []struct {
-		name    string
-		targets func(*churnNode) []string
-		run     func(*bpftest.NetNS, []string, int, time.Duration) bpftest.ClientResult
-	}{
+	phases := []churnPhase{
 		{"16-services", func(n *churnNode) []string { return n.closeFirst }, bpftest.RunClients},
 		{"1-service", func(n *churnNode) []string { return n.closeFirst[:1] }, bpftest.RunClients},
 		{"16-services-client-closes", func(n *churnNode) []string { return n.clientFirst }, bpftest.RunClientsClosingFirst},
 		{"1-service-client-closes", func(n *churnNode) []string { return []string{n.oneClientFirst} }, bpftest.RunClientsClosingFirst},
-	} {
-		results := make([]bpftest.ClientResult, len(nodes))
+	}
+	if turn <= 0 { // each node its four phases in a row, as a node in the field
 		for _, n := range nodes {
-			n.before(b)
-		}
-		for slices.ContainsFunc(results, func(r bpftest.ClientResult) bool { return r.Elapsed < d }) {
-			for i, n := range nodes {
-				w := min(churnWindow, d-results[i].Elapsed)
-				if w <= 0 {
-					continue
-				}
-				r := phase.run(n.client, phase.targets(n), 4, w)
-				results[i].OK += r.OK
-				results[i].Failed += r.Failed
-				results[i].NoLocalPort += r.NoLocalPort
-				results[i].Elapsed += r.Elapsed
-				if results[i].FirstErr == nil {
-					results[i].FirstErr = r.FirstErr
-				}
+			for _, phase := range phases {
+				phase.dial(b, []*churnNode{n}, d, d)
 			}
 		}
-		for i, n := range nodes {
-			n.after(b, phase.name, results[i])
+	} else {
+		for _, phase := range phases {
+			phase.dial(b, nodes, d, turn)
 		}
 	}
 	for _, n := range nodes {
@@ -152,8 +145,41 @@ func BenchmarkSNATChurn(b *testing.B) {
 	}
 }
 
-// churnWindow is one node's turn within a phase of BenchmarkSNATChurn.
-const churnWindow = 2 * time.Second
+// churnPhase is one of BenchmarkSNATChurn's phases: what each node dials,
+// and how.
+type churnPhase struct {
+	name    string
+	targets func(*churnNode) []string
+	run     func(*bpftest.NetNS, []string, int, time.Duration) bpftest.ClientResult
+}
+
+// dial has the nodes take turns until each has dialled for d, and records
+// each node's figures.
+func (phase churnPhase) dial(b *testing.B, nodes []*churnNode, d, turn time.Duration) {
+	results := make([]bpftest.ClientResult, len(nodes))
+	for _, n := range nodes {
+		n.before(b)
+	}
+	for slices.ContainsFunc(results, func(r bpftest.ClientResult) bool { return r.Elapsed < d }) {
+		for i, n := range nodes {
+			w := min(turn, d-results[i].Elapsed)
+			if w <= 0 {
+				continue
+			}
+			r := phase.run(n.client, phase.targets(n), 4, w)
+			results[i].OK += r.OK
+			results[i].Failed += r.Failed
+			results[i].NoLocalPort += r.NoLocalPort
+			results[i].Elapsed += r.Elapsed
+			if results[i].FirstErr == nil {
+				results[i].FirstErr = r.FirstErr
+			}
+		}
+	}
+	for i, n := range nodes {
+		n.after(b, phase.name, results[i])
+	}
+}
 
 // churnNode is one of BenchmarkSNATChurn's nodes: its pods, its proxy
 // (none for "no-proxy"), what each phase dials, and the figures measured.
