@@ -20,6 +20,7 @@ const (
 	FloorMapFloorFlows           = "floor_flows"
 	FloorMapFloorFlows6          = "floor_flows6"
 	FloorMapSlCtV2               = "sl_ct_v2"
+	FloorMapSlCtprevV1           = "sl_ctprev_v1"
 	FloorProgFloorParseLookup    = "floor_parse_lookup"
 	FloorProgFloorParseLookup6   = "floor_parse_lookup6"
 	FloorProgFloorWriteOne       = "floor_write_one"
@@ -86,6 +87,7 @@ type FloorMapSpecs struct {
 	FloorFlows  *ebpf.MapSpec `ebpf:"floor_flows"`
 	FloorFlows6 *ebpf.MapSpec `ebpf:"floor_flows6"`
 	SlCtV2      *ebpf.MapSpec `ebpf:"sl_ct_v2"`
+	SlCtprevV1  *ebpf.MapSpec `ebpf:"sl_ctprev_v1"`
 }
 
 // FloorVariableSpecs contains global variables before they are loaded into the kernel.
@@ -118,6 +120,7 @@ type FloorMaps struct {
 	FloorFlows  *ebpf.Map `ebpf:"floor_flows"`
 	FloorFlows6 *ebpf.Map `ebpf:"floor_flows6"`
 	SlCtV2      *ebpf.Map `ebpf:"sl_ct_v2"`
+	SlCtprevV1  *ebpf.Map `ebpf:"sl_ctprev_v1"`
 }
 
 func (m *FloorMaps) Close() error {
@@ -126,6 +129,7 @@ func (m *FloorMaps) Close() error {
 		m.FloorFlows,
 		m.FloorFlows6,
 		m.SlCtV2,
+		m.SlCtprevV1,
 	)
 }
 

@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	TableFloorMapSlCtV2               = "sl_ct_v2"
+	TableFloorMapSlCtprevV1           = "sl_ctprev_v1"
 	TableFloorMapTableFloorSlots      = "table_floor_slots"
 	TableFloorProgTableFloorWriteOne  = "table_floor_write_one"
 	TableFloorProgTableFloorWritePair = "table_floor_write_pair"
@@ -73,6 +74,7 @@ type TableFloorProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type TableFloorMapSpecs struct {
 	SlCtV2          *ebpf.MapSpec `ebpf:"sl_ct_v2"`
+	SlCtprevV1      *ebpf.MapSpec `ebpf:"sl_ctprev_v1"`
 	TableFloorSlots *ebpf.MapSpec `ebpf:"table_floor_slots"`
 }
 
@@ -103,12 +105,14 @@ func (o *TableFloorObjects) Close() error {
 // It can be passed to LoadTableFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type TableFloorMaps struct {
 	SlCtV2          *ebpf.Map `ebpf:"sl_ct_v2"`
+	SlCtprevV1      *ebpf.Map `ebpf:"sl_ctprev_v1"`
 	TableFloorSlots *ebpf.Map `ebpf:"table_floor_slots"`
 }
 
 func (m *TableFloorMaps) Close() error {
 	return _TableFloorClose(
 		m.SlCtV2,
+		m.SlCtprevV1,
 		m.TableFloorSlots,
 	)
 }

@@ -96,6 +96,8 @@ const (
 	ClassifyMapSlCountersV7      = "sl_counters_v7"
 	ClassifyMapSlCt6V1           = "sl_ct6_v1"
 	ClassifyMapSlCtV2            = "sl_ct_v2"
+	ClassifyMapSlCtprev6V1       = "sl_ctprev6_v1"
+	ClassifyMapSlCtprevV1        = "sl_ctprev_v1"
 	ClassifyMapSlEvcpuV1         = "sl_evcpu_v1"
 	ClassifyMapSlFe6V1           = "sl_fe6_v1"
 	ClassifyMapSlFeV1            = "sl_fe_v1"
@@ -186,6 +188,8 @@ type ClassifyMapSpecs struct {
 	SlCountersV7  *ebpf.MapSpec `ebpf:"sl_counters_v7"`
 	SlCt6V1       *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
 	SlCtV2        *ebpf.MapSpec `ebpf:"sl_ct_v2"`
+	SlCtprev6V1   *ebpf.MapSpec `ebpf:"sl_ctprev6_v1"`
+	SlCtprevV1    *ebpf.MapSpec `ebpf:"sl_ctprev_v1"`
 	SlEvcpuV1     *ebpf.MapSpec `ebpf:"sl_evcpu_v1"`
 	SlFe6V1       *ebpf.MapSpec `ebpf:"sl_fe6_v1"`
 	SlFeV1        *ebpf.MapSpec `ebpf:"sl_fe_v1"`
@@ -252,6 +256,8 @@ type ClassifyMaps struct {
 	SlCountersV7  *ebpf.Map `ebpf:"sl_counters_v7"`
 	SlCt6V1       *ebpf.Map `ebpf:"sl_ct6_v1"`
 	SlCtV2        *ebpf.Map `ebpf:"sl_ct_v2"`
+	SlCtprev6V1   *ebpf.Map `ebpf:"sl_ctprev6_v1"`
+	SlCtprevV1    *ebpf.Map `ebpf:"sl_ctprev_v1"`
 	SlEvcpuV1     *ebpf.Map `ebpf:"sl_evcpu_v1"`
 	SlFe6V1       *ebpf.Map `ebpf:"sl_fe6_v1"`
 	SlFeV1        *ebpf.Map `ebpf:"sl_fe_v1"`
@@ -292,6 +298,8 @@ func (m *ClassifyMaps) Close() error {
 		m.SlCountersV7,
 		m.SlCt6V1,
 		m.SlCtV2,
+		m.SlCtprev6V1,
+		m.SlCtprevV1,
 		m.SlEvcpuV1,
 		m.SlFe6V1,
 		m.SlFeV1,

@@ -589,6 +589,8 @@ const (
 	SluiceMapSlCountersV7     = "sl_counters_v7"
 	SluiceMapSlCt6V1          = "sl_ct6_v1"
 	SluiceMapSlCtV2           = "sl_ct_v2"
+	SluiceMapSlCtprev6V1      = "sl_ctprev6_v1"
+	SluiceMapSlCtprevV1       = "sl_ctprev_v1"
 	SluiceMapSlEvcpuV1        = "sl_evcpu_v1"
 	SluiceMapSlEventsV1       = "sl_events_v1"
 	SluiceMapSlFailsafeV1     = "sl_failsafe_v1"
@@ -717,6 +719,8 @@ type SluiceMapSpecs struct {
 	SlCountersV7   *ebpf.MapSpec `ebpf:"sl_counters_v7"`
 	SlCt6V1        *ebpf.MapSpec `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.MapSpec `ebpf:"sl_ct_v2"`
+	SlCtprev6V1    *ebpf.MapSpec `ebpf:"sl_ctprev6_v1"`
+	SlCtprevV1     *ebpf.MapSpec `ebpf:"sl_ctprev_v1"`
 	SlEvcpuV1      *ebpf.MapSpec `ebpf:"sl_evcpu_v1"`
 	SlEventsV1     *ebpf.MapSpec `ebpf:"sl_events_v1"`
 	SlFailsafeV1   *ebpf.MapSpec `ebpf:"sl_failsafe_v1"`
@@ -787,6 +791,8 @@ type SluiceMaps struct {
 	SlCountersV7   *ebpf.Map `ebpf:"sl_counters_v7"`
 	SlCt6V1        *ebpf.Map `ebpf:"sl_ct6_v1"`
 	SlCtV2         *ebpf.Map `ebpf:"sl_ct_v2"`
+	SlCtprev6V1    *ebpf.Map `ebpf:"sl_ctprev6_v1"`
+	SlCtprevV1     *ebpf.Map `ebpf:"sl_ctprev_v1"`
 	SlEvcpuV1      *ebpf.Map `ebpf:"sl_evcpu_v1"`
 	SlEventsV1     *ebpf.Map `ebpf:"sl_events_v1"`
 	SlFailsafeV1   *ebpf.Map `ebpf:"sl_failsafe_v1"`
@@ -831,6 +837,8 @@ func (m *SluiceMaps) Close() error {
 		m.SlCountersV7,
 		m.SlCt6V1,
 		m.SlCtV2,
+		m.SlCtprev6V1,
+		m.SlCtprevV1,
 		m.SlEvcpuV1,
 		m.SlEventsV1,
 		m.SlFailsafeV1,

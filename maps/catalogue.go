@@ -131,6 +131,8 @@ var docs = map[string]string{
 	gen.SluiceMapSlBe6V1:        "IPv6 service backends: {service id, ordinal} -> backend IP:port, local flag",
 	gen.SluiceMapSlSrcrange6V1:  "IPv6 loadBalancerSourceRanges: LPM {service id, source CIDR}",
 	gen.SluiceMapSlAff6V1:       "IPv6 session affinity: {service id, client IP} -> backend, time chosen (LRU)",
+	gen.SluiceMapSlCtprevV1:     "slot 0: the conntrack table a resize replaces, while the agent moves its last entries; the datapath takes a flow's pair from it on a miss",
+	gen.SluiceMapSlCtprev6V1:    "slot 0: the IPv6 conntrack table a resize replaces, as sl_ctprev_v1",
 	gen.SluiceMapSlCt6V1:        "IPv6 conntrack: forward and reverse entry per tracked flow (full: new flows refused)",
 	gen.SluiceMapSlFrag6V1:      "IPv6 fragments: {source, destination, fragment id, protocol} -> the first fragment's ports (LRU)",
 	gen.SluiceMapSlConfig6V1:    "node-wide IPv6 settings: node IPv6 address for SNAT, IPv6 pod CIDR",
@@ -265,6 +267,15 @@ func Open(opts OpenOptions) (*Set, error) {
 			return nil, err
 		}
 		s.maps[spec.Name] = m
+	}
+	// Only the agent's Open (Migrate) manages the bridges: an inspection
+	// tool's must leave a running migration's alone.
+	if !opts.Migrate {
+		return s, nil
+	}
+	if err := s.servePrevious(); err != nil {
+		s.Close()
+		return nil, err
 	}
 	return s, nil
 }

@@ -73,8 +73,10 @@ func roundTrip[K comparable, V comparable](d maps.Def[K, V]) func(t *testing.T, 
 // roundTrips must name every map of the catalogue: a map added to bpf/include
 // without a typed Def and a round trip here fails TestCatalogueRoundTrips.
 var roundTrips = map[string]func(*testing.T, *maps.Set){
-	gen.SluiceMapSlMaglevV1: roundTripMaglev,
-	gen.SluiceMapSlEventsV1: roundTripEvents,
+	gen.SluiceMapSlMaglevV1:  roundTripMaglev,
+	gen.SluiceMapSlCtprevV1:  roundTripBridge(gen.SluiceMapSlCtprevV1, maps.Conntrack.Name),
+	gen.SluiceMapSlCtprev6V1: roundTripBridge(gen.SluiceMapSlCtprev6V1, maps.Conntrack6.Name),
+	gen.SluiceMapSlEventsV1:  roundTripEvents,
 	gen.SluiceMapSlEvcpuV1: roundTripPerCPU(maps.EventBudget, func(cpu int) gen.SluiceEvCpu {
 		return gen.SluiceEvCpu{Window: uint64(cpu), Used: 3, LastDrop: 7}
 	}),
@@ -366,6 +368,37 @@ func roundTripPerCPU[V comparable](def maps.PerCPUDef[uint32, V], value func(cpu
 		got, err := m.Get(0)
 		if err != nil || !slices.Equal(got, vs) {
 			t.Fatalf("got %+v %v", got, err)
+		}
+	}
+}
+
+// roundTripBridge puts a conntrack table of another capacity than the
+// pinned one (the old table of a resize) in a bridge's slot 0, reads its id
+// back, and empties the slot.
+func roundTripBridge(bridge, table string) func(*testing.T, *maps.Set) {
+	return func(t *testing.T, s *maps.Set) {
+		ct := s.Map(table)
+		old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ct.Type(), KeySize: ct.KeySize(), ValueSize: ct.ValueSize(),
+			MaxEntries: ct.MaxEntries() / 2, Flags: ct.Flags()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer old.Close()
+		b := s.Map(bridge)
+		if err := b.Put(uint32(0), old); err != nil {
+			t.Fatalf("%s: put a %s of %d entries: %v", bridge, table, old.MaxEntries(), err)
+		}
+		info, err := old.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := info.ID()
+		var got uint32
+		if err := b.Lookup(uint32(0), &got); err != nil || ebpf.MapID(got) != want {
+			t.Fatalf("slot 0 holds map %d (%v), want %d", got, err, want)
+		}
+		if err := b.Delete(uint32(0)); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -22,7 +22,11 @@ import (
 // it in place of the old one, atomically (a rename on bpffs). The old map
 // stays open: the programs attached before keep writing to it until the new
 // ones replace them. Set.FinishMigrations then copies what they added
-// meanwhile and lets the old map go.
+// meanwhile and lets the old map go. Until then, the new programs find the
+// flows only the old conntrack table holds through a bridge
+// (previousTables): the hooks change programs one at a time, and a packet of
+// a flow the old programs started after Open would otherwise meet a program
+// that knows nothing of it.
 type Migration struct {
 	From, To                 string // map names; equal for a new capacity
 	FromCapacity, ToCapacity uint32
@@ -196,12 +200,49 @@ func copyEntries(mig *Migration, flag ebpf.MapUpdateFlags) (int, error) {
 	return n, it.Err()
 }
 
+// previousTables names, for a map whose resize the datapath bridges, the
+// map-in-map whose slot 0 holds the old table while the migration runs
+// (sl_ctprev_v1 in bpf/include/conntrack.h): the new programs look a flow up
+// there when their own table misses it, so that a flow the old programs
+// started after Open copied the table keeps its translation from the first
+// packet the new programs see. A bridge needs the old table's layout to be
+// the new one's: an Upgrade of layout has none.
+var previousTables = map[string]string{
+	gen.SluiceMapSlCtV2:  gen.SluiceMapSlCtprevV1,
+	gen.SluiceMapSlCt6V1: gen.SluiceMapSlCtprev6V1,
+}
+
+// servePrevious puts the old table of each migration that has a bridge into
+// the bridge's slot 0, and empties the other bridges: one left by an agent
+// that stopped before FinishMigrations would keep its table alive, and its
+// entries would come back.
+func (s *Set) servePrevious() error {
+	for name, bridge := range previousTables {
+		b := s.maps[bridge]
+		if b == nil {
+			continue
+		}
+		i := slices.IndexFunc(s.migrations, func(m *Migration) bool { return m.To == name && m.From == name && m.old != nil })
+		if i < 0 {
+			if err := b.Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("map %s: empty slot 0: %w", bridge, err)
+			}
+			continue
+		}
+		if err := b.Put(uint32(0), s.migrations[i].old); err != nil {
+			return fmt.Errorf("map %s: put the %s being migrated in slot 0: %w", bridge, name, err)
+		}
+	}
+	return nil
+}
+
 // Migrations are the migrations Open made.
 func (s *Set) Migrations() []*Migration { return s.migrations }
 
 // FinishMigrations copies the entries the old programs added to the old maps
 // since Open (call it once the new programs are attached; entries already in
-// the new maps are kept) and closes the old maps.
+// the new maps are kept), takes the old conntrack tables out of the
+// datapath's reach (previousTables) and closes the old maps.
 func (s *Set) FinishMigrations() error {
 	var errs []error
 	for _, mig := range s.migrations {
@@ -212,6 +253,13 @@ func (s *Set) FinishMigrations() error {
 		mig.Added = n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("map %s: finish migration from %s: %w", mig.To, mig.From, err))
+		}
+		// Only now: until the copy ends, the new programs may still meet
+		// a flow that only the old table holds.
+		if bridge := s.maps[previousTables[mig.To]]; bridge != nil && mig.From == mig.To {
+			if err := bridge.Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("map %s: empty slot 0: %w", previousTables[mig.To], err))
+			}
 		}
 		mig.old.Close()
 		mig.old = nil

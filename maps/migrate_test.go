@@ -78,8 +78,39 @@ func TestOpenMigratesANewCapacity(t *testing.T) {
 	if err := ctOf(t, running).Put(k, v, ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
 	}
+	// Until the finish, the datapath reaches the old table through the
+	// bridge (previousTables).
+	bridge := next.Map(gen.SluiceMapSlCtprevV1)
+	oldInfo, err := running.Map(maps.Conntrack.Name).Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldID, _ := oldInfo.ID()
+	var held uint32
+	if err := bridge.Lookup(uint32(0), &held); err != nil || ebpf.MapID(held) != oldID {
+		t.Fatalf("bridge slot 0 holds map %d (%v), want the old table %d", held, err, oldID)
+	}
 	if err := next.FinishMigrations(); err != nil {
 		t.Fatal(err)
+	}
+	if err := bridge.Lookup(uint32(0), &held); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("bridge slot 0 after the finish: map %d, %v; want it empty", held, err)
+	}
+	// A bridge left full by an agent that stopped mid-migration is emptied
+	// by the next one's Open.
+	if err := bridge.Put(uint32(0), running.Map(maps.Conntrack.Name)); err != nil {
+		t.Fatal(err)
+	}
+	again, err := maps.Open(maps.OpenOptions{PinDir: dir, Capacity: size(128), Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if len(again.Migrations()) != 0 {
+		t.Fatalf("migrations %+v on an Open of the same sizes", again.Migrations())
+	}
+	if err := bridge.Lookup(uint32(0), &held); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("a stale bridge after Open: map %d, %v; want it empty", held, err)
 	}
 	if migs[0].Added != 1 {
 		t.Fatalf("added %d entries at the finish, want 1", migs[0].Added)

@@ -115,6 +115,50 @@ struct {
 	__type(value, struct ct_value);
 } sl_ct_v2 SEC(".maps");
 
+/* The conntrack table a resize replaces (maps.Migration): slot 0 holds it
+ * from the agent's copy of its entries until the copy of what the old
+ * programs added since (Set.FinishMigrations), and is empty otherwise. The
+ * hooks switch to the new programs one by one, after that first copy: a
+ * packet of a flow the old programs started meanwhile finds it here
+ * (ct_from_previous) rather than nowhere, where a segment of an established
+ * connection would reach the node's stack and be answered with a reset. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_HASH);
+		__uint(max_entries, 1);	/* any: an inner hash's size is its own */
+		__type(key, struct ct_key);
+		__type(value, struct ct_value);
+	});
+} sl_ctprev_v1 SEC(".maps");
+
+/* ct_from_previous copies the pair of entries of key's flow from the table a
+ * resize replaces (sl_ctprev_v1) into sl_ct_v2, and tells whether it found
+ * key there. Existing entries are kept: a packet of the new programs may
+ * have written one first. Only a miss of sl_ct_v2 pays for it, and only one
+ * array lookup while no resize is under way. Marked unused for the bench's
+ * floor programs, which include this header and never bridge. */
+__subprog __attribute__((unused)) int ct_from_previous(const struct ct_key *key)
+{
+	__u32 slot = 0;
+	void *prev = bpf_map_lookup_elem(&sl_ctprev_v1, &slot);
+	struct ct_value *old, *peer;
+
+	if (!prev)
+		return 0;
+	old = bpf_map_lookup_elem(prev, key);
+	if (!old)
+		return 0;
+	/* The peer first: a packet that finds the key's entry finds its pair. */
+	peer = bpf_map_lookup_elem(prev, &old->peer);
+	if (peer)
+		bpf_map_update_elem(&sl_ct_v2, &old->peer, peer, BPF_NOEXIST);
+	bpf_map_update_elem(&sl_ct_v2, key, old, BPF_NOEXIST);
+	return 1;
+}
+
 /* proto_word is a key's last 32-bit word: the protocol, then 3 bytes of 0. */
 static __always_inline __u32 proto_word(__u8 proto)
 {

@@ -52,6 +52,38 @@ struct {
 	__type(value, struct ct6_value);
 } sl_ct6_v1 SEC(".maps");
 
+/* The IPv6 conntrack table a resize replaces, as sl_ctprev_v1 (conntrack.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_HASH);
+		__uint(max_entries, 1);
+		__type(key, struct ct6_key);
+		__type(value, struct ct6_value);
+	});
+} sl_ctprev6_v1 SEC(".maps");
+
+/* ct6_from_previous is ct_from_previous (conntrack.h) for IPv6. */
+__subprog __attribute__((unused)) int ct6_from_previous(const struct ct6_key *key)
+{
+	__u32 slot = 0;
+	void *prev = bpf_map_lookup_elem(&sl_ctprev6_v1, &slot);
+	struct ct6_value *old, *peer;
+
+	if (!prev)
+		return 0;
+	old = bpf_map_lookup_elem(prev, key);
+	if (!old)
+		return 0;
+	peer = bpf_map_lookup_elem(prev, &old->peer);
+	if (peer)
+		bpf_map_update_elem(&sl_ct6_v1, &old->peer, peer, BPF_NOEXIST);
+	bpf_map_update_elem(&sl_ct6_v1, key, old, BPF_NOEXIST);
+	return 1;
+}
+
 /* The addresses of an IPv6 flow handed to a policy program: they do not fit
  * in skb->cb, which carries the rest of the tuple as for IPv4 (policy.h). */
 struct policy6_tuple {

@@ -504,6 +504,8 @@ static __always_inline int pipeline(struct __sk_buff *skb, enum hook hook, const
 	struct ct_key key;
 	ct_key_of(&p, &key);
 	struct ct_value *v = bpf_map_lookup_elem(&sl_ct_v2, &key);
+	if (!v && ct_from_previous(&key))
+		v = bpf_map_lookup_elem(&sl_ct_v2, &key);
 	/* Only a SYN, or a datagram of an untranslated flow, may start a new
 	 * flow over an entry: other packets skip the call. */
 	if (v && v->type == CT_FORWARD &&

@@ -311,6 +311,8 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 
 	ct6_key_of(&p6, &key);
 	struct ct6_value *v = bpf_map_lookup_elem(&sl_ct6_v1, &key);
+	if (!v && ct6_from_previous(&key))
+		v = bpf_map_lookup_elem(&sl_ct6_v1, &key);
 	if (v && v->type == CT_FORWARD &&
 	    ((p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN || (!v->svc_id && p->proto != IPPROTO_TCP)) &&
 	    superseded6(&p6, v))

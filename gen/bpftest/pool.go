@@ -62,7 +62,7 @@ func release(objs *gen.SluiceObjects) error {
 }
 
 // Empty returns every map of a loaded datapath to the state a load leaves it
-// in: hash, LRU, LPM and map-in-map maps with no entry, arrays all zeros and
+// in: hash, LRU, LPM and map-in-map maps with no entry or map, arrays all zeros and
 // the event ring buffer read to its end. A program array must hold no program
 // (requireNoProgram); the error says so otherwise. sl_spanwriter_v1, which
 // the load fills with sl_write_span, is left as it is.
@@ -88,9 +88,22 @@ func emptyMap(m *ebpf.Map) error {
 		return requireNoProgram(m)
 	case ebpf.RingBuf:
 		return drainRing(m)
+	case ebpf.ArrayOfMaps:
+		return emptySlots(m)
 	default:
 		return deleteEveryKey(m)
 	}
+}
+
+// emptySlots clears every slot of an array of maps: its indices always
+// exist, so walking its keys would never end with none.
+func emptySlots(m *ebpf.Map) error {
+	for i := range m.MaxEntries() {
+		if err := m.Delete(i); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("slot %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // errNotReusable: the datapath is closed rather than emptied.
