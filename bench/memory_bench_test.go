@@ -121,7 +121,28 @@ func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) proxy
 		defer e.saveHeapProfile(b, "http://127.0.0.1:10249/debug/pprof/heap?gc=1", filepath.Join(profiles, fmt.Sprintf("sluice-%d.heap", n)))
 		defer e.saveHeapProfile(b, "http://127.0.0.1:10249/debug/pprof/heap?debug=1", filepath.Join(profiles, fmt.Sprintf("sluice-%d.heap.txt", n)))
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid))
+	at.rss = readResidentMemory(b, p.Pid)
+	const scrapes = 30
+	size := e.scrape(b, "http://127.0.0.1:10249/metrics") // the first: a collector's state set up
+	cpu := processCPU(b, p.Pid)
+	for range scrapes {
+		size = e.scrape(b, "http://127.0.0.1:10249/metrics")
+	}
+	at.scrapeCPUMs = float64(processCPU(b, p.Pid)-cpu) / float64(time.Millisecond) / scrapes
+	at.metricsKB = float64(size) / 1000
+	// One change among N Services: the probe's endpoint moves to another
+	// backend, and a client sees it.
+	if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(),
+		slice("probe0", targetPort(0), e.backendIPs[1]), metav1.UpdateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	at.changeMs = float64(e.waitFor(b, probe[0]+":80", "b2", time.Minute).Microseconds()) / 1000
+	return at
+}
+
+// readResidentMemory reads a process's VmRSS, RssAnon and RssFile.
+func readResidentMemory(b *testing.B, pid int) residentMemory {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -140,23 +161,7 @@ func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) proxy
 	if len(fields) != 0 {
 		b.Fatalf("/proc status lacks %v", slices.Collect(maps.Keys(fields)))
 	}
-	at.rss = m
-	const scrapes = 30
-	size := e.scrape(b, "http://127.0.0.1:10249/metrics") // the first: a collector's state set up
-	cpu := processCPU(b, p.Pid)
-	for range scrapes {
-		size = e.scrape(b, "http://127.0.0.1:10249/metrics")
-	}
-	at.scrapeCPUMs = float64(processCPU(b, p.Pid)-cpu) / float64(time.Millisecond) / scrapes
-	at.metricsKB = float64(size) / 1000
-	// One change among N Services: the probe's endpoint moves to another
-	// backend, and a client sees it.
-	if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(),
-		slice("probe0", targetPort(0), e.backendIPs[1]), metav1.UpdateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	at.changeMs = float64(e.waitFor(b, probe[0]+":80", "b2", time.Minute).Microseconds()) / 1000
-	return at
+	return m
 }
 
 // scrape fetches url in the node namespace as Prometheus would (text

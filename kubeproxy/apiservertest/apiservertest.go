@@ -154,10 +154,24 @@ func etcdDataDir(tb testing.TB, dir string) string {
 // Start runs etcd and kube-apiserver on loopback until the test ends.
 func Start(tb testing.TB) *Server { return StartIn(tb, nil) }
 
+// An Option changes how StartIn starts the API server.
+type Option func(*options)
+
+type options struct{ serviceCIDR string }
+
+// ServiceCIDR sets the range ClusterIPs are drawn from (default
+// 10.96.0.0/16, 65,534 Services): a test of more Services needs a wider
+// one, up to the /12 the API server accepts.
+func ServiceCIDR(prefix string) Option { return func(o *options) { o.serviceCIDR = prefix } }
+
 // StartIn runs them on the loopback of a test's network namespace (nil: the
 // current one). The client dials through sockets made inside it.
-func StartIn(tb testing.TB, ns *bpftest.NetNS) *Server {
+func StartIn(tb testing.TB, ns *bpftest.NetNS, opts ...Option) *Server {
 	tb.Helper()
+	o := options{serviceCIDR: "10.96.0.0/16"}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	apiserver, etcd := Require(tb)
 	dir := tb.TempDir()
 	clientPort, peerPort, apiPort := freePort(tb), freePort(tb), freePort(tb)
@@ -188,7 +202,7 @@ func StartIn(tb testing.TB, ns *bpftest.NetNS) *Server {
 	start(tb, ns, dir, "kube-apiserver", apiserver, "--token-auth-file", tokenFile,
 		"--etcd-servers", etcdURL, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
 		"--secure-port", strconv.Itoa(apiPort), "--cert-dir", filepath.Join(dir, "certs"),
-		"--service-cluster-ip-range", "10.96.0.0/16", "--service-node-port-range", "30000-32767",
+		"--service-cluster-ip-range", o.serviceCIDR, "--service-node-port-range", "30000-32767",
 		"--authorization-mode", "AlwaysAllow",
 		"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", keyFile,
 		"--service-account-signing-key-file", keyFile, "--enable-priority-and-fairness=false",
