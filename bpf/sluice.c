@@ -11,6 +11,7 @@
 #include "parse.h"
 #include "prefilter.h"
 #include "socklb.h"
+#include "xdp_accel.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -184,6 +185,18 @@ SEC("xdp")
 int sl_xdp_prefilter(struct xdp_md *ctx)
 {
 	return prefilter(ctx);
+}
+
+/* xdp: the prefilter, then the acceleration of external flows
+ * (xdp_accel.h), on data interfaces where the agent is asked for it. */
+SEC("xdp")
+int sl_xdp_accel(struct xdp_md *ctx)
+{
+	int verdict = prefilter(ctx);
+
+	if (verdict != XDP_PASS)
+		return verdict;
+	return xdp_accel_v4(ctx);
 }
 
 /* Slot 0 of sl_spanwriter_v1: writes an established packet's translation, built

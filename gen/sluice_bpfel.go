@@ -576,6 +576,22 @@ type SluiceSvcstatsValue struct {
 	NewFlows   uint64
 }
 
+type SluiceXdpAccelDecision uint32
+
+const (
+	SluiceXdpAccelDecisionXDP_ACCEL_TX            SluiceXdpAccelDecision = 0
+	SluiceXdpAccelDecisionXDP_ACCEL_REDIRECTED    SluiceXdpAccelDecision = 1
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NOT_IPV4 SluiceXdpAccelDecision = 2
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE    SluiceXdpAccelDecision = 3
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NO_FLOW  SluiceXdpAccelDecision = 4
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_TC_FLOW  SluiceXdpAccelDecision = 5
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_STATE    SluiceXdpAccelDecision = 6
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_TTL      SluiceXdpAccelDecision = 7
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_FIB      SluiceXdpAccelDecision = 8
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_EGRESS   SluiceXdpAccelDecision = 9
+	SluiceXdpAccelDecisionXDP_ACCEL_MAX           SluiceXdpAccelDecision = 10
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -622,6 +638,8 @@ const (
 	SluiceMapSlSvcnameV1      = "sl_svcname_v1"
 	SluiceMapSlSvcnetV1       = "sl_svcnet_v1"
 	SluiceMapSlSvcstatsV1     = "sl_svcstats_v1"
+	SluiceMapSlXdpdevV1       = "sl_xdpdev_v1"
+	SluiceMapSlXdpstatsV1     = "sl_xdpstats_v1"
 	SluiceProgSlConnect4      = "sl_connect4"
 	SluiceProgSlConnect6      = "sl_connect6"
 	SluiceProgSlFromHost      = "sl_from_host"
@@ -639,6 +657,7 @@ const (
 	SluiceProgSlToHostL3      = "sl_to_host_l3"
 	SluiceProgSlToWl          = "sl_to_wl"
 	SluiceProgSlWriteSpan     = "sl_write_span"
+	SluiceProgSlXdpAccel      = "sl_xdp_accel"
 	SluiceProgSlXdpPrefilter  = "sl_xdp_prefilter"
 	SluiceVarDryRun           = "dry_run"
 	SluiceVarMaglevSize       = "maglev_size"
@@ -703,6 +722,7 @@ type SluiceProgramSpecs struct {
 	SlToHostL3      *ebpf.ProgramSpec `ebpf:"sl_to_host_l3"`
 	SlToWl          *ebpf.ProgramSpec `ebpf:"sl_to_wl"`
 	SlWriteSpan     *ebpf.ProgramSpec `ebpf:"sl_write_span"`
+	SlXdpAccel      *ebpf.ProgramSpec `ebpf:"sl_xdp_accel"`
 	SlXdpPrefilter  *ebpf.ProgramSpec `ebpf:"sl_xdp_prefilter"`
 }
 
@@ -752,6 +772,8 @@ type SluiceMapSpecs struct {
 	SlSvcnameV1    *ebpf.MapSpec `ebpf:"sl_svcname_v1"`
 	SlSvcnetV1     *ebpf.MapSpec `ebpf:"sl_svcnet_v1"`
 	SlSvcstatsV1   *ebpf.MapSpec `ebpf:"sl_svcstats_v1"`
+	SlXdpdevV1     *ebpf.MapSpec `ebpf:"sl_xdpdev_v1"`
+	SlXdpstatsV1   *ebpf.MapSpec `ebpf:"sl_xdpstats_v1"`
 }
 
 // SluiceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -824,6 +846,8 @@ type SluiceMaps struct {
 	SlSvcnameV1    *ebpf.Map `ebpf:"sl_svcname_v1"`
 	SlSvcnetV1     *ebpf.Map `ebpf:"sl_svcnet_v1"`
 	SlSvcstatsV1   *ebpf.Map `ebpf:"sl_svcstats_v1"`
+	SlXdpdevV1     *ebpf.Map `ebpf:"sl_xdpdev_v1"`
+	SlXdpstatsV1   *ebpf.Map `ebpf:"sl_xdpstats_v1"`
 }
 
 func (m *SluiceMaps) Close() error {
@@ -870,6 +894,8 @@ func (m *SluiceMaps) Close() error {
 		m.SlSvcnameV1,
 		m.SlSvcnetV1,
 		m.SlSvcstatsV1,
+		m.SlXdpdevV1,
+		m.SlXdpstatsV1,
 	)
 }
 
@@ -902,6 +928,7 @@ type SluicePrograms struct {
 	SlToHostL3      *ebpf.Program `ebpf:"sl_to_host_l3"`
 	SlToWl          *ebpf.Program `ebpf:"sl_to_wl"`
 	SlWriteSpan     *ebpf.Program `ebpf:"sl_write_span"`
+	SlXdpAccel      *ebpf.Program `ebpf:"sl_xdp_accel"`
 	SlXdpPrefilter  *ebpf.Program `ebpf:"sl_xdp_prefilter"`
 }
 
@@ -924,6 +951,7 @@ func (p *SluicePrograms) Close() error {
 		p.SlToHostL3,
 		p.SlToWl,
 		p.SlWriteSpan,
+		p.SlXdpAccel,
 		p.SlXdpPrefilter,
 	)
 }

@@ -79,6 +79,13 @@ var (
 	// PortCrowding: when each CPU's last source-port search found every
 	// port taken (bpf/include/ct_new.h, port_tries).
 	PortCrowding = PerCPUDef[uint32, gen.SluicePortCrowded]{Name: gen.SluiceMapSlPortcrowdV1}
+	// XDPDecisions: per-CPU counts of the XDP acceleration's decisions
+	// (bpf/include/xdp_accel.h), by enum xdp_accel_decision.
+	XDPDecisions = PerCPUDef[gen.SluiceXdpAccelDecision, uint64]{Name: gen.SluiceMapSlXdpstatsV1}
+	// XDPDevices: the interfaces the XDP acceleration may redirect a frame
+	// to, ifindex -> ifindex, each in the writer's network namespace (a
+	// devmap resolves the interface when it is written).
+	XDPDevices = Def[uint32, uint32]{Name: gen.SluiceMapSlXdpdevV1}
 	// Routes: local delivery's FIB answers (bpf/include/deliver.h), kept a
 	// second each; deleting one makes the next packet ask again.
 	Routes  = Def[gen.SluiceRouteKey, gen.SluiceRouteValue]{Name: gen.SluiceMapSlRouteV1}
@@ -149,6 +156,8 @@ var docs = map[string]string{
 	gen.SluiceMapSlEvcpuV1:      "per-CPU flow-event budget of the current second and the reason of the CPU's last drop",
 	gen.SluiceMapSlRouteV1:      "local delivery: {destination, ingress interface} -> the destination workload's interface, MACs and MTU, or none (the stack routes it); a FIB answer kept a second (LRU)",
 	gen.SluiceMapSlRoute6V1:     "local delivery of IPv6: {destination, ingress interface} -> as sl_route_v1 (LRU)",
+	gen.SluiceMapSlXdpstatsV1:   "per-CPU counts of the XDP acceleration's decisions: translated and sent, or passed to TC and why",
+	gen.SluiceMapSlXdpdevV1:     "XDP acceleration: the interfaces a translated frame may be redirected to (ifindex -> ifindex, a devmap)",
 	gen.SluiceMapSlPortcrowdV1:  "per-CPU time of the CPU's last source-port search that found every port taken (searches try fewer ports for a second after)",
 }
 
@@ -575,6 +584,16 @@ func (e *LayoutError) Error() string {
 	return fmt.Sprintf("map %s pinned at %s has another layout (%s); remove the pin (sluice cleanup) to recreate it", e.Map, e.Path, e.Mismatch)
 }
 
+// ownFlags are a map's flags without those the kernel adds itself: every
+// devmap is made read-only to programs (BPF_F_RDONLY_PROG), a flag its
+// creation refuses when asked for.
+func ownFlags(m *ebpf.Map) uint32 {
+	if m.Type() == ebpf.DevMap || m.Type() == ebpf.DevMapHash {
+		return m.Flags() &^ unix.BPF_F_RDONLY_PROG
+	}
+	return m.Flags()
+}
+
 func checkPinned(m *ebpf.Map, spec *ebpf.MapSpec, path string) error {
 	var diffs []string
 	cmp := func(what string, got, want uint32) {
@@ -588,7 +607,7 @@ func checkPinned(m *ebpf.Map, spec *ebpf.MapSpec, path string) error {
 	cmp("key size", m.KeySize(), spec.KeySize)
 	cmp("value size", m.ValueSize(), spec.ValueSize)
 	cmp("capacity", m.MaxEntries(), spec.MaxEntries)
-	cmp("flags", m.Flags(), spec.Flags)
+	cmp("flags", ownFlags(m), spec.Flags)
 	if len(diffs) > 0 {
 		return &LayoutError{Map: spec.Name, Path: path, Mismatch: strings.Join(diffs, ", ")}
 	}

@@ -83,26 +83,28 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.PortCrowding.Name: roundTripPerCPU(maps.PortCrowding, func(cpu int) gen.SluicePortCrowded {
 		return gen.SluicePortCrowded{RefusedAt: uint64(cpu + 1)}
 	}),
-	maps.Frontends.Name:   roundTrip(maps.Frontends),
-	maps.Backends.Name:    roundTrip(maps.Backends),
-	maps.SrcRanges.Name:   roundTripLPM,
-	maps.ServiceNets.Name: roundTripServiceNets,
-	maps.Affinity.Name:    roundTrip(maps.Affinity),
-	maps.Conntrack.Name:   roundTrip(maps.Conntrack),
-	maps.Fragments.Name:   roundTrip(maps.Fragments),
-	maps.Config.Name:      roundTripConfig,
-	maps.HostIPs.Name:     roundTrip(maps.HostIPs),
-	maps.Counters.Name:    roundTripCounters,
-	maps.Sockets.Name:     roundTrip(maps.Sockets),
-	maps.Prefilter.Name:   roundTripPrefilter,
-	maps.Failsafe.Name:    roundTrip(maps.Failsafe),
-	maps.IfState.Name:     roundTrip(maps.IfState),
-	maps.SvcNames.Name:    roundTrip(maps.SvcNames),
-	maps.IPSets.Name:      roundTripIPSets,
-	maps.RuleCtrs.Name:    roundTripRuleCounters,
-	maps.SvcStats.Name:    roundTripSvcStats,
-	maps.PolicyPrograms:   checkProgramArray(maps.PolicyPrograms),
-	maps.SpanWriter:       checkProgramArray(maps.SpanWriter),
+	maps.XDPDecisions.Name: roundTripXDPDecisions,
+	maps.XDPDevices.Name:   roundTripXDPDevices,
+	maps.Frontends.Name:    roundTrip(maps.Frontends),
+	maps.Backends.Name:     roundTrip(maps.Backends),
+	maps.SrcRanges.Name:    roundTripLPM,
+	maps.ServiceNets.Name:  roundTripServiceNets,
+	maps.Affinity.Name:     roundTrip(maps.Affinity),
+	maps.Conntrack.Name:    roundTrip(maps.Conntrack),
+	maps.Fragments.Name:    roundTrip(maps.Fragments),
+	maps.Config.Name:       roundTripConfig,
+	maps.HostIPs.Name:      roundTrip(maps.HostIPs),
+	maps.Counters.Name:     roundTripCounters,
+	maps.Sockets.Name:      roundTrip(maps.Sockets),
+	maps.Prefilter.Name:    roundTripPrefilter,
+	maps.Failsafe.Name:     roundTrip(maps.Failsafe),
+	maps.IfState.Name:      roundTrip(maps.IfState),
+	maps.SvcNames.Name:     roundTrip(maps.SvcNames),
+	maps.IPSets.Name:       roundTripIPSets,
+	maps.RuleCtrs.Name:     roundTripRuleCounters,
+	maps.SvcStats.Name:     roundTripSvcStats,
+	maps.PolicyPrograms:    checkProgramArray(maps.PolicyPrograms),
+	maps.SpanWriter:        checkProgramArray(maps.SpanWriter),
 
 	maps.Frontends6.Name:      roundTrip(maps.Frontends6),
 	maps.Backends6.Name:       roundTrip(maps.Backends6),
@@ -369,6 +371,44 @@ func roundTripPerCPU[V comparable](def maps.PerCPUDef[uint32, V], value func(cpu
 		if err != nil || !slices.Equal(got, vs) {
 			t.Fatalf("got %+v %v", got, err)
 		}
+	}
+}
+
+// roundTripXDPDecisions writes each CPU's count of one decision and reads
+// them back.
+func roundTripXDPDecisions(t *testing.T, s *maps.Set) {
+	m, err := maps.XDPDecisions.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := make([]uint64, ebpf.MustPossibleCPU())
+	for i := range vs {
+		vs[i] = uint64(i + 1)
+	}
+	d := gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_FIB
+	if err := m.Put(d, vs, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Get(d); err != nil || !slices.Equal(got, vs) {
+		t.Fatalf("got %+v %v", got, err)
+	}
+}
+
+// roundTripXDPDevices writes the loopback interface (a devmap takes only
+// interfaces that exist), reads it back and deletes it.
+func roundTripXDPDevices(t *testing.T, s *maps.Set) {
+	m, err := maps.XDPDevices.In(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Put(1, 1, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Get(1); err != nil || got != 1 {
+		t.Fatalf("got %d %v", got, err)
+	}
+	if err := m.Delete(1); err != nil {
+		t.Fatal(err)
 	}
 }
 

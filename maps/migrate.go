@@ -92,7 +92,7 @@ func openMigrating(dir string, spec *ebpf.MapSpec) (*ebpf.Map, *Migration, error
 			return pinned, nil, nil
 		}
 		if !migratable(spec.Type) || pinned.Type() != spec.Type || pinned.KeySize() != spec.KeySize ||
-			pinned.ValueSize() != spec.ValueSize || pinned.Flags() != spec.Flags {
+			pinned.ValueSize() != spec.ValueSize || ownFlags(pinned) != spec.Flags {
 			pinned.Close()
 			m, err := OpenPinned(dir, spec) // the layout error, named
 			return m, nil, err

@@ -1,0 +1,349 @@
+package datapathtest_test
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/google/gopacket/layers"
+	"github.com/sluice-net/sluice/gen"
+	"github.com/sluice-net/sluice/gen/bpftest"
+)
+
+// XDP verdicts (enum xdp_action).
+const (
+	xdpTX       = 3
+	xdpRedirect = 4
+)
+
+// xdpNode is a node namespace for the acceleration's FIB lookups: its data
+// interface (data, the node IP 10.0.0.1/24) reaches the external clients
+// (198.51.100.0/24) through a router and the remote backends (10.3.0.0/16)
+// through another node, both on its link; a second interface (back,
+// 10.9.0.1/24) reaches 10.4.0.0/16. The next hops' MACs are fixed, so the
+// translated frames are known to the byte.
+type xdpNode struct {
+	ns                   *bpftest.NetNS
+	data, back           int // ifindexes
+	dataMAC, backMAC     net.HardwareAddr
+	routerMAC, remoteMAC net.HardwareAddr
+	backHopMAC           net.HardwareAddr
+	dataName, backName   string
+}
+
+func newXDPNode(t *testing.T) *xdpNode {
+	t.Helper()
+	n := &xdpNode{ns: bpftest.NewNetNS(t),
+		routerMAC: net.HardwareAddr{0x02, 0, 0, 0, 0xfe, 1}, remoteMAC: net.HardwareAddr{0x02, 0, 0, 0, 0xfe, 2},
+		backHopMAC: net.HardwareAddr{0x02, 0, 0, 0, 0xfe, 3}}
+	peer := bpftest.NewNetNS(t)
+	data := bpftest.NewVeth(t, n.ns, peer)
+	back := bpftest.NewVeth(t, n.ns, peer)
+	n.dataName, n.backName = data.Name, back.Name
+	for _, cmd := range [][]string{
+		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		{"ip", "addr", "add", "10.0.0.1/24", "dev", data.Name},
+		{"ip", "addr", "add", "10.9.0.1/24", "dev", back.Name},
+		{"ip", "neigh", "replace", "10.0.0.254", "lladdr", n.routerMAC.String(), "dev", data.Name, "nud", "permanent"},
+		{"ip", "neigh", "replace", "10.0.0.253", "lladdr", n.remoteMAC.String(), "dev", data.Name, "nud", "permanent"},
+		{"ip", "neigh", "replace", "10.9.0.254", "lladdr", n.backHopMAC.String(), "dev", back.Name, "nud", "permanent"},
+		{"ip", "route", "add", "198.51.100.0/24", "via", "10.0.0.254", "dev", data.Name},
+		{"ip", "route", "add", "10.3.0.0/16", "via", "10.0.0.253", "dev", data.Name},
+		{"ip", "route", "add", "10.4.0.0/16", "via", "10.9.0.254", "dev", back.Name},
+	} {
+		n.ns.Run(cmd...)
+	}
+	if err := n.ns.Do(func() error {
+		for _, x := range []struct {
+			name  string
+			index *int
+			mac   *net.HardwareAddr
+		}{{data.Name, &n.data, &n.dataMAC}, {back.Name, &n.back, &n.backMAC}} {
+			ifc, err := net.InterfaceByName(x.name)
+			if err != nil {
+				return err
+			}
+			*x.index, *x.mac = ifc.Index, ifc.HardwareAddr
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// xdpMD is struct xdp_md, the context BPF_PROG_TEST_RUN takes for XDP.
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// runXDP runs the acceleration on frame as if it arrived on ifindex, in the
+// node's namespace (where its FIB lookups and devmap resolve).
+func (n *xdpNode) runXDP(t *testing.T, d *bpftest.Datapath, ifindex int, frame []byte) (uint32, []byte) {
+	t.Helper()
+	var ret uint32
+	out := make([]byte, len(frame)+256)
+	err := n.ns.Do(func() error {
+		opts := ebpf.RunOptions{Data: frame, DataOut: out,
+			Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)}}
+		var err error
+		ret, err = d.Objs.SlXdpAccel.Run(&opts)
+		out = opts.DataOut
+		return err
+	})
+	if err != nil {
+		t.Fatalf("run sl_xdp_accel: %v", err)
+	}
+	return ret, out
+}
+
+// runTC runs sl_from_host on frame in the node's namespace (its FIB
+// lookups see the node's routes).
+func (n *xdpNode) runTC(t *testing.T, d *bpftest.Datapath, frame []byte) (uint32, []byte) {
+	t.Helper()
+	var ret uint32
+	var out []byte
+	if err := n.ns.Do(func() error {
+		ret, out = d.Run(d.Objs.SlFromHost, frame)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ret, out
+}
+
+// forwarded is frame as the node sends it on: Ethernet addresses of the
+// next hop, the TTL one less. Its checksums are computed from scratch by
+// Build, so a frame the program left equal to it carries correct ones.
+func forwarded(spec bpftest.PacketSpec, from, to net.HardwareAddr) []byte {
+	spec.TTL = 63
+	f := bpftest.Build(spec)
+	copy(f[0:6], to)
+	copy(f[6:12], from)
+	return f
+}
+
+func xdpDecisions(t *testing.T, d *bpftest.Datapath) map[gen.SluiceXdpAccelDecision]uint64 {
+	t.Helper()
+	got := map[gen.SluiceXdpAccelDecision]uint64{}
+	for k := gen.SluiceXdpAccelDecision(0); k < gen.SluiceXdpAccelDecisionXDP_ACCEL_MAX; k++ {
+		var vs []uint64
+		if err := d.Objs.SlXdpstatsV1.Lookup(k, &vs); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vs {
+			got[k] += v
+		}
+	}
+	return got
+}
+
+// A NodePort flow to a backend on another node, started by the TC path:
+// its established packets, both ways, are translated at XDP to the very
+// bytes the TC path writes and sent back out of the data interface, and
+// each packet that changes the flow's state, or that XDP cannot carry,
+// passes to TC untouched, counted by why.
+func TestXDPAccelCarriesEstablishedNodePortFlows(t *testing.T) {
+	for _, proto := range []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP} {
+		t.Run(proto.String(), func(t *testing.T) {
+			d := newDP(t)
+			n := newXDPNode(t)
+			np := netip.AddrPortFrom(nodeIP, 30085)
+			remote := netip.MustParseAddrPort("10.3.0.4:8080")
+			d.AddService(bpftest.Service{ID: 7, Front: np, Proto: uint8(proto), Backends: []bpftest.Backend{{AP: remote}},
+				Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+			spec := func(src, dst netip.AddrPort, flags uint8, payload string) bpftest.PacketSpec {
+				return bpftest.PacketSpec{Src: src, Dst: dst, Proto: proto, TCPFlags: flags, Seq: 1000, Payload: []byte(payload)}
+			}
+			first, ack, psh := uint8(bpftest.SYN), uint8(bpftest.ACK), uint8(bpftest.ACK|bpftest.PSH)
+			if proto == layers.IPProtocolUDP {
+				first, ack, psh = 0, 0, 0
+			}
+
+			// The flow's first packet: no entry, so XDP passes it and TC
+			// creates the flow.
+			syn := bpftest.Build(spec(extAP, np, first, "a"))
+			if ret, out := n.runXDP(t, d, n.data, syn); ret != xdpPass || !bytes.Equal(out, syn) {
+				t.Fatalf("first packet: verdict %d (frame changed: %v), want XDP_PASS unchanged", ret, !bytes.Equal(out, syn))
+			}
+			if ret, _ := n.runTC(t, d, syn); ret != actRedirect {
+				t.Fatalf("first packet at TC: verdict %d, want the FIB's redirect", ret)
+			}
+			fwd, ok := d.CT(bpftest.CtKey(extAP, np, uint8(proto)))
+			if !ok {
+				t.Fatal("TC created no forward entry")
+			}
+			snat := netip.AddrPortFrom(gen.AddrFromNet(fwd.SnatAddr), gen.PortFromNet(fwd.SnatPort))
+
+			// The backend's first answer changes the flow's state: TC's.
+			answer := bpftest.Build(spec(remote, snat, first|ack, "b"))
+			if ret, _ := n.runXDP(t, d, n.data, answer); ret != xdpPass {
+				t.Fatalf("the backend's first answer: verdict %d, want XDP_PASS", ret)
+			}
+			n.runTC(t, d, answer)
+			// TCP: the client's first ACK too; UDP: its second datagram
+			// (the entry is not known to have seen a packet after its first).
+			second := bpftest.Build(spec(extAP, np, ack, "c"))
+			if ret, _ := n.runXDP(t, d, n.data, second); ret != xdpPass {
+				t.Fatalf("the client's second packet: verdict %d, want XDP_PASS", ret)
+			}
+			n.runTC(t, d, second)
+
+			// Established, both ways: XDP writes what TC writes.
+			d.AgeFlow(extAP, np, uint8(proto), 10*time.Second)
+			before, _ := d.CT(bpftest.CtKey(extAP, np, uint8(proto)))
+			for _, c := range []struct {
+				name    string
+				in      bpftest.PacketSpec
+				want    bpftest.PacketSpec
+				nextHop net.HardwareAddr
+			}{
+				{"to the backend", spec(extAP, np, psh, "GET / HTTP/1.1\r\n"), spec(snat, remote, psh, "GET / HTTP/1.1\r\n"), n.remoteMAC},
+				{"the reply", spec(remote, snat, psh, "HTTP/1.1 200 OK\r\n"), spec(np, extAP, psh, "HTTP/1.1 200 OK\r\n"), n.routerMAC},
+			} {
+				frame := bpftest.Build(c.in)
+				ret, out := n.runXDP(t, d, n.data, frame)
+				want := forwarded(c.want, n.dataMAC, c.nextHop)
+				if ret != xdpTX || !bytes.Equal(out[:len(want)], want) {
+					dec, err := bpftest.Decode(out)
+					t.Fatalf("%s: verdict %d, frame %v → %v (checksums: %v), want XDP_TX of %v → %v from %v to %v",
+						c.name, ret, dec.Src, dec.Dst, err, c.want.Src, c.want.Dst, n.dataMAC, c.nextHop)
+				}
+				if c.name == "to the backend" {
+					after, _ := d.CT(bpftest.CtKey(extAP, np, uint8(proto)))
+					if after.LastSeen <= before.LastSeen || after.TcpSeen != before.TcpSeen {
+						t.Fatalf("forward entry after XDP: last_seen %d (was %d), tcp_seen %#x (was %#x): want refreshed, state unchanged",
+							after.LastSeen, before.LastSeen, after.TcpSeen, before.TcpSeen)
+					}
+				}
+				// The TC path, as it carries the flow when XDP is not
+				// attached (an agent restart, acceleration turned off).
+				ret, tcOut := n.runTC(t, d, frame)
+				if ret != actRedirect || !bytes.Equal(tcOut[:len(want)], want) {
+					t.Fatalf("%s at TC: verdict %d, a frame other than XDP's", c.name, ret)
+				}
+			}
+			var stats []gen.SluiceSvcstatsValue
+			if err := d.Objs.SlSvcstatsV1.Lookup(uint32(7), &stats); err != nil {
+				t.Fatal(err)
+			}
+			var sum gen.SluiceSvcstatsValue
+			for _, s := range stats {
+				sum.FwdPackets += s.FwdPackets
+				sum.RevPackets += s.RevPackets
+			}
+			// TC counted the first, second and their second runs; XDP one each way.
+			if sum.FwdPackets != 4 || sum.RevPackets != 3 {
+				t.Fatalf("service counters: %d forward, %d replies; want 4 and 3 (XDP counts as TC does)", sum.FwdPackets, sum.RevPackets)
+			}
+
+			// What XDP leaves to TC, unchanged.
+			passes := []struct {
+				name  string
+				frame []byte
+				why   gen.SluiceXdpAccelDecision
+			}{
+				{"a fragment", bpftest.Build(bpftest.PacketSpec{Src: extAP, Dst: np, Proto: proto, TCPFlags: psh, Fragment: true, Payload: []byte("x")}),
+					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE},
+				{"IP options", bpftest.Build(bpftest.PacketSpec{Src: extAP, Dst: np, Proto: proto, TCPFlags: psh, IPOptions: []byte{0x94, 0x04, 0, 0}}),
+					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE},
+				{"an expiring TTL", bpftest.Build(bpftest.PacketSpec{Src: extAP, Dst: np, Proto: proto, TCPFlags: psh, TTL: 1}),
+					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_TTL},
+				{"another client's first packet", bpftest.Build(spec(netip.MustParseAddrPort("198.51.100.10:50000"), np, first, "")),
+					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NO_FLOW},
+				{"ARP", append(make([]byte, 12), 0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NOT_IPV4},
+			}
+			if proto == layers.IPProtocolTCP {
+				passes = append(passes, struct {
+					name  string
+					frame []byte
+					why   gen.SluiceXdpAccelDecision
+				}{"the client's FIN", bpftest.Build(spec(extAP, np, bpftest.FIN|bpftest.ACK, "")), gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_STATE})
+			}
+			for _, c := range passes {
+				before := xdpDecisions(t, d)[c.why]
+				ret, out := n.runXDP(t, d, n.data, c.frame)
+				if ret != xdpPass || !bytes.Equal(out[:len(c.frame)], c.frame) {
+					t.Errorf("%s: verdict %d (frame changed: %v), want XDP_PASS unchanged", c.name, ret, !bytes.Equal(out[:len(c.frame)], c.frame))
+				}
+				if got := xdpDecisions(t, d)[c.why]; got != before+1 {
+					t.Errorf("%s: decision %d counted %d times, want once", c.name, c.why, got-before)
+				}
+			}
+		})
+	}
+}
+
+// Which flows XDP leaves to TC, and where it sends a frame whose next hop is
+// behind another interface: only to one in sl_xdpdev_v1, by redirect.
+func TestXDPAccelLeavesOtherFlowsToTC(t *testing.T) {
+	d := newDP(t)
+	n := newXDPNode(t)
+	local := netip.MustParseAddrPort("10.2.0.7:8080")
+	behindBack := netip.MustParseAddrPort("10.4.0.4:8080")
+	npLocal, npBack, vip := netip.AddrPortFrom(nodeIP, 30086), netip.AddrPortFrom(nodeIP, 30087), netip.MustParseAddrPort("10.96.0.20:80")
+	d.AddService(bpftest.Service{ID: 8, Front: npLocal, Proto: protoTCP, Backends: []bpftest.Backend{{AP: local, Local: true}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+	d.AddService(bpftest.Service{ID: 9, Front: npBack, Proto: protoTCP, Backends: []bpftest.Backend{{AP: behindBack}}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+	d.AddService(bpftest.Service{ID: 10, Front: vip, Proto: protoTCP, Backends: []bpftest.Backend{{AP: local, Local: true}}})
+
+	// Each flow established through TC.
+	establish := func(client, front netip.AddrPort) {
+		t.Helper()
+		n.runTC(t, d, bpftest.TCPPacket(client, front, bpftest.SYN))
+		fwd, ok := d.CT(bpftest.CtKey(client, front, protoTCP))
+		if !ok {
+			t.Fatalf("no flow %v → %v", client, front)
+		}
+		be := netip.AddrPortFrom(gen.AddrFromNet(fwd.NatAddr), gen.PortFromNet(fwd.NatPort))
+		to := client
+		if fwd.Flags&gen.SluiceCtFlagsCT_SNAT != 0 {
+			to = netip.AddrPortFrom(gen.AddrFromNet(fwd.SnatAddr), gen.PortFromNet(fwd.SnatPort))
+		}
+		n.runTC(t, d, bpftest.TCPPacket(be, to, bpftest.SYN|bpftest.ACK))
+		n.runTC(t, d, bpftest.TCPPacket(client, front, bpftest.ACK))
+	}
+	clientLocal := netip.MustParseAddrPort("198.51.100.9:50001")
+	clientBack := netip.MustParseAddrPort("198.51.100.9:50002")
+	pod := netip.MustParseAddrPort("198.51.100.9:50003")
+	establish(clientLocal, npLocal)
+	establish(clientBack, npBack)
+	establish(pod, vip)
+
+	for _, c := range []struct {
+		name  string
+		frame []byte
+		why   gen.SluiceXdpAccelDecision
+	}{
+		{"a NodePort flow to a local backend", bpftest.TCPPacket(clientLocal, npLocal, bpftest.ACK|bpftest.PSH), gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_TC_FLOW},
+		{"a ClusterIP flow from outside, not SNATed", bpftest.TCPPacket(pod, vip, bpftest.ACK|bpftest.PSH), gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_TC_FLOW},
+		{"a next hop behind an interface not accelerated", bpftest.TCPPacket(clientBack, npBack, bpftest.ACK|bpftest.PSH), gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_EGRESS},
+	} {
+		before := xdpDecisions(t, d)[c.why]
+		ret, out := n.runXDP(t, d, n.data, c.frame)
+		if ret != xdpPass || !bytes.Equal(out[:len(c.frame)], c.frame) {
+			t.Errorf("%s: verdict %d, want XDP_PASS unchanged", c.name, ret)
+		}
+		if got := xdpDecisions(t, d)[c.why]; got != before+1 {
+			t.Errorf("%s: decision %d counted %d times, want once", c.name, c.why, got-before)
+		}
+	}
+
+	// With the back interface accelerated, its flows are redirected there.
+	if err := n.ns.Do(func() error { return d.Objs.SlXdpdevV1.Put(uint32(n.back), uint32(n.back)) }); err != nil {
+		t.Fatal(err)
+	}
+	fwd, _ := d.CT(bpftest.CtKey(clientBack, npBack, protoTCP))
+	snat := netip.AddrPortFrom(gen.AddrFromNet(fwd.SnatAddr), gen.PortFromNet(fwd.SnatPort))
+	ret, out := n.runXDP(t, d, n.data, bpftest.TCPPacket(clientBack, npBack, bpftest.ACK|bpftest.PSH))
+	want := forwarded(bpftest.PacketSpec{Src: snat, Dst: behindBack, Proto: layers.IPProtocolTCP, TCPFlags: bpftest.ACK | bpftest.PSH}, n.backMAC, n.backHopMAC)
+	if ret != xdpRedirect || !bytes.Equal(out[:len(want)], want) {
+		t.Fatalf("next hop behind an accelerated interface: verdict %d, frame %x; want XDP_REDIRECT of %x", ret, out[:len(want)], want)
+	}
+	if got := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_REDIRECTED]; got != 1 {
+		t.Fatalf("%d redirects counted, want 1", got)
+	}
+}
