@@ -141,6 +141,13 @@ type Config struct {
 	// first full set; nothing is programmed before. A custom source brings
 	// no NetworkPolicy: the node's pods are not isolated.
 	Source func(ctx context.Context, p *kubeproxy.Proxier)
+	// XDPAcceleration is what runs at XDP on data interfaces: "disabled"
+	// (or ""; the prefilter only), "native" (the prefilter and the
+	// acceleration of established external flows, in driver mode: an
+	// interface whose driver has no XDP is not ready) or "best-effort"
+	// (the same, in generic mode where the driver has no XDP). Cilium's
+	// --bpf-lb-acceleration has the same three.
+	XDPAcceleration string
 	// ProcSysNet is the node's /proc/sys/net, where per-interface sysctls
 	// are written ("": /proc/sys/net; in a container, a hostPath mount of
 	// it, since the container's own is read-only).
@@ -167,8 +174,30 @@ func DefaultConfig() Config {
 		ConntrackScanPeriod: 10 * time.Second, CheckInterval: 10 * time.Second, ConntrackMin: 131072,
 		LBAlgorithm: "random", MaglevTableSize: maglev.DefaultSize, ExternalServiceMode: "snat", EventsPerSecond: 1000,
 		ServiceMetrics: string(proxymetrics.ServiceSeriesActive), ServiceMetricsLimit: proxymetrics.DefaultServiceSeriesLimit,
-		IPv6Tables: "auto",
+		IPv6Tables: "auto", XDPAcceleration: XDPAccelerationDisabled,
 	}
+}
+
+// The --xdp-acceleration values.
+const (
+	XDPAccelerationDisabled   = "disabled"
+	XDPAccelerationNative     = "native"
+	XDPAccelerationBestEffort = "best-effort"
+)
+
+// xdpAcceleration reads --xdp-acceleration: whether the acceleration runs,
+// and whether only driver mode will do.
+func (cfg Config) xdpAcceleration() (on, driverOnly bool, err error) {
+	switch cfg.XDPAcceleration {
+	case "", XDPAccelerationDisabled:
+		return false, false, nil
+	case XDPAccelerationNative:
+		return true, true, nil
+	case XDPAccelerationBestEffort:
+		return true, false, nil
+	}
+	return false, false, fmt.Errorf("--xdp-acceleration %q: want %s, %s or %s", cfg.XDPAcceleration,
+		XDPAccelerationDisabled, XDPAccelerationNative, XDPAccelerationBestEffort)
 }
 
 // nodeHasIPv6 reads --ipv6-tables: whether the IPv6 tables get their full
@@ -208,6 +237,30 @@ func maglevOptions(cfg Config) (*nat.MaglevOptions, error) {
 		return nil, fmt.Errorf("--maglev-table-size: %w", err)
 	}
 	return &nat.MaglevOptions{TableSize: size, ClusterIP: cfg.MaglevClusterIP}, nil
+}
+
+// xdpDevicesIf gives the interface manager the redirect targets to keep
+// while the acceleration runs, and none to keep otherwise.
+func xdpDevicesIf(accelerate bool, m *maps.Map[uint32, uint32]) *maps.Map[uint32, uint32] {
+	if accelerate {
+		return m
+	}
+	return nil
+}
+
+// clearXDPDevices empties the redirect targets a previous, accelerated run
+// left (nothing reads them without the acceleration; an empty map says so).
+func clearXDPDevices(m *maps.Map[uint32, uint32]) error {
+	var keys []uint32
+	if err := m.Iterate(func(k, _ uint32) bool { keys = append(keys, k); return true }); err != nil {
+		return fmt.Errorf("%s: %w", gen.SluiceMapSlXdpdevV1, err)
+	}
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil && !errors.Is(err, maps.ErrKeyNotExist) {
+			return fmt.Errorf("%s: %w", gen.SluiceMapSlXdpdevV1, err)
+		}
+	}
+	return nil
 }
 
 // DefaultFailsafePorts are never dropped by the XDP prefilter (SSH, API
@@ -380,6 +433,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.ServiceMetricsLimit < 0 {
 		return fail(fmt.Errorf("--service-metrics-limit %d: want 0 (the default, %d) or more", cfg.ServiceMetricsLimit, proxymetrics.DefaultServiceSeriesLimit))
 	}
+	if _, _, err := cfg.xdpAcceleration(); err != nil {
+		return fail(err)
+	}
 	if ipv6, why, err := cfg.nodeHasIPv6(); err != nil {
 		return fail(err)
 	} else if !ipv6 {
@@ -460,10 +516,22 @@ func (a *Agent) start(ctx context.Context) error {
 	default:
 		return fmt.Errorf("--default-host-endpoint %q: want \"\" or deny-ingress", cfg.DefaultHostEndpoint)
 	}
+	xdpDevices, err := maps.XDPDevices.In(a.set)
+	if err != nil {
+		return err
+	}
+	xdpProg := o.SlXdpPrefilter
+	accelerate, driverOnly, _ := cfg.xdpAcceleration()
+	if accelerate {
+		xdpProg = o.SlXdpAccel // the prefilter, then the acceleration
+	} else if err := clearXDPDevices(xdpDevices); err != nil {
+		return err
+	}
 	a.ifaces, err = ifacemgr.New(ifacemgr.Options{
 		Netns: cfg.Netns, PinDir: filepath.Join(cfg.PinDir, "links"), Classifier: classifier, IfState: ifstate, Sysctls: true, ProcSysNet: cfg.ProcSysNet,
 		Programs: ifacemgr.Programs{FromWorkload: o.SlFromWl, ToWorkload: o.SlToWl, FromHost: o.SlFromHost, ToHost: o.SlToHost,
-			FromHostL3: o.SlFromHostL3, ToHostL3: o.SlToHostL3, XDP: o.SlXdpPrefilter},
+			FromHostL3: o.SlFromHostL3, ToHostL3: o.SlToHostL3, XDP: xdpProg},
+		XDPDriverOnly: driverOnly, XDPDevices: xdpDevicesIf(accelerate, xdpDevices),
 		Policies: feed, Logger: log, ResyncInterval: cfg.CheckInterval,
 		LocalTrafficPrefix: cfg.localTraffic().Prefix(),
 		OnRepair: func(iface string, hook ifacemgr.Hook) {
@@ -539,6 +607,17 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	reg.MustRegister(proxymetrics.NewCounterCollector(func() (map[string]uint64, error) { return maps.ReadCounters(counters, names) }))
+	if accelerate, _, _ := cfg.xdpAcceleration(); accelerate {
+		decisions, err := maps.XDPDecisions.In(a.set)
+		if err != nil {
+			return err
+		}
+		names, err := maps.XDPDecisionNames()
+		if err != nil {
+			return err
+		}
+		reg.MustRegister(proxymetrics.NewXDPDecisionCollector(func() (map[string]uint64, error) { return maps.ReadXDPDecisions(decisions, names) }))
+	}
 	if filler, err := maps.NewFiller(); err != nil {
 		a.log.Warn("no map fill metrics: the kernel's map counts cannot be read", "err", err)
 	} else {

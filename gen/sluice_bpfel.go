@@ -369,6 +369,8 @@ const (
 	SluiceIfstateFlagsIFS_L3            SluiceIfstateFlags = 4
 	SluiceIfstateFlagsIFS_READY         SluiceIfstateFlags = 8
 	SluiceIfstateFlagsIFS_LOCAL_TRAFFIC SluiceIfstateFlags = 16
+	SluiceIfstateFlagsIFS_XDP_DRIVER    SluiceIfstateFlags = 32
+	SluiceIfstateFlagsIFS_XDP_GENERIC   SluiceIfstateFlags = 64
 )
 
 type SluiceIfstateKey struct {

@@ -135,6 +135,14 @@ func (m *Manager) apply(st *ifaceState, res *ApplyResult) error {
 				res.Detached++
 			}
 		}
+		st.xdpMode = ""
+		if st.hooks[XDP] {
+			st.xdpMode = xdpModeOf(m.nl, st.index)
+		}
+		// In the namespace: a devmap resolves the ifindex when written.
+		if err := m.writeXDPDevice(st); err != nil {
+			return err
+		}
 		if m.opts.Sysctls {
 			return setSysctls(m.opts.ProcSysNet, st.name, st.class)
 		}
@@ -172,8 +180,31 @@ func (m *Manager) detachAll(st *ifaceState, name string, res *ApplyResult) error
 			delete(st.hooks, hook)
 			res.Detached++
 		}
+		if !st.hooks[XDP] {
+			st.xdpMode = ""
+			errs = append(errs, m.writeXDPDevice(st))
+		}
 		return errors.Join(errs...)
 	})
+}
+
+// writeXDPDevice adds the interface to XDPDevices while its XDP program runs
+// in driver mode, and removes it otherwise. Call in the managed namespace.
+func (m *Manager) writeXDPDevice(st *ifaceState) error {
+	if m.opts.XDPDevices == nil {
+		return nil
+	}
+	idx := uint32(st.index)
+	if st.xdpMode == XDPDriver && !st.gone {
+		if err := m.opts.XDPDevices.Put(idx, idx, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("add to the XDP redirect devices: %w", err)
+		}
+		return nil
+	}
+	if err := m.opts.XDPDevices.Delete(idx); err != nil && !errors.Is(err, slmaps.ErrKeyNotExist) {
+		return fmt.Errorf("remove from the XDP redirect devices: %w", err)
+	}
+	return nil
 }
 
 func (m *Manager) writeIfState(st *ifaceState, ingress, egress uint32) error {
@@ -191,6 +222,12 @@ func (m *Manager) writeIfState(st *ifaceState, ingress, egress uint32) error {
 	}
 	if st.ready {
 		v.Flags |= gen.SluiceIfstateFlagsIFS_READY
+	}
+	switch st.xdpMode {
+	case XDPDriver:
+		v.Flags |= gen.SluiceIfstateFlagsIFS_XDP_DRIVER
+	case XDPGeneric:
+		v.Flags |= gen.SluiceIfstateFlagsIFS_XDP_GENERIC
 	}
 	if p := m.opts.LocalTrafficPrefix; p != "" && strings.HasPrefix(st.name, p) {
 		v.Flags |= gen.SluiceIfstateFlagsIFS_LOCAL_TRAFFIC

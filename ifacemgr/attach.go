@@ -42,6 +42,8 @@ type attacher struct {
 	dir    string
 	legacy bool // clsact + cls_bpf instead of TCX links
 	nl     *netlink.Handle
+	// xdpDriverOnly: XDP programs run in driver mode or not at all.
+	xdpDriverOnly bool
 }
 
 func (a *attacher) pinPath(ifname string, ifindex int, hook Hook) string {
@@ -111,9 +113,10 @@ func (a *attacher) ensure(ifname string, ifindex int, hook Hook, prog *ebpf.Prog
 	progID, _ := progInfo.ID()
 	path := a.pinPath(ifname, ifindex, hook)
 	if l, err := link.LoadPinnedLink(path, nil); err == nil {
-		defer l.Close()
 		info, err := l.Info()
-		if err == nil && linkAlive(info) {
+		wrongMode := hook == XDP && a.xdpDriverOnly && xdpModeOf(a.nl, ifindex) == XDPGeneric
+		if err == nil && linkAlive(info) && !wrongMode {
+			defer l.Close()
 			if info.Program == progID {
 				return false, nil
 			}
@@ -125,8 +128,11 @@ func (a *attacher) ensure(ifname string, ifindex int, hook Hook, prog *ebpf.Prog
 			}
 			return true, nil
 		}
-		// A defunct link (its interface went away and came back): drop it.
+		// A defunct link (its interface went away and came back), or an
+		// XDP program in generic mode where only driver mode will do: drop
+		// it, and close it now, so that it is detached before the attach.
 		_ = l.Unpin()
+		l.Close()
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Errorf("open pin %s: %w", path, err)
 	}
@@ -134,7 +140,7 @@ func (a *attacher) ensure(ifname string, ifindex int, hook Hook, prog *ebpf.Prog
 	var l link.Link
 	switch hook {
 	case XDP:
-		l, _, err = AttachXDP(ifindex, prog)
+		l, _, err = attachXDP(ifindex, prog, a.xdpDriverOnly)
 	default:
 		at := ebpf.AttachTCXIngress
 		if hook == Egress {

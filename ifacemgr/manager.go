@@ -71,6 +71,16 @@ type Options struct {
 	// IFS_LOCAL_TRAFFIC: traffic entering them is the cluster's own
 	// (kube-proxy's --detect-local-mode=InterfaceNamePrefix).
 	LocalTrafficPrefix string
+	// XDPDriverOnly refuses generic-mode XDP: a data interface whose driver
+	// cannot run the XDP program fails (and is retried) rather than running
+	// it in the stack, where it gains nothing (--xdp-acceleration=native).
+	XDPDriverOnly bool
+	// XDPDevices, if set, holds every data interface whose XDP program runs
+	// in driver mode (ifindex -> ifindex, maps.XDPDevices): the interfaces
+	// the XDP acceleration may redirect a frame to. Generic-mode ones stay
+	// out: a driver-mode redirect to a device without XDP support drops the
+	// frame, so such a frame goes on through TC instead.
+	XDPDevices *slmaps.Map[uint32, uint32]
 	// OnRepair, if set, hears of every attachment found missing or running
 	// another program (then repaired), for metrics and health.
 	OnRepair func(iface string, hook Hook)
@@ -86,6 +96,7 @@ type Status struct {
 	Ready    bool
 	Endpoint string
 	Hooks    []Hook
+	XDPMode  XDPMode // how its XDP program runs; "" for none
 	Err      error
 }
 
@@ -107,6 +118,7 @@ type ifaceState struct {
 	class    Class
 	prevName string // the name it was attached under, if renamed
 	hooks    map[Hook]bool
+	xdpMode  XDPMode
 	replace  bool // SetPrograms: move links to the new program instances
 	ready    bool
 	endpoint string
@@ -176,7 +188,7 @@ func New(opts Options) (*Manager, error) {
 	if m.opts.Classifier.DataIfaces == nil && m.opts.Classifier.DefaultRouteIfaces == nil {
 		m.opts.Classifier.DefaultRouteIfaces = m.defaultRouteIfaces
 	}
-	m.att = &attacher{dir: opts.PinDir, legacy: opts.LegacyTC, nl: m.nl}
+	m.att = &attacher{dir: opts.PinDir, legacy: opts.LegacyTC, nl: m.nl, xdpDriverOnly: opts.XDPDriverOnly}
 	if err := m.Resync(); err != nil {
 		m.nl.Close()
 		return nil, err
@@ -254,7 +266,7 @@ func (m *Manager) Statuses() []Status {
 			continue
 		}
 		out = append(out, Status{Name: st.name, Index: st.index, Class: st.class, Up: st.up, Ready: st.ready,
-			Endpoint: st.endpoint, Hooks: slices.Sorted(maps.Keys(st.hooks)), Err: st.err})
+			Endpoint: st.endpoint, Hooks: slices.Sorted(maps.Keys(st.hooks)), XDPMode: st.xdpMode, Err: st.err})
 	}
 	slices.SortFunc(out, func(a, b Status) int { return a.Index - b.Index })
 	return out

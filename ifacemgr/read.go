@@ -10,13 +10,15 @@ import (
 // Interface is a managed interface as the pins and the interface-state map
 // record it (readable while the agent runs or after it stopped).
 type Interface struct {
-	Index         int    `json:"ifindex"`
-	Name          string `json:"name"`
-	Class         string `json:"class"`
-	Ready         bool   `json:"ready"`
-	Hooks         []Hook `json:"hooks"`
-	IngressPolicy uint32 `json:"ingressPolicy"`
-	EgressPolicy  uint32 `json:"egressPolicy"`
+	Index int    `json:"ifindex"`
+	Name  string `json:"name"`
+	Class string `json:"class"`
+	Ready bool   `json:"ready"`
+	Hooks []Hook `json:"hooks"`
+	// XDPMode is how its XDP program runs: driver, generic, or "" for none.
+	XDPMode       XDPMode `json:"xdpMode,omitempty"`
+	IngressPolicy uint32  `json:"ingressPolicy"`
+	EgressPolicy  uint32  `json:"egressPolicy"`
 }
 
 // ReadInterfaces lists the interfaces in the interface-state map with the
@@ -39,6 +41,12 @@ func ReadInterfaces(pinDir string, ifstate *slmaps.Map[gen.SluiceIfstateKey, gen
 			i.Class = Data.String()
 		case v.Flags&gen.SluiceIfstateFlagsIFS_L3 != 0:
 			i.Class = L3.String()
+		}
+		switch {
+		case v.Flags&gen.SluiceIfstateFlagsIFS_XDP_DRIVER != 0:
+			i.XDPMode = XDPDriver
+		case v.Flags&gen.SluiceIfstateFlagsIFS_XDP_GENERIC != 0:
+			i.XDPMode = XDPGeneric
 		}
 		for _, p := range pins {
 			if p.ifindex == i.Index {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 )
 
 // XDPMode is how an XDP program is attached.
@@ -22,9 +24,23 @@ const (
 // AttachXDP attaches prog to the interface in driver mode, or in generic mode
 // when the driver does not support XDP. The returned link detaches it on Close.
 func AttachXDP(ifindex int, prog *ebpf.Program) (link.Link, XDPMode, error) {
+	return attachXDP(ifindex, prog, false)
+}
+
+// AttachXDPDriver attaches prog in driver mode, or fails: for a program
+// whose point is to run before an skb exists (--xdp-acceleration=native).
+func AttachXDPDriver(ifindex int, prog *ebpf.Program) (link.Link, error) {
+	l, _, err := attachXDP(ifindex, prog, true)
+	return l, err
+}
+
+func attachXDP(ifindex int, prog *ebpf.Program, driverOnly bool) (link.Link, XDPMode, error) {
 	l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: link.XDPDriverMode})
 	if err == nil {
 		return l, XDPDriver, nil
+	}
+	if driverOnly {
+		return nil, "", fmt.Errorf("attach XDP %v to ifindex %d in driver mode (the driver has no XDP support, or refuses this program): %w", prog, ifindex, err)
 	}
 	driverErr := err
 	l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: link.XDPGenericMode})
@@ -32,6 +48,22 @@ func AttachXDP(ifindex int, prog *ebpf.Program) (link.Link, XDPMode, error) {
 		return nil, "", fmt.Errorf("attach XDP %v to ifindex %d: driver mode: %v; generic mode: %w", prog, ifindex, driverErr, err)
 	}
 	return l, XDPGeneric, nil
+}
+
+// xdpModeOf reads how the interface's XDP program runs, as the kernel reports
+// it: "" when none is attached.
+func xdpModeOf(h *netlink.Handle, ifindex int) XDPMode {
+	l, err := h.LinkByIndex(ifindex)
+	if err != nil || l.Attrs().Xdp == nil || !l.Attrs().Xdp.Attached {
+		return ""
+	}
+	switch l.Attrs().Xdp.AttachMode {
+	case nl.XDP_ATTACHED_DRV, nl.XDP_ATTACHED_HW:
+		return XDPDriver
+	case nl.XDP_ATTACHED_SKB:
+		return XDPGeneric
+	}
+	return ""
 }
 
 // SocketLB is the set of socket load-balancing programs, attached to one cgroup.

@@ -3,9 +3,13 @@ package ifacemgr_test
 import (
 	"net"
 	"net/netip"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-net/sluice/maps"
 
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
@@ -69,5 +73,106 @@ func TestXDPPrefilterOnAVeth(t *testing.T) {
 	}
 	if d.Counter(gen.SluiceCounterCNT_XDP_DROP_DENIED) == 0 || d.Counter(gen.SluiceCounterCNT_XDP_PASS_FAILSAFE) == 0 {
 		t.Fatal("prefilter counters did not count")
+	}
+}
+
+// The XDP modes as the manager applies them: a veth runs the program in
+// driver mode and is a redirect target; a bridge (no XDP in its
+// driver) runs it in generic mode and is not. With driver mode required, the
+// generic attachment is dropped and the device fails, saying why; removing
+// the XDP program takes the veth out of the redirect targets.
+func TestXDPModesAndRedirectDevices(t *testing.T) {
+	e := newMgrEnv(t)
+	veth := "data" + bpftest.UniqueName("v")
+	dummy := "data" + bpftest.UniqueName("b")
+	e.node.Run("ip", "link", "add", veth, "type", "veth", "peer", "name", "p"+veth[1:])
+	e.node.Run("ip", "link", "add", dummy, "type", "bridge")
+	for _, dev := range []string{veth, "p" + veth[1:], dummy} {
+		e.node.Run("ip", "link", "set", dev, "up")
+	}
+	devices, err := maps.NewMap[uint32, uint32](e.d.Objs.SlXdpdevV1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	progs := e.programs(e.d.Objs)
+	progs.XDP = e.d.Objs.SlXdpAccel
+	manager := func(driverOnly bool) *ifacemgr.Manager {
+		m, err := ifacemgr.New(ifacemgr.Options{
+			Netns: e.node.Path(), PinDir: e.pinDir, Programs: progs, IfState: e.ifstate,
+			Classifier: ifacemgr.Classifier{DataIfaces: regexp.MustCompile("^data")},
+			RetryBase:  10 * time.Millisecond, XDPDriverOnly: driverOnly, XDPDevices: devices,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Close)
+		return m
+	}
+	modes := func(m *ifacemgr.Manager) map[string]ifacemgr.XDPMode {
+		out := map[string]ifacemgr.XDPMode{}
+		for _, s := range m.Statuses() {
+			out[s.Name] = s.XDPMode
+		}
+		return out
+	}
+	targets := func() []uint32 {
+		var out []uint32
+		if err := devices.Iterate(func(k, _ uint32) bool { out = append(out, k); return true }); err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(out)
+		return out
+	}
+	vethIdx := uint32(e.ifindex(veth))
+
+	m := manager(false)
+	if res := m.Apply(); len(res.Failed) != 0 {
+		t.Fatalf("best effort: %v", res.Failed)
+	}
+	if got := modes(m); got[veth] != ifacemgr.XDPDriver || got[dummy] != ifacemgr.XDPGeneric {
+		t.Fatalf("best effort: modes %v, want %s driver and %s generic", got, veth, dummy)
+	}
+	if got := targets(); !slices.Equal(got, []uint32{vethIdx}) {
+		t.Fatalf("redirect targets %v, want only the driver-mode veth %d", got, vethIdx)
+	}
+	read, err := ifacemgr.ReadInterfaces(e.pinDir, e.ifstate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range read {
+		if want := modes(m)[i.Name]; i.XDPMode != want {
+			t.Errorf("ReadInterfaces: %s in %q mode, the manager says %q", i.Name, i.XDPMode, want)
+		}
+	}
+	m.Close()
+
+	// A restart with driver mode required.
+	m = manager(true)
+	res := m.Apply()
+	if err := res.Failed[dummy]; err == nil || !strings.Contains(err.Error(), "driver mode") {
+		t.Fatalf("driver only: the bridge's failure is %v, want one naming driver mode", err)
+	}
+	if _, ok := res.Failed[veth]; ok || !slices.Contains(res.Ready, veth) {
+		t.Fatalf("driver only: the veth is not ready: %v", res.Failed)
+	}
+	if out := e.node.Run("ip", "link", "show", dummy); strings.Contains(out, "xdp") {
+		t.Fatalf("driver only: the generic-mode program stays on %s:\n%s", dummy, out)
+	}
+	if got := targets(); !slices.Equal(got, []uint32{vethIdx}) {
+		t.Fatalf("driver only: redirect targets %v, want %d", got, vethIdx)
+	}
+
+	// No XDP program any more: nothing to redirect to.
+	noXDP := progs
+	noXDP.XDP = nil
+	m.SetPrograms(noXDP)
+	if res := m.Apply(); res.Failed[veth] != nil {
+		t.Fatal(res.Failed[veth])
+	}
+	if got := targets(); len(got) != 0 {
+		t.Fatalf("without XDP: redirect targets %v remain", got)
+	}
+	if got := modes(m)[veth]; got != "" {
+		t.Fatalf("without XDP: %s reported in %q mode", veth, got)
 	}
 }

@@ -21,6 +21,11 @@ enum ifstate_flags : __u32 {
 	 * --pod-interface-name-prefix, so traffic entering here is the
 	 * cluster's own (kube-proxy's "local" traffic) */
 	IFS_LOCAL_TRAFFIC = 1 << 4,
+	/* How the interface's XDP program runs, for `sluice iface list`
+	 * (the datapath does not read them): in the driver, before an skb
+	 * exists, or in the stack's generic hook. */
+	IFS_XDP_DRIVER = 1 << 5,
+	IFS_XDP_GENERIC = 1 << 6,
 };
 
 struct ifstate_key {

@@ -109,8 +109,10 @@ static __always_inline int xdp_accel_v4(struct xdp_md *ctx)
 	 * byte and UDP's 7th. */
 	__be16 *l4 = (void *)(ip + 1);
 
-	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return xdp_accel_count(XDP_ACCEL_PASS_NOT_IPV4, XDP_PASS);
+	if ((void *)(ip + 1) > data_end)
+		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
 	if (ip->ihl != 5 || (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)) ||
 	    (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP))
 		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);

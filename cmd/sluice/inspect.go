@@ -247,9 +247,13 @@ func printInterfaces(ifaces []ifacemgr.Interface) {
 		for _, h := range i.Hooks {
 			hooks = append(hooks, string(h))
 		}
-		rows = append(rows, []string{fmt.Sprint(i.Index), i.Name, i.Class, fmt.Sprint(i.Ready), strings.Join(hooks, ",")})
+		xdp := "-"
+		if i.XDPMode != "" {
+			xdp = string(i.XDPMode)
+		}
+		rows = append(rows, []string{fmt.Sprint(i.Index), i.Name, i.Class, fmt.Sprint(i.Ready), strings.Join(hooks, ","), xdp})
 	}
-	table("IFINDEX\tNAME\tCLASS\tREADY\tPROGRAMS", rows)
+	table("IFINDEX\tNAME\tCLASS\tREADY\tPROGRAMS\tXDP", rows)
 }
 
 func runMaps(args []string) error {

@@ -256,6 +256,8 @@ func TestXDPAccelCarriesEstablishedNodePortFlows(t *testing.T) {
 					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NO_FLOW},
 				{"ARP", append(make([]byte, 12), 0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
 					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NOT_IPV4},
+				{"a truncated IPv4 header", append(make([]byte, 12), 0x08, 0x00, 0x45, 0, 0, 20, 0, 0, 0, 0, 64, 6),
+					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE},
 			}
 			if proto == layers.IPProtocolTCP {
 				passes = append(passes, struct {

@@ -131,6 +131,15 @@ func NewCounterCollector(read func() (map[string]uint64, error)) *CounterCollect
 		[]string{"event"}, nil)}
 }
 
+// NewXDPDecisionCollector returns a collector of the XDP acceleration's
+// decisions (maps.ReadXDPDecisions): sluice_xdp_packets_total{decision}, the
+// packets carried at XDP ("tx", "redirected") and those passed to TC by why.
+func NewXDPDecisionCollector(read func() (map[string]uint64, error)) *CounterCollector {
+	return &CounterCollector{Read: read, desc: prometheus.NewDesc("sluice_xdp_packets_total",
+		"Packets the XDP acceleration saw, by its decision (enum xdp_accel_decision in bpf/include/xdp_accel.h): tx and redirected were translated and sent at XDP, pass_* went on to TC; summed over CPUs",
+		[]string{"decision"}, nil)}
+}
+
 // Describe implements prometheus.Collector.
 func (c *CounterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/gen/bpftest"
+	"github.com/sluice-net/sluice/maps"
+	"github.com/sluice-net/sluice/netlab"
+)
+
+// wireLikeNICs makes the LAN's bridge ports behave as a NIC's wire toward the
+// nodes: a port completes a checksum a sender on this machine left partial
+// (a NIC never hands a receiver a CHECKSUM_PARTIAL packet; a veth does), and
+// runs an XDP program that passes everything, so a node's veth can send it
+// frames from XDP (a veth delivers XDP_TX and redirected frames only to a
+// peer with XDP or GRO on).
+func (c *cluster) wireLikeNICs(ports ...string) {
+	c.t.Helper()
+	pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { pass.Close() })
+	lan := &bpftest.NetNS{Name: c.lan}
+	for _, port := range ports {
+		lan.SetChecksumOffload(c.t, port, false, true)
+		err := lan.Do(func() error {
+			ifc, err := net.InterfaceByName(port)
+			if err != nil {
+				return err
+			}
+			l, err := link.AttachXDP(link.XDPOptions{Program: pass, Interface: ifc.Index, Flags: link.XDPDriverMode})
+			if err != nil {
+				return fmt.Errorf("XDP on %s: %w", port, err)
+			}
+			c.t.Cleanup(func() { l.Close() })
+			return nil
+		})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
+// xdpDecisions reads a node's XDP acceleration decisions from its pins.
+func (c *cluster) xdpDecisions(node string) map[string]uint64 {
+	c.t.Helper()
+	set, err := maps.Open(maps.OpenOptions{PinDir: c.nodes[node].pinDir, NoCreate: true})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer set.Close()
+	m, err := maps.XDPDecisions.In(set)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	names, err := maps.XDPDecisionNames()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	d, err := maps.ReadXDPDecisions(m, names)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return d
+}
+
+// --xdp-acceleration=native on real traffic: an external client downloads
+// through node-a's NodePort from a backend on node-b (SNAT). node-a's veth runs
+// the acceleration in driver mode; the flow's established packets both ways
+// are sent back out at XDP, and every byte arrives. While one download runs,
+// node-a's agent is restarted with the acceleration disabled (the flow goes
+// on through TC: XDP sends nothing more) and again with it native (the same
+// flow is carried at XDP again); the download completes, byte for byte.
+func TestMultiNodeXDPAcceleration(t *testing.T) {
+	c := newCluster(t)
+	c.addPod("node-b", "b1", 1) // 10.2.1.2
+	c.serveHTTP(c.nodes["node-b"].pods["b1"], "b1")
+	c.writeManifests(multiNodeServices)
+	c.wireLikeNICs("port0", "port1")
+	native := []string{"--xdp-acceleration=native", "--metrics-bind-address=10.210.0.1:10249"}
+	c.agentArgs = native
+	c.startAgent("node-a")
+	c.agentArgs = []string{"--xdp-acceleration=native"}
+	c.startAgent("node-b")
+	defer func() {
+		if t.Failed() {
+			for _, n := range c.order {
+				logs, _ := os.ReadFile(c.nodes[n].log.Name())
+				t.Logf("agent %s log:\n%s", n, logs)
+			}
+		}
+	}()
+	ext := netlab.Path(c.external)
+	a := netlab.Path(c.nodes["node-a"].ns)
+
+	ifaceMode := func() string {
+		t.Helper()
+		out, err := run2(func() error {
+			return run(context.Background(), []string{"iface", "list", "--bpf-pin-dir", c.nodes["node-a"].pinDir})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) == 6 && f[1] == "sldata0" {
+				return f[5]
+			}
+		}
+		t.Fatalf("no sldata0 in sluice iface list:\n%s", out)
+		return ""
+	}
+	if mode := ifaceMode(); mode != "driver" {
+		t.Fatalf("sluice iface list: sldata0's XDP runs in %q mode, want driver", mode)
+	}
+
+	// download reads size bytes of the stream Service through node-a,
+	// slowly until paced is closed.
+	download := func(size int64, paced chan struct{}, received *atomic.Int64) error {
+		return netlab.Enter(ext, func() error {
+			conn, err := net.DialTimeout("tcp4", "10.210.0.1:30103", 2*time.Second)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			fmt.Fprintf(conn, "%d\n", size)
+			buf := make([]byte, 64<<10)
+			for received.Load() < size {
+				conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+				n, err := conn.Read(buf)
+				received.Add(int64(n))
+				if err != nil {
+					if err == io.EOF && received.Load() == size {
+						return nil
+					}
+					return err
+				}
+				select {
+				case <-paced:
+				default:
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			return nil
+		})
+	}
+
+	t.Run("established packets both ways are sent at XDP", func(t *testing.T) {
+		const size = 30 << 20
+		before := c.xdpDecisions("node-a")
+		done := make(chan struct{})
+		close(done)
+		var received atomic.Int64
+		if err := download(size, done, &received); err != nil || received.Load() != size {
+			t.Fatalf("received %d of %d bytes: %v", received.Load(), size, err)
+		}
+		after := c.xdpDecisions("node-a")
+		tx := after["tx"] - before["tx"]
+		t.Logf("30 MiB download: node-a's XDP decisions %v (before %v)", after, before)
+		// ~21,700 full-sized segments to the client and its ACKs to node-b.
+		if tx < 15000 {
+			t.Fatalf("node-a sent %d packets at XDP; the download's established packets should go there", tx)
+		}
+		body, err := get(a, "10.210.0.1:10249/metrics", "", 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`(?m)^sluice_xdp_packets_total\{decision="tx"\} (\S+)$`).FindStringSubmatch(body)
+		if m == nil {
+			t.Fatalf("/metrics has no sluice_xdp_packets_total{decision=\"tx\"}:\n%s", grepLines(body, "sluice_xdp"))
+		}
+		if v, _ := strconv.ParseFloat(m[1], 64); uint64(v) < after["tx"] {
+			t.Fatalf("sluice_xdp_packets_total{decision=\"tx\"} %s, below the map's %d", m[1], after["tx"])
+		}
+	})
+
+	t.Run("a download goes on from XDP to TC and back, byte for byte", func(t *testing.T) {
+		const size = 200 << 20
+		paced := make(chan struct{})
+		var received atomic.Int64
+		result := make(chan error, 1)
+		go func() { result <- download(size, paced, &received) }()
+		progress := func(what string, atLeast int64) {
+			t.Helper()
+			waitFor(t, 20*time.Second, what, func() bool { return received.Load() >= atLeast }, func() string {
+				return fmt.Sprintf("received %d bytes", received.Load())
+			})
+		}
+		progress("the download under way", 4<<20)
+
+		c.stopAgent("node-a")
+		c.agentArgs = []string{"--xdp-acceleration=disabled"}
+		c.startAgent("node-a")
+		if mode := ifaceMode(); mode != "driver" {
+			t.Fatalf("disabled: sldata0's prefilter runs in %q mode, want driver", mode)
+		}
+		atTC := c.xdpDecisions("node-a")["tx"]
+		mark := received.Load()
+		progress("the download going on through TC", mark+8<<20)
+		if tx := c.xdpDecisions("node-a")["tx"]; tx != atTC {
+			t.Fatalf("acceleration disabled, yet %d more packets were sent at XDP", tx-atTC)
+		}
+
+		c.stopAgent("node-a")
+		c.agentArgs = native
+		c.startAgent("node-a")
+		mark = received.Load()
+		progress("the download going on at XDP again", mark+8<<20)
+		if tx := c.xdpDecisions("node-a")["tx"]; tx < atTC+2000 {
+			t.Fatalf("acceleration back on, yet only %d packets were sent at XDP", tx-atTC)
+		}
+		close(paced)
+		select {
+		case err := <-result:
+			if err != nil || received.Load() != size {
+				t.Fatalf("received %d of %d bytes: %v", received.Load(), size, err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("the download stalled at %d of %d bytes", received.Load(), size)
+		}
+	})
+
+	t.Run("native refuses a device without driver-mode XDP, and says so", func(t *testing.T) {
+		// A bridge as a second data interface: its driver has no XDP.
+		if _, err := netlab.IP("-n", c.nodes["node-a"].ns, "link", "add", "sldata1", "type", "bridge"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := netlab.IP("-n", c.nodes["node-a"].ns, "link", "set", "sldata1", "up"); err != nil {
+			t.Fatal(err)
+		}
+		n := c.nodes["node-a"]
+		var body string
+		waitFor(t, 25*time.Second, "/healthz 503 naming sldata1", func() bool {
+			var code int
+			code, body, _ = fetchIn(a, n.ip+":10256/healthz", "", time.Second)
+			return code == 503 && strings.Contains(body, "sldata1")
+		}, func() string { return body + "\n" + n.agent.logs() })
+		if logs := n.agent.logs(); !strings.Contains(logs, "sldata1") || !strings.Contains(logs, "driver mode") {
+			t.Fatalf("the log does not say why sldata1 is not ready:\n%s", logs)
+		}
+	})
+}
