@@ -3,6 +3,9 @@ package ifacemgr
 import (
 	"slices"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
 	"github.com/sluice-net/sluice/gen"
 	slmaps "github.com/sluice-net/sluice/maps"
 )
@@ -15,8 +18,10 @@ type Interface struct {
 	Class string `json:"class"`
 	Ready bool   `json:"ready"`
 	Hooks []Hook `json:"hooks"`
-	// XDPMode is how its XDP program runs: driver, generic, or "" for none.
+	// XDPMode is how its XDP program runs: driver, generic, or "" for none;
+	// XDPProgram is that program's name (sl_xdp_prefilter, sl_xdp_accel).
 	XDPMode       XDPMode `json:"xdpMode,omitempty"`
+	XDPProgram    string  `json:"xdpProgram,omitempty"`
 	IngressPolicy uint32  `json:"ingressPolicy"`
 	EgressPolicy  uint32  `json:"egressPolicy"`
 }
@@ -51,6 +56,9 @@ func ReadInterfaces(pinDir string, ifstate *slmaps.Map[gen.SluiceIfstateKey, gen
 		for _, p := range pins {
 			if p.ifindex == i.Index {
 				i.Hooks = append(i.Hooks, p.hook)
+				if p.hook == XDP {
+					i.XDPProgram = linkedProgramName(p.path)
+				}
 			}
 		}
 		slices.Sort(i.Hooks)
@@ -59,4 +67,28 @@ func ReadInterfaces(pinDir string, ifstate *slmaps.Map[gen.SluiceIfstateKey, gen
 	})
 	slices.SortFunc(out, func(a, b Interface) int { return a.Index - b.Index })
 	return out, err
+}
+
+// linkedProgramName is the name of the program a pinned link runs ("" when it
+// cannot be read).
+func linkedProgramName(pin string) string {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if err != nil {
+		return ""
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return ""
+	}
+	p, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return ""
+	}
+	defer p.Close()
+	pi, err := p.Info()
+	if err != nil {
+		return ""
+	}
+	return pi.Name
 }

@@ -143,6 +143,9 @@ func TestXDPModesAndRedirectDevices(t *testing.T) {
 		if want := modes(m)[i.Name]; i.XDPMode != want {
 			t.Errorf("ReadInterfaces: %s in %q mode, the manager says %q", i.Name, i.XDPMode, want)
 		}
+		if i.XDPProgram != "sl_xdp_accel" {
+			t.Errorf("ReadInterfaces: %s runs XDP program %q, want sl_xdp_accel", i.Name, i.XDPProgram)
+		}
 	}
 	m.Close()
 

@@ -45,17 +45,27 @@ type Packet struct {
 	// (or entering the pod) through it rather than arriving.
 	Iface  string
 	Egress bool
+	// XDP names the XDP program on Iface (ifacemgr.Interface.XDPProgram:
+	// sl_xdp_prefilter or sl_xdp_accel), which an arriving packet meets
+	// before TC; "" for none.
+	XDP string
 }
 
 // Result is what the datapath did with the packet.
 type Result struct {
 	Program string `json:"program"`
 	// Verdict: "pass", "drop", "redirect" (a reply sent back, routed by
-	// the FIB, or handed to a pod of this node: local delivery).
-	Verdict string   `json:"verdict"`
-	Input   string   `json:"input"`
-	Output  string   `json:"output,omitempty"`
-	Steps   []string `json:"steps"`
+	// the FIB, or handed to a pod of this node: local delivery), or, at
+	// XDP, "xdp_tx" (translated and sent back out of the interface it
+	// came in by) and "xdp_redirect" (to another interface).
+	Verdict string `json:"verdict"`
+	// XDP is what the XDP program decided before TC, when one ran: the
+	// acceleration's decision (sluice_xdp_packets_total's: tx,
+	// pass_no_flow, ...), or the prefilter's pass or drop.
+	XDP    string   `json:"xdp,omitempty"`
+	Input  string   `json:"input"`
+	Output string   `json:"output,omitempty"`
+	Steps  []string `json:"steps"`
 	// Conntrack: "miss" or the entry the packet hit.
 	Conntrack string `json:"conntrack"`
 	// Frontend names the Service and its frontend, when the destination is
@@ -81,7 +91,7 @@ var (
 		gen.SluiceMapSlFragV1, gen.SluiceMapSlFrag6V1, gen.SluiceMapSlSockV1, gen.SluiceMapSlSock6V1}
 	copiedEmpty = []string{gen.SluiceMapSlCountersV7, gen.SluiceMapSlSvcstatsV1, gen.SluiceMapSlEventsV1,
 		gen.SluiceMapSlEvcpuV1, gen.SluiceMapSlRulectrV1, gen.SluiceMapSlPortcrowdV1, gen.SluiceMapSlSpanV1, gen.SluiceMapSlSpan6V1, gen.SluiceMapSlRouteV1,
-		gen.SluiceMapSlRoute6V1, gen.SluiceMapSlSpanwriterV1}
+		gen.SluiceMapSlRoute6V1, gen.SluiceMapSlSpanwriterV1, gen.SluiceMapSlXdpstatsV1}
 )
 
 // POLICY_* bits of cb[3] (bpf/include/policy.h).
@@ -139,7 +149,11 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 		prog, name = objs.SlToHost, "sl_to_host"
 	}
 	r := &Result{Program: name, Input: summary(frame)}
-	r.step("%s on %s (%s): %s", r.Input, pkt.Iface, map[bool]string{false: "ingress", true: "egress"}[pkt.Egress], name)
+	programs := name
+	if !workload && !pkt.Egress && pkt.XDP != "" {
+		programs = pkt.XDP + " (XDP), then " + name
+	}
+	r.step("%s on %s (%s): %s", r.Input, pkt.Iface, map[bool]string{false: "ingress", true: "egress"}[pkt.Egress], programs)
 
 	ct := replace[gen.SluiceMapSlCtV2]
 	ct6 := replace[gen.SluiceMapSlCt6V1]
@@ -150,6 +164,13 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 	r.conntrack(before, pkt)
 	r.frontend(set, pkt, workload)
 	affBefore := affinity(replace, pkt)
+
+	if !workload && !pkt.Egress && pkt.XDP != "" {
+		done, err := r.xdp(objs, replace, pkt, iface.Index, frame)
+		if err != nil || done {
+			return r, err
+		}
+	}
 
 	ctxIn := skBuff{Ifindex: uint32(iface.Index)}
 	if !pkt.Egress {
@@ -202,6 +223,86 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 		r.step("passed: %s", r.Output)
 	}
 	return r, nil
+}
+
+// xdpMD is struct xdp_md, a run's context: the interface the frame came in by.
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// The XDP verdicts (enum xdp_action).
+const (
+	xdpDrop     = 1
+	xdpPass     = 2
+	xdpTX       = 3
+	xdpRedirect = 4
+)
+
+// xdp runs the interface's XDP program on the frame; done when the frame
+// does not go on to TC.
+func (r *Result) xdp(objs *gen.SluiceObjects, replace map[string]*ebpf.Map, pkt Packet, ifindex int, frame []byte) (bool, error) {
+	var prog *ebpf.Program
+	switch pkt.XDP {
+	case "sl_xdp_accel":
+		prog = objs.SlXdpAccel
+	case "sl_xdp_prefilter":
+		prog = objs.SlXdpPrefilter
+	default:
+		return false, fmt.Errorf("trace: XDP program %q on %s: want sl_xdp_accel or sl_xdp_prefilter", pkt.XDP, pkt.Iface)
+	}
+	out := make([]byte, len(frame)+256)
+	opts := ebpf.RunOptions{Data: frame, DataOut: out, Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)}}
+	ret, err := prog.Run(&opts)
+	if err != nil {
+		return false, fmt.Errorf("trace: run %s: %w", pkt.XDP, err)
+	}
+	switch {
+	case ret == xdpDrop: // the prefilter, before any acceleration
+		r.XDP = "drop"
+	case pkt.XDP == "sl_xdp_accel":
+		if r.XDP, err = xdpDecision(replace[gen.SluiceMapSlXdpstatsV1]); err != nil {
+			return false, err
+		}
+	default:
+		r.XDP = "pass"
+	}
+	switch ret {
+	case xdpPass:
+		r.step("%s passed it to TC (XDP decision %s)", pkt.XDP, r.XDP)
+		return false, nil
+	case xdpDrop:
+		r.Program, r.Verdict = pkt.XDP, "drop"
+		r.step("%s dropped it: the source is denied (sl_prefilter_v1) and the port is not a failsafe one", pkt.XDP)
+	case xdpTX, xdpRedirect:
+		r.Program, r.Output = pkt.XDP, summary(opts.DataOut)
+		r.Verdict = map[uint32]string{xdpTX: "xdp_tx", xdpRedirect: "xdp_redirect"}[ret]
+		r.step("%s translated it from its conntrack entry and sent it (%s): %s", pkt.XDP, r.Verdict, r.Output)
+	default:
+		r.Program, r.Verdict = pkt.XDP, "xdp verdict "+strconv.Itoa(int(ret))
+	}
+	return true, nil
+}
+
+// xdpDecision names the decision the run counted in the (copied) decisions map.
+func xdpDecision(m *ebpf.Map) (string, error) {
+	names, err := maps.XDPDecisionNames()
+	if err != nil {
+		return "", err
+	}
+	pc, err := maps.NewPerCPUMap[gen.SluiceXdpAccelDecision, uint64](m)
+	if err != nil {
+		return "", err
+	}
+	counts, err := maps.ReadXDPDecisions(pc, names)
+	if err != nil {
+		return "", err
+	}
+	for name, n := range counts {
+		if n != 0 {
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("trace: the XDP program counted no decision")
 }
 
 func (r *Result) step(format string, args ...any) {

@@ -50,6 +50,16 @@ func runTrace(args []string) error {
 		return err
 	}
 	defer set.Close()
+	// An arriving packet meets the interface's XDP program first.
+	ifaces, err := f.interfaces(set)
+	if err != nil {
+		return err
+	}
+	for _, i := range ifaces {
+		if i.Name == pkt.Iface {
+			pkt.XDP = i.XDPProgram
+		}
+	}
 	r, err := trace.Run(set, pkt)
 	if err != nil {
 		return err
@@ -61,5 +71,8 @@ func runTrace(args []string) error {
 		fmt.Println(s)
 	}
 	fmt.Println("verdict:", r.Verdict)
+	if r.XDP != "" {
+		fmt.Println("xdp:", r.XDP)
+	}
 	return nil
 }

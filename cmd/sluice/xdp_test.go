@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/netlab"
+	"github.com/sluice-net/sluice/trace"
 )
 
 // wireLikeNICs makes the LAN's bridge ports behave as a NIC's wire toward the
@@ -188,6 +190,43 @@ func TestMultiNodeXDPAcceleration(t *testing.T) {
 		}
 	})
 
+	t.Run("sluice trace follows the packet through XDP", func(t *testing.T) {
+		traceOnA := func(src, flags string) trace.Result {
+			t.Helper()
+			out, err := run2(func() error {
+				return netlab.Enter(a, func() error {
+					return run(context.Background(), []string{"trace", "tcp", src, "->", "10.210.0.1:30102", "--iface", "sldata0",
+						"--flags", flags, "--bpf-pin-dir", c.nodes["node-a"].pinDir, "--json"})
+				})
+			})
+			var r trace.Result
+			if err == nil {
+				err = json.Unmarshal([]byte(out), &r)
+			}
+			if err != nil {
+				t.Fatalf("sluice trace: %v\n%s", err, out)
+			}
+			t.Logf("trace %s [%s]: %s; verdict %s, xdp %s", src, flags, strings.Join(r.Steps, "; "), r.Verdict, r.XDP)
+			return r
+		}
+		k, err := dialIn(ext, "10.210.0.1:30102")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer k.conn.Close()
+		if _, err := k.ask(2 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		r := traceOnA(k.conn.LocalAddr().String(), "ack")
+		if r.Program != "sl_xdp_accel" || r.XDP != "tx" || r.Verdict != "xdp_tx" || !strings.Contains(r.Output, "-> 10.2.1.2:8080") {
+			t.Fatalf("an established connection's packet: %+v, want sent at XDP to 10.2.1.2:8080", r)
+		}
+		r = traceOnA("10.210.0.100:45999", "syn")
+		if r.XDP != "pass_no_flow" || r.Program != "sl_from_host" || r.Verdict != "redirect" || !strings.HasPrefix(r.SNAT, "10.210.0.1:") {
+			t.Fatalf("a new connection's SYN: %+v, want passed to TC, which SNATs it", r)
+		}
+	})
+
 	t.Run("a download goes on from XDP to TC and back, byte for byte", func(t *testing.T) {
 		const size = 200 << 20
 		paced := make(chan struct{})
@@ -196,8 +235,11 @@ func TestMultiNodeXDPAcceleration(t *testing.T) {
 		go func() { result <- download(size, paced, &received) }()
 		progress := func(what string, atLeast int64) {
 			t.Helper()
-			waitFor(t, 20*time.Second, what, func() bool { return received.Load() >= atLeast }, func() string {
-				return fmt.Sprintf("received %d bytes", received.Load())
+			// A packet lost while an agent restarts costs a retransmission
+			// timeout, which doubles with each loss: allow for a few.
+			waitFor(t, 45*time.Second, what, func() bool { return received.Load() >= atLeast }, func() string {
+				return fmt.Sprintf("received %d bytes; node-a's XDP decisions %v; its flows:\n%s", received.Load(),
+					c.xdpDecisions("node-a"), c.ctList("node-a", "--address", "10.210.0.100"))
 			})
 		}
 		progress("the download under way", 4<<20)
