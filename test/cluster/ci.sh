@@ -20,6 +20,11 @@ if [ $rc = 0 ]; then
 fi
 if [ $rc = 0 ]; then
 	SLUICE_E2E_PROCS=4 "$dir/conformance.sh" "$out" "$focus" || rc=$?
+	# The specs ran with the XDP acceleration on (migrate.sh): what it carried.
+	for i in $(seq "$NODES"); do
+		echo "$(node_name "$i") XDP: $(in_node "$i" curl -s 127.0.0.1:10249/metrics | grep '^sluice_xdp_packets_total' |
+			sed 's/sluice_xdp_packets_total{decision="\(.*\)"}/\1/' | tr '\n' ' ')"
+	done
 fi
 if [ $rc != 0 ]; then
 	grep -h -A3 '\[FAILED\]' "$out/e2e.log" 2>/dev/null | head -60

@@ -194,9 +194,19 @@ echo "== helm upgrade: $new_image on kube-proxy's ports, one node after the othe
 # which the agent would otherwise take as 0 from kube-proxy's file): each
 # new agent moves the live entries into a map of the new size while the old
 # programs still run (maps.Open with Migrate, as for an older layout).
+# It also turns the XDP acceleration on, in driver mode (up.sh sets up the
+# wire for it): the long-lived connections cross from TC to XDP, and the
+# conformance specs after it run with it.
 helm_cp upgrade sluice "$ROOT/deploy/helm/sluice" --namespace kube-system -f "$dir/sluice-values.yaml" \
-	--set image.tag="${new_image##*:}" --set config.conntrack-max-per-core=65536
+	--set image.tag="${new_image##*:}" --set config.conntrack-max-per-core=65536 --set config.xdp-acceleration=native
 kubectl_cp -n kube-system rollout status ds/sluice --timeout=180s
+for i in $(seq "$NODES"); do
+	if ! in_node "$i" "$BIN/sluice" iface list | grep -Eq '^[0-9]+ +eth0 +data +true +.* driver$'; then
+		echo "$(node_name "$i"): eth0 does not run the XDP acceleration in driver mode:" >&2
+		in_node "$i" "$BIN/sluice" iface list >&2
+		rc=1
+	fi
+done
 # The IPv4 table on every node; the IPv6 one too on a dual-stack cluster.
 # On a single-stack one the agent gives the IPv6 tables their minimal size
 # (--ipv6-tables=auto), which no conntrack flag grows.

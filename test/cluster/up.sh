@@ -92,6 +92,12 @@ for i in $(seq "$NODES"); do
 	ip netns add "$ns"
 	ip -n "$CP_NS" link add "n$i" type veth peer name eth0 netns "$ns"
 	ip -n "$CP_NS" link set "n$i" master br0 up
+	# The wire toward each node behaves as a NIC's, so Sluice's XDP
+	# acceleration can run on the node's eth0 in driver mode: the port
+	# completes a checksum a sender on this machine left partial (a NIC
+	# never delivers a CHECKSUM_PARTIAL packet; a veth does), and GRO on
+	# gives it the NAPI a veth needs to take frames sent from XDP.
+	ip netns exec "$CP_NS" ethtool -K "n$i" tx off gro on >/dev/null
 	ip -n "$ns" link set lo up
 	ip -n "$ns" addr add "$(node_ip "$i")/24" dev eth0
 	ip -n "$ns" link set eth0 up
