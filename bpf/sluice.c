@@ -196,7 +196,7 @@ int sl_xdp_accel(struct xdp_md *ctx)
 
 	if (verdict != XDP_PASS)
 		return verdict;
-	return xdp_accel_v4(ctx);
+	return xdp_accel(ctx);
 }
 
 /* Slot 0 of sl_spanwriter_v1: writes an established packet's translation, built

@@ -581,17 +581,17 @@ type SluiceSvcstatsValue struct {
 type SluiceXdpAccelDecision uint32
 
 const (
-	SluiceXdpAccelDecisionXDP_ACCEL_TX            SluiceXdpAccelDecision = 0
-	SluiceXdpAccelDecisionXDP_ACCEL_REDIRECTED    SluiceXdpAccelDecision = 1
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NOT_IPV4 SluiceXdpAccelDecision = 2
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE    SluiceXdpAccelDecision = 3
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NO_FLOW  SluiceXdpAccelDecision = 4
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_TC_FLOW  SluiceXdpAccelDecision = 5
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_STATE    SluiceXdpAccelDecision = 6
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_TTL      SluiceXdpAccelDecision = 7
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_FIB      SluiceXdpAccelDecision = 8
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_EGRESS   SluiceXdpAccelDecision = 9
-	SluiceXdpAccelDecisionXDP_ACCEL_MAX           SluiceXdpAccelDecision = 10
+	SluiceXdpAccelDecisionXDP_ACCEL_TX           SluiceXdpAccelDecision = 0
+	SluiceXdpAccelDecisionXDP_ACCEL_REDIRECTED   SluiceXdpAccelDecision = 1
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NOT_IP  SluiceXdpAccelDecision = 2
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE   SluiceXdpAccelDecision = 3
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NO_FLOW SluiceXdpAccelDecision = 4
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_TC_FLOW SluiceXdpAccelDecision = 5
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_STATE   SluiceXdpAccelDecision = 6
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_TTL     SluiceXdpAccelDecision = 7
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_FIB     SluiceXdpAccelDecision = 8
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_EGRESS  SluiceXdpAccelDecision = 9
+	SluiceXdpAccelDecisionXDP_ACCEL_MAX          SluiceXdpAccelDecision = 10
 )
 
 // Names of all BPF objects in the ELF.

@@ -90,9 +90,12 @@ func (c *cluster) xdpDecisions(node string) map[string]uint64 {
 // flow is carried at XDP again); the download completes, byte for byte.
 func TestMultiNodeXDPAcceleration(t *testing.T) {
 	c := newCluster(t)
-	c.addPod("node-b", "b1", 1) // 10.2.1.2
+	c.addPod("node-b", "b1", 1) // 10.2.1.2, fd00:2:1::2
+	c.enableIPv6(podRef{node: "node-b", name: "b1", idx: 1})
 	c.serveHTTP(c.nodes["node-b"].pods["b1"], "b1")
-	c.writeManifests(multiNodeServices)
+	c.serveHTTP6(c.nodes["node-b"].pods["b1"], "b1")
+	c.writeManifests6(multiNodeServices + xdpServices6)
+	c.frontends = 7 // multiNodeServices' 5; web6's ClusterIP and NodePort
 	c.wireLikeNICs("port0", "port1")
 	native := []string{"--xdp-acceleration=native", "--metrics-bind-address=10.210.0.1:10249"}
 	c.agentArgs = native
@@ -187,6 +190,33 @@ func TestMultiNodeXDPAcceleration(t *testing.T) {
 		}
 		if v, _ := strconv.ParseFloat(m[1], 64); uint64(v) < after["tx"] {
 			t.Fatalf("sluice_xdp_packets_total{decision=\"tx\"} %s, below the map's %d", m[1], after["tx"])
+		}
+	})
+
+	t.Run("IPv6: established packets both ways are sent at XDP", func(t *testing.T) {
+		var conn net.Conn
+		if err := netlab.Enter(ext, func() (err error) {
+			conn, err = net.DialTimeout("tcp6", "[fd00:210::1]:30211", 2*time.Second)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		k := &keepAsking{conn}
+		if _, err := k.ask(2 * time.Second); err != nil { // the flow established through TC
+			t.Fatal(err)
+		}
+		before := c.xdpDecisions("node-a")["tx"]
+		const asks = 200
+		for i := range asks {
+			body, err := k.ask(2 * time.Second)
+			if f := strings.Fields(body); err != nil || len(f) != 2 || f[0] != "b1" || f[1] != "fd00:210::1" {
+				t.Fatalf("ask %d: %q %v: want b1 seeing node-a's address", i, body, err)
+			}
+		}
+		// Each ask: the request and the answer, at least.
+		if tx := c.xdpDecisions("node-a")["tx"] - before; tx < 2*asks {
+			t.Fatalf("%d asks over IPv6 sent %d packets at XDP, want at least %d", asks, tx, 2*asks)
 		}
 	})
 
@@ -296,3 +326,24 @@ func TestMultiNodeXDPAcceleration(t *testing.T) {
 		}
 	})
 }
+
+// xdpServices6: web6, an IPv6 NodePort (30211) to b1 on node-b.
+const xdpServices6 = `---
+apiVersion: v1
+kind: Service
+metadata: {name: web6}
+spec:
+  type: NodePort
+  clusterIP: 'fd00:96::2:1'
+  clusterIPs: ['fd00:96::2:1']
+  ipFamilies: [IPv6]
+  ipFamilyPolicy: SingleStack
+  ports: [{name: http, port: 80, nodePort: 30211}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web6, labels: {kubernetes.io/service-name: web6}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ['fd00:2:1::2'], nodeName: node-b}]
+`

@@ -255,7 +255,7 @@ func TestXDPAccelCarriesEstablishedNodePortFlows(t *testing.T) {
 				{"another client's first packet", bpftest.Build(spec(netip.MustParseAddrPort("198.51.100.10:50000"), np, first, "")),
 					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NO_FLOW},
 				{"ARP", append(make([]byte, 12), 0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NOT_IPV4},
+					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NOT_IP},
 				{"a truncated IPv4 header", append(make([]byte, 12), 0x08, 0x00, 0x45, 0, 0, 20, 0, 0, 0, 0, 64, 6),
 					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE},
 			}
@@ -348,4 +348,127 @@ func TestXDPAccelLeavesOtherFlowsToTC(t *testing.T) {
 	if got := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_REDIRECTED]; got != 1 {
 		t.Fatalf("%d redirects counted, want 1", got)
 	}
+}
+
+// The IPv6 twin: a NodePort flow of the node's IPv6 address to a backend
+// behind another node, started by TC on sl_ct6_v1, is carried at XDP both
+// ways to the very bytes TC writes (the hop limit one less, the L4 checksum
+// updated for the addresses and ports); an extension header passes to TC.
+func TestXDPAccelCarriesIPv6Flows(t *testing.T) {
+	for _, proto := range []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP} {
+		t.Run(proto.String(), func(t *testing.T) {
+			d := newDP6(t)
+			n := newXDPNode(t)
+			routerMAC6, remoteMAC6 := net.HardwareAddr{0x02, 0, 0, 0, 0xfe, 6}, net.HardwareAddr{0x02, 0, 0, 0, 0xfe, 7}
+			for _, cmd := range [][]string{
+				{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
+				{"ip", "addr", "add", node6.String() + "/64", "dev", n.dataName, "nodad"},
+				{"ip", "neigh", "replace", "fd00::fe", "lladdr", routerMAC6.String(), "dev", n.dataName, "nud", "permanent"},
+				{"ip", "neigh", "replace", "fd00::fd", "lladdr", remoteMAC6.String(), "dev", n.dataName, "nud", "permanent"},
+				{"ip", "-6", "route", "add", "2001:db8::/64", "via", "fd00::fe", "dev", n.dataName},
+				{"ip", "-6", "route", "add", "fd00:3::/64", "via", "fd00::fd", "dev", n.dataName},
+			} {
+				n.ns.Run(cmd...)
+			}
+			np := netip.AddrPortFrom(node6, 30085)
+			remote := netip.MustParseAddrPort("[fd00:3::4]:8080")
+			d.AddService(bpftest.Service{ID: 7, Front: np, Proto: uint8(proto), Backends: []bpftest.Backend{{AP: remote}},
+				Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+			spec := func(src, dst netip.AddrPort, flags uint8, payload string) bpftest.PacketSpec {
+				return bpftest.PacketSpec{Src: src, Dst: dst, Proto: proto, TCPFlags: flags, Seq: 1000, Payload: []byte(payload)}
+			}
+			first, ack, psh := uint8(bpftest.SYN), uint8(bpftest.ACK), uint8(bpftest.ACK|bpftest.PSH)
+			if proto == layers.IPProtocolUDP {
+				first, ack, psh = 0, 0, 0
+			}
+
+			// Started through TC, each packet first refused by XDP.
+			syn := bpftest.Build(spec(ext6, np, first, "a"))
+			if ret, out := n.runXDP(t, d, n.data, syn); ret != xdpPass || !bytes.Equal(out, syn) {
+				t.Fatalf("first packet: verdict %d, want XDP_PASS unchanged", ret)
+			}
+			// TC translates an IPv6 packet and leaves its forwarding to
+			// the stack (fib.h).
+			if ret, _ := n.runTC(t, d, syn); ret != actOK {
+				t.Fatalf("first packet at TC: verdict %d, want TC_ACT_OK", ret)
+			}
+			fwd, ok := d.CT6(bpftest.CtKey6(ext6, np, uint8(proto)))
+			if !ok || fwd.Flags&gen.SluiceCtFlagsCT_SNAT == 0 {
+				t.Fatalf("TC's forward entry %+v (found: %v), want a SNATed flow", fwd, ok)
+			}
+			snat := netip.AddrPortFrom(gen.AddrFromNet6(fwd.SnatAddr), gen.PortFromNet(fwd.SnatPort))
+			n.runTC(t, d, bpftest.Build(spec(remote, snat, first|ack, "b")))
+			n.runTC(t, d, bpftest.Build(spec(ext6, np, ack, "c")))
+
+			d.AgeFlow(ext6, np, uint8(proto), 10*time.Second)
+			before, _ := d.CT6(bpftest.CtKey6(ext6, np, uint8(proto)))
+			decisions := xdpDecisions(t, d)
+			for _, c := range []struct {
+				name    string
+				in      bpftest.PacketSpec
+				want    bpftest.PacketSpec
+				nextHop net.HardwareAddr
+			}{
+				{"to the backend", spec(ext6, np, psh, "GET / HTTP/1.1\r\n"), spec(snat, remote, psh, "GET / HTTP/1.1\r\n"), remoteMAC6},
+				{"the reply", spec(remote, snat, psh, "HTTP/1.1 200 OK\r\n"), spec(np, ext6, psh, "HTTP/1.1 200 OK\r\n"), routerMAC6},
+			} {
+				frame := bpftest.Build(c.in)
+				ret, out := n.runXDP(t, d, n.data, frame)
+				want := forwarded(c.want, n.dataMAC, c.nextHop)
+				if ret != xdpTX || !bytes.Equal(out[:len(want)], want) {
+					dec, err := bpftest.Decode(out)
+					t.Fatalf("%s: verdict %d, frame %v → %v (checksums: %v), want XDP_TX of %v → %v", c.name, ret, dec.Src, dec.Dst, err, c.want.Src, c.want.Dst)
+				}
+				// TC writes the same translation and the stack forwards it:
+				// the same frame but for the hop limit and the MACs.
+				tcWant := bpftest.Build(c.want)
+				if ret, tcOut := n.runTC(t, d, frame); ret != actOK || !bytes.Equal(tcOut[14:len(tcWant)], tcWant[14:]) {
+					t.Fatalf("%s at TC: verdict %d, a translation other than XDP's", c.name, ret)
+				}
+			}
+			after, _ := d.CT6(bpftest.CtKey6(ext6, np, uint8(proto)))
+			if after.LastSeen <= before.LastSeen || after.TcpSeen != before.TcpSeen {
+				t.Fatalf("forward entry after XDP: last_seen %d (was %d), tcp_seen %#x (was %#x)", after.LastSeen, before.LastSeen, after.TcpSeen, before.TcpSeen)
+			}
+			if got := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_TX]; got != decisions[gen.SluiceXdpAccelDecisionXDP_ACCEL_TX]+2 {
+				t.Fatalf("XDP_TX counted %d times, want 2", got-decisions[gen.SluiceXdpAccelDecisionXDP_ACCEL_TX])
+			}
+
+			// A hop-by-hop header (the shape of DSR's destination option,
+			// and of every extension header) and an expiring hop limit pass.
+			for _, c := range []struct {
+				name  string
+				frame []byte
+				why   gen.SluiceXdpAccelDecision
+			}{
+				{"an extension header", withHopByHop(bpftest.Build(spec(ext6, np, psh, "x"))), gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE},
+				{"an expiring hop limit", bpftest.Build(bpftest.PacketSpec{Src: ext6, Dst: np, Proto: proto, TCPFlags: psh, TTL: 1}),
+					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_TTL},
+				{"a truncated header", bpftest.Build(spec(ext6, np, psh, "x"))[:14+20], gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE},
+			} {
+				before := xdpDecisions(t, d)[c.why]
+				ret, out := n.runXDP(t, d, n.data, c.frame)
+				if ret != xdpPass || !bytes.Equal(out[:len(c.frame)], c.frame) {
+					t.Errorf("%s: verdict %d, want XDP_PASS unchanged", c.name, ret)
+				}
+				if got := xdpDecisions(t, d)[c.why]; got != before+1 {
+					t.Errorf("%s: decision %d counted %d times, want once", c.name, c.why, got-before)
+				}
+			}
+		})
+	}
+}
+
+// withHopByHop inserts an empty hop-by-hop options header (8 bytes of PadN)
+// after an IPv6 frame's fixed header.
+func withHopByHop(frame []byte) []byte {
+	const l3, hlen = 14, 40
+	next := frame[l3+6]
+	out := append([]byte{}, frame[:l3+hlen]...)
+	out = append(out, next, 0, 1, 4, 0, 0, 0, 0)
+	out = append(out, frame[l3+hlen:]...)
+	out[l3+6] = 0 // hop-by-hop
+	payload := int(out[l3+4])<<8 | int(out[l3+5]) + 8
+	out[l3+4], out[l3+5] = byte(payload>>8), byte(payload)
+	return out
 }
