@@ -242,6 +242,17 @@ func (e *baselineEnv) answer(addr string, timeout time.Duration) (string, error)
 }
 
 // waitFor polls until the answer from addr is want, returning the time taken.
+// timeOneChange is one change among many Services, in milliseconds: the
+// probe Service's endpoint (probe0, on b1, at the probe ClusterIP) moves to
+// the second backend, and a client sees it answer.
+func (e *baselineEnv) timeOneChange(b *testing.B, probeIP string) float64 {
+	if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(),
+		slice("probe0", targetPort(0), e.backendIPs[1]), metav1.UpdateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	return float64(e.waitFor(b, probeIP+":80", "b2", time.Minute).Microseconds()) / 1000
+}
+
 func (e *baselineEnv) waitFor(b *testing.B, addr, want string, limit time.Duration) time.Duration {
 	took, ok := e.answersWithin(addr, want, limit)
 	if !ok {

@@ -130,13 +130,7 @@ func memoryAt(b *testing.B, proxy string, n int, sluice, kubeProxy string) proxy
 	}
 	at.scrapeCPUMs = float64(processCPU(b, p.Pid)-cpu) / float64(time.Millisecond) / scrapes
 	at.metricsKB = float64(size) / 1000
-	// One change among N Services: the probe's endpoint moves to another
-	// backend, and a client sees it.
-	if _, err := e.api.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(),
-		slice("probe0", targetPort(0), e.backendIPs[1]), metav1.UpdateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	at.changeMs = float64(e.waitFor(b, probe[0]+":80", "b2", time.Minute).Microseconds()) / 1000
+	at.changeMs = e.timeOneChange(b, probe[0])
 	return at
 }
 

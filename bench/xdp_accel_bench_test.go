@@ -3,41 +3,26 @@ package bench
 import (
 	"net"
 	"net/netip"
-	"os"
-	"runtime"
 	"testing"
 
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
-	"golang.org/x/sys/unix"
+	"github.com/sluice-net/sluice/netlab"
 )
 
 // enterNetNS moves the calling goroutine's thread into ns until the
-// returned function is called: a benchmark's FIB lookups then see ns's
-// routes (BPF_PROG_TEST_RUN runs in the caller's namespace).
+// returned function is called (netlab.Switch): a benchmark's FIB lookups then
+// see ns's routes.
 func enterNetNS(b *testing.B, ns *bpftest.NetNS) func() {
 	b.Helper()
-	runtime.LockOSThread()
-	self, err := os.Open("/proc/thread-self/ns/net")
+	back, err := netlab.Switch(ns.Path())
 	if err != nil {
-		b.Fatal(err)
-	}
-	target, err := os.Open(ns.Path())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 		b.Fatal(err)
 	}
 	return func() {
-		defer self.Close()
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			// The thread stays locked and is dropped with its goroutine.
-			b.Errorf("leave netns: %v", err)
-			return
+		if err := back(); err != nil {
+			b.Error(err)
 		}
-		runtime.UnlockOSThread()
 	}
 }
 

@@ -50,6 +50,41 @@ func Enter(path string, fn func() error) error {
 	return <-errc
 }
 
+// Switch moves the calling goroutine's OS thread into the network namespace
+// at path until back is called, for code that must run on the caller's own
+// goroutine there (a benchmark's b.Loop: BPF_PROG_TEST_RUN resolves FIB
+// lookups and interfaces in the caller's namespace). The goroutine stays on
+// the thread until then. If back cannot return the thread, it stays locked
+// and is discarded with its goroutine, as Enter's.
+func Switch(path string) (back func() error, err error) {
+	runtime.LockOSThread()
+	self, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	target, err := os.Open(path)
+	if err != nil {
+		self.Close()
+		runtime.UnlockOSThread()
+		return nil, err
+	}
+	defer target.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		self.Close()
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("enter netns %s: %w", path, err)
+	}
+	return func() error {
+		defer self.Close()
+		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("leave netns %s: %w", path, err)
+		}
+		runtime.UnlockOSThread()
+		return nil
+	}, nil
+}
+
 // IP runs `ip args...` and returns its output, or an error with the command
 // and what it printed.
 func IP(args ...string) (string, error) {
