@@ -113,7 +113,13 @@ func (m *Manager) apply(st *ifaceState, res *ApplyResult) error {
 		return fmt.Errorf("interface %s: %w", st.name, err)
 	}
 	err = netlab.Enter(m.opts.Netns, func() error {
-		for hook, prog := range want {
+		// TC first: an XDP program the driver refuses (driver mode only)
+		// leaves the interface not ready, but translated.
+		for _, hook := range []Hook{Ingress, Egress, XDP} {
+			prog, ok := want[hook]
+			if !ok {
+				continue
+			}
 			if prog == nil {
 				return fmt.Errorf("no program for %s hook of %s interfaces", hook, st.class)
 			}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/maps"
 
 	"github.com/sluice-net/sluice/gen"
@@ -160,6 +161,10 @@ func TestXDPModesAndRedirectDevices(t *testing.T) {
 	}
 	if out := e.node.Run("ip", "link", "show", dummy); strings.Contains(out, "xdp") {
 		t.Fatalf("driver only: the generic-mode program stays on %s:\n%s", dummy, out)
+	}
+	// Not ready, but its TC programs are in place: it is still translated.
+	if ids := e.progIDs(dummy, ebpf.AttachTCXIngress); !slices.Equal(ids, []ebpf.ProgramID{progID(t, e.d.Objs.SlFromHost)}) {
+		t.Fatalf("driver only: %s's ingress programs %v, want sl_from_host", dummy, ids)
 	}
 	if got := targets(); !slices.Equal(got, []uint32{vethIdx}) {
 		t.Fatalf("driver only: redirect targets %v, want %d", got, vethIdx)
