@@ -27,8 +27,8 @@ import (
 // nodes: a port completes a checksum a sender on this machine left partial
 // (a NIC never hands a receiver a CHECKSUM_PARTIAL packet; a veth does), and
 // runs an XDP program that passes everything, so a node's veth can send it
-// frames from XDP (a veth delivers XDP_TX and redirected frames only to a
-// peer with XDP or GRO on).
+// frames from XDP (a veth drops the XDP_TX and redirected frames of a peer
+// without an XDP program; GRO on instead loses every one of them).
 func (c *cluster) wireLikeNICs(ports ...string) {
 	c.t.Helper()
 	pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",

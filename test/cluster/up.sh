@@ -87,6 +87,8 @@ if [ "$DUALSTACK" = 1 ]; then
 	in_cp ip addr add "$CP_IP6/64" dev br0 nodad
 	in_cp sysctl -qw net.ipv6.conf.all.forwarding=1
 fi
+clang-19 -O2 -target bpf -idirafter /usr/include/x86_64-linux-gnu -idirafter /usr/include/aarch64-linux-gnu \
+	-c "$ROOT/test/cluster/xdp_pass.c" -o "$STATE/xdp_pass.o"
 for i in $(seq "$NODES"); do
 	ns=$(node_ns "$i")
 	ip netns add "$ns"
@@ -95,9 +97,11 @@ for i in $(seq "$NODES"); do
 	# The wire toward each node behaves as a NIC's, so Sluice's XDP
 	# acceleration can run on the node's eth0 in driver mode: the port
 	# completes a checksum a sender on this machine left partial (a NIC
-	# never delivers a CHECKSUM_PARTIAL packet; a veth does), and GRO on
-	# gives it the NAPI a veth needs to take frames sent from XDP.
-	ip netns exec "$CP_NS" ethtool -K "n$i" tx off gro on >/dev/null
+	# never delivers a CHECKSUM_PARTIAL packet; a veth does), and runs an
+	# XDP program that passes everything (xdp_pass.c), without which a
+	# veth drops the frames its peer sends from XDP.
+	ip netns exec "$CP_NS" ethtool -K "n$i" tx off >/dev/null
+	ip -n "$CP_NS" link set dev "n$i" xdpdrv obj "$STATE/xdp_pass.o" sec xdp
 	ip -n "$ns" link set lo up
 	ip -n "$ns" addr add "$(node_ip "$i")/24" dev eth0
 	ip -n "$ns" link set eth0 up
