@@ -145,6 +145,7 @@ func (m *Manager) apply(st *ifaceState, res *ApplyResult) error {
 		if st.hooks[XDP] {
 			st.xdpMode = xdpModeOf(m.nl, st.index)
 		}
+		m.warnVethAcceleration(st)
 		// In the namespace: a devmap resolves the ifindex when written.
 		if err := m.writeXDPDevice(st); err != nil {
 			return err
@@ -192,6 +193,21 @@ func (m *Manager) detachAll(st *ifaceState, name string, res *ApplyResult) error
 		}
 		return errors.Join(errs...)
 	})
+}
+
+// warnVethAcceleration says, once per interface, what a veth data interface
+// needs when frames are sent from its XDP program (XDPDevices set: the
+// acceleration runs): its peer drops them unless it runs an XDP program.
+func (m *Manager) warnVethAcceleration(st *ifaceState) {
+	if m.opts.XDPDevices == nil || st.xdpMode != XDPDriver || st.vethWarned {
+		return
+	}
+	if l, err := m.nl.LinkByIndex(st.index); err == nil && l.Type() == "veth" {
+		st.vethWarned = true
+		m.log.Warn("a veth data interface runs the XDP acceleration in driver mode: its peer must run an XDP program "+
+			"(any, XDP_PASS will do), or it drops the frames sent from XDP, and senders on this machine must not leave "+
+			"checksums partial (transmit checksum offload off on the peer)", "iface", st.name)
+	}
 }
 
 // writeXDPDevice adds the interface to XDPDevices while its XDP program runs

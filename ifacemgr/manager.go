@@ -119,12 +119,14 @@ type ifaceState struct {
 	prevName string // the name it was attached under, if renamed
 	hooks    map[Hook]bool
 	xdpMode  XDPMode
-	replace  bool // SetPrograms: move links to the new program instances
-	ready    bool
-	endpoint string
-	err      error
-	failures int
-	retryAt  time.Time
+	// vethWarned: the warning about accelerating a veth was logged.
+	vethWarned bool
+	replace    bool // SetPrograms: move links to the new program instances
+	ready      bool
+	endpoint   string
+	err        error
+	failures   int
+	retryAt    time.Time
 }
 
 // Manager keeps the right programs on the right interfaces.

@@ -132,6 +132,9 @@ func TestMultiNodeXDPAcceleration(t *testing.T) {
 	if mode := ifaceMode(); mode != "driver" {
 		t.Fatalf("sluice iface list: sldata0's XDP runs in %q mode, want driver", mode)
 	}
+	if logs := c.nodes["node-a"].agent.logs(); !strings.Contains(logs, "a veth data interface runs the XDP acceleration") {
+		t.Fatalf("the agent does not say what a veth's peer needs:\n%s", logs)
+	}
 
 	// download reads size bytes of the stream Service through node-a,
 	// slowly until paced is closed.
