@@ -65,25 +65,7 @@ metadata: {name: stream, labels: {kubernetes.io/service-name: stream}}
 addressType: IPv4
 ports: [{name: s, port: 9000}]
 endpoints: [{addresses: [10.2.1.2], nodeName: node-b}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: web6}
-spec:
-  type: NodePort
-  clusterIP: 'fd00:96::2:1'
-  clusterIPs: ['fd00:96::2:1']
-  ipFamilies: [IPv6]
-  ipFamilyPolicy: SingleStack
-  ports: [{name: http, port: 80, nodePort: 30211}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web6, labels: {kubernetes.io/service-name: web6}}
-addressType: IPv6
-ports: [{name: http, port: 8080}]
-endpoints: [{addresses: ['fd00:2:1::2'], nodeName: node-b}]
-`
+` + web6Services
 
 // serveUDPEcho answers each datagram on :5353 in a pod with "<name> <the
 // sender's address>".

@@ -94,7 +94,7 @@ func TestMultiNodeXDPAcceleration(t *testing.T) {
 	c.enableIPv6(podRef{node: "node-b", name: "b1", idx: 1})
 	c.serveHTTP(c.nodes["node-b"].pods["b1"], "b1")
 	c.serveHTTP6(c.nodes["node-b"].pods["b1"], "b1")
-	c.writeManifests6(multiNodeServices + xdpServices6)
+	c.writeManifests6(multiNodeServices + web6Services)
 	c.frontends = 7 // multiNodeServices' 5; web6's ClusterIP and NodePort
 	c.wireLikeNICs("port0", "port1")
 	native := []string{"--xdp-acceleration=native", "--metrics-bind-address=10.210.0.1:10249"}
@@ -330,8 +330,9 @@ func TestMultiNodeXDPAcceleration(t *testing.T) {
 	})
 }
 
-// xdpServices6: web6, an IPv6 NodePort (30211) to b1 on node-b.
-const xdpServices6 = `---
+// web6Services: web6, an IPv6 NodePort (30211) to b1 on node-b
+// (fd00:2:1::2:8080).
+const web6Services = `---
 apiVersion: v1
 kind: Service
 metadata: {name: web6}
