@@ -360,6 +360,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.ConntrackMaxPerCore < 0 || cfg.ConntrackMin < 0 {
 		return nil, fmt.Errorf("--conntrack-max-per-core %d, --conntrack-min %d: must not be negative", cfg.ConntrackMaxPerCore, cfg.ConntrackMin)
 	}
+	if _, _, err := cfg.xdpAcceleration(); err != nil {
+		return nil, err
+	}
 	if err := CheckPrivileges(); err != nil {
 		return nil, err
 	}
@@ -432,9 +435,6 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	if cfg.ServiceMetricsLimit < 0 {
 		return fail(fmt.Errorf("--service-metrics-limit %d: want 0 (the default, %d) or more", cfg.ServiceMetricsLimit, proxymetrics.DefaultServiceSeriesLimit))
-	}
-	if _, _, err := cfg.xdpAcceleration(); err != nil {
-		return fail(err)
 	}
 	if ipv6, why, err := cfg.nodeHasIPv6(); err != nil {
 		return fail(err)

@@ -69,6 +69,10 @@ func TestStartupErrorsSayWhatToDo(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not a cgroup v2 directory") {
 		t.Fatalf("bad cgroup: %v", err)
 	}
+	_, err = agent.Start(context.Background(), agent.Config{Manifests: t.TempDir(), PinDir: t.TempDir(), XDPAcceleration: "fast"}, log)
+	if err == nil || !strings.Contains(err.Error(), `--xdp-acceleration "fast": want disabled, native or best-effort`) {
+		t.Fatalf("bad --xdp-acceleration: %v", err)
+	}
 	dir := bpftest.PinDir(t)
 	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
 	if err != nil {

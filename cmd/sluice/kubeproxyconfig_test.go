@@ -154,7 +154,8 @@ func TestKubeProxyConfiguration(t *testing.T) {
 		MasqueradeAll: true, MinSyncPeriod: 2 * time.Millisecond, SyncPeriod: 30 * time.Second, NodePortPrimary: true,
 		KubeAPIQPS: 50, Profiling: true, PinDir: cfg.PinDir, Cgroup: cfg.Cgroup, ConntrackScanPeriod: cfg.ConntrackScanPeriod,
 		CheckInterval: cfg.CheckInterval, LBAlgorithm: "random", MaglevTableSize: 16381, ExternalServiceMode: "snat",
-		EventsPerSecond: 1000, ProcSysNet: "/proc/sys/net", ServiceMetrics: "active", ServiceMetricsLimit: 100, IPv6Tables: "auto"}
+		EventsPerSecond: 1000, ProcSysNet: "/proc/sys/net", ServiceMetrics: "active", ServiceMetricsLimit: 100, IPv6Tables: "auto",
+		XDPAcceleration: "disabled"}
 	if fmt.Sprintf("%+v", cfg) != fmt.Sprintf("%+v", want) {
 		t.Fatalf("translated\n%+v\nwant (the command line's --min-sync-period wins)\n%+v", cfg, want)
 	}
