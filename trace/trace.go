@@ -225,11 +225,6 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 	return r, nil
 }
 
-// xdpMD is struct xdp_md, a run's context: the interface the frame came in by.
-type xdpMD struct {
-	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
-}
-
 // The XDP verdicts (enum xdp_action).
 const (
 	xdpDrop     = 1
@@ -251,7 +246,7 @@ func (r *Result) xdp(objs *gen.SluiceObjects, replace map[string]*ebpf.Map, pkt 
 		return false, fmt.Errorf("trace: XDP program %q on %s: want sl_xdp_accel or sl_xdp_prefilter", pkt.XDP, pkt.Iface)
 	}
 	out := make([]byte, len(frame)+256)
-	opts := ebpf.RunOptions{Data: frame, DataOut: out, Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)}}
+	opts := ebpf.RunOptions{Data: frame, DataOut: out, Context: gen.XDPContext{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)}}
 	ret, err := prog.Run(&opts)
 	if err != nil {
 		return false, fmt.Errorf("trace: run %s: %w", pkt.XDP, err)

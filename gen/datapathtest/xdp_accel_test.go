@@ -75,11 +75,6 @@ func newXDPNode(t *testing.T) *xdpNode {
 	return n
 }
 
-// xdpMD is struct xdp_md, the context BPF_PROG_TEST_RUN takes for XDP.
-type xdpMD struct {
-	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
-}
-
 // runXDP runs the acceleration on frame as if it arrived on ifindex, in the
 // node's namespace (where its FIB lookups and devmap resolve).
 func (n *xdpNode) runXDP(t *testing.T, d *bpftest.Datapath, ifindex int, frame []byte) (uint32, []byte) {
@@ -88,7 +83,7 @@ func (n *xdpNode) runXDP(t *testing.T, d *bpftest.Datapath, ifindex int, frame [
 	out := make([]byte, len(frame)+256)
 	err := n.ns.Do(func() error {
 		opts := ebpf.RunOptions{Data: frame, DataOut: out,
-			Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)}}
+			Context: gen.XDPContext{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)}}
 		var err error
 		ret, err = d.Objs.SlXdpAccel.Run(&opts)
 		out = opts.DataOut
