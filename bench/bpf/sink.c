@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* The sink of the packet-rate benchmark (packetrate_bench_test.go), and
+ * an XDP program that passes everything. Never attached by the agent.
+ *
+ * The sink drops the generator's packets where they reach the backend, and
+ * counts them, so neither a socket nor the backend's stack sets the rate. */
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* The sink's counts: what it dropped, by kind. */
+enum sink_kind : __u32 {
+	SINK_DATAGRAM,	/* a UDP datagram whose payload starts with SINK_MARK */
+	SINK_SYN,	/* a TCP SYN */
+	SINK_KINDS,
+};
+
+/* The first payload byte of the generator's datagrams; other datagrams
+ * (the probes that check a path before a run) pass to the stack. */
+#define SINK_MARK 'G'
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SINK_KINDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} sink_counts SEC(".maps");
+
+static __always_inline int sink_drop(enum sink_kind kind)
+{
+	__u32 key = kind;
+	__u64 *n = bpf_map_lookup_elem(&sink_counts, &key);
+
+	if (n)
+		*n += 1;
+	return XDP_DROP;
+}
+
+/* sink counts and drops the generator's datagrams and every SYN; the rest
+ * (ARP, probes, their answers) passes. */
+SEC("xdp")
+int sink(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5)
+		return XDP_PASS;
+	if (ip->protocol == IPPROTO_UDP) {
+		struct udphdr *udp = (void *)(ip + 1);
+		__u8 *mark = (void *)(udp + 1);
+
+		if ((void *)(mark + 1) <= data_end && *mark == SINK_MARK)
+			return sink_drop(SINK_DATAGRAM);
+	} else if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *tcp = (void *)(ip + 1);
+
+		if ((void *)(tcp + 1) <= data_end && tcp->syn && !tcp->ack)
+			return sink_drop(SINK_SYN);
+	}
+	return XDP_PASS;
+}
+
+/* pass gives a veth its NAPI receive path (a veth without an XDP program
+ * hands what its peer sends to the sender's CPU, and drops the frames its
+ * peer sends from XDP): on the generator's own veth, and on the node's
+ * interface where the proxy attaches no XDP program of its own. */
+SEC("xdp")
+int pass(struct xdp_md *ctx)
+{
+	(void)ctx;
+	return XDP_PASS;
+}
