@@ -143,7 +143,7 @@ type Config struct {
 	Source func(ctx context.Context, p *kubeproxy.Proxier)
 	// XDPAcceleration is what runs at XDP on data interfaces: "disabled"
 	// (or ""; the prefilter only), "native" (the prefilter and the
-	// acceleration of established external flows, in driver mode: an
+	// acceleration of external flows to remote backends, in driver mode: an
 	// interface whose driver has no XDP is not ready) or "best-effort"
 	// (the same, in generic mode where the driver has no XDP). Cilium's
 	// --bpf-lb-acceleration has the same three.

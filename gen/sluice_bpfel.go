@@ -581,17 +581,19 @@ type SluiceSvcstatsValue struct {
 type SluiceXdpAccelDecision uint32
 
 const (
-	SluiceXdpAccelDecisionXDP_ACCEL_TX           SluiceXdpAccelDecision = 0
-	SluiceXdpAccelDecisionXDP_ACCEL_REDIRECTED   SluiceXdpAccelDecision = 1
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NOT_IP  SluiceXdpAccelDecision = 2
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE   SluiceXdpAccelDecision = 3
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NO_FLOW SluiceXdpAccelDecision = 4
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_TC_FLOW SluiceXdpAccelDecision = 5
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_STATE   SluiceXdpAccelDecision = 6
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_TTL     SluiceXdpAccelDecision = 7
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_FIB     SluiceXdpAccelDecision = 8
-	SluiceXdpAccelDecisionXDP_ACCEL_PASS_EGRESS  SluiceXdpAccelDecision = 9
-	SluiceXdpAccelDecisionXDP_ACCEL_MAX          SluiceXdpAccelDecision = 10
+	SluiceXdpAccelDecisionXDP_ACCEL_TX             SluiceXdpAccelDecision = 0
+	SluiceXdpAccelDecisionXDP_ACCEL_REDIRECTED     SluiceXdpAccelDecision = 1
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NOT_IP    SluiceXdpAccelDecision = 2
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE     SluiceXdpAccelDecision = 3
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NO_FLOW   SluiceXdpAccelDecision = 4
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_TC_FLOW   SluiceXdpAccelDecision = 5
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_STATE     SluiceXdpAccelDecision = 6
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_TTL       SluiceXdpAccelDecision = 7
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_FIB       SluiceXdpAccelDecision = 8
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_EGRESS    SluiceXdpAccelDecision = 9
+	SluiceXdpAccelDecisionXDP_ACCEL_PASS_NEW_AT_TC SluiceXdpAccelDecision = 10
+	SluiceXdpAccelDecisionXDP_ACCEL_DROPPED        SluiceXdpAccelDecision = 11
+	SluiceXdpAccelDecisionXDP_ACCEL_MAX            SluiceXdpAccelDecision = 12
 )
 
 // Names of all BPF objects in the ELF.
@@ -641,7 +643,7 @@ const (
 	SluiceMapSlSvcnetV1       = "sl_svcnet_v1"
 	SluiceMapSlSvcstatsV1     = "sl_svcstats_v1"
 	SluiceMapSlXdpdevV1       = "sl_xdpdev_v1"
-	SluiceMapSlXdpstatsV1     = "sl_xdpstats_v1"
+	SluiceMapSlXdpstatsV2     = "sl_xdpstats_v2"
 	SluiceProgSlConnect4      = "sl_connect4"
 	SluiceProgSlConnect6      = "sl_connect6"
 	SluiceProgSlFromHost      = "sl_from_host"
@@ -775,7 +777,7 @@ type SluiceMapSpecs struct {
 	SlSvcnetV1     *ebpf.MapSpec `ebpf:"sl_svcnet_v1"`
 	SlSvcstatsV1   *ebpf.MapSpec `ebpf:"sl_svcstats_v1"`
 	SlXdpdevV1     *ebpf.MapSpec `ebpf:"sl_xdpdev_v1"`
-	SlXdpstatsV1   *ebpf.MapSpec `ebpf:"sl_xdpstats_v1"`
+	SlXdpstatsV2   *ebpf.MapSpec `ebpf:"sl_xdpstats_v2"`
 }
 
 // SluiceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -849,7 +851,7 @@ type SluiceMaps struct {
 	SlSvcnetV1     *ebpf.Map `ebpf:"sl_svcnet_v1"`
 	SlSvcstatsV1   *ebpf.Map `ebpf:"sl_svcstats_v1"`
 	SlXdpdevV1     *ebpf.Map `ebpf:"sl_xdpdev_v1"`
-	SlXdpstatsV1   *ebpf.Map `ebpf:"sl_xdpstats_v1"`
+	SlXdpstatsV2   *ebpf.Map `ebpf:"sl_xdpstats_v2"`
 }
 
 func (m *SluiceMaps) Close() error {
@@ -897,7 +899,7 @@ func (m *SluiceMaps) Close() error {
 		m.SlSvcnetV1,
 		m.SlSvcstatsV1,
 		m.SlXdpdevV1,
-		m.SlXdpstatsV1,
+		m.SlXdpstatsV2,
 	)
 }
 

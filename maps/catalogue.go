@@ -81,7 +81,7 @@ var (
 	PortCrowding = PerCPUDef[uint32, gen.SluicePortCrowded]{Name: gen.SluiceMapSlPortcrowdV1}
 	// XDPDecisions: per-CPU counts of the XDP acceleration's decisions
 	// (bpf/include/xdp_accel.h), by enum xdp_accel_decision.
-	XDPDecisions = PerCPUDef[gen.SluiceXdpAccelDecision, uint64]{Name: gen.SluiceMapSlXdpstatsV1}
+	XDPDecisions = PerCPUDef[gen.SluiceXdpAccelDecision, uint64]{Name: gen.SluiceMapSlXdpstatsV2}
 	// XDPDevices: the interfaces the XDP acceleration may redirect a frame
 	// to, ifindex -> ifindex, each in the writer's network namespace (a
 	// devmap resolves the interface when it is written).
@@ -156,7 +156,7 @@ var docs = map[string]string{
 	gen.SluiceMapSlEvcpuV1:      "per-CPU flow-event budget of the current second and the reason of the CPU's last drop",
 	gen.SluiceMapSlRouteV1:      "local delivery: {destination, ingress interface} -> the destination workload's interface, MACs and MTU, or none (the stack routes it); a FIB answer kept a second (LRU)",
 	gen.SluiceMapSlRoute6V1:     "local delivery of IPv6: {destination, ingress interface} -> as sl_route_v1 (LRU)",
-	gen.SluiceMapSlXdpstatsV1:   "per-CPU counts of the XDP acceleration's decisions: translated and sent, or passed to TC and why",
+	gen.SluiceMapSlXdpstatsV2:   "per-CPU counts of the XDP acceleration's decisions: translated and sent, or passed to TC and why",
 	gen.SluiceMapSlXdpdevV1:     "XDP acceleration: the interfaces a translated frame may be redirected to (ifindex -> ifindex, a devmap)",
 	gen.SluiceMapSlPortcrowdV1:  "per-CPU time of the CPU's last source-port search that found every port taken (searches try fewer ports for a second after)",
 }
@@ -648,7 +648,7 @@ func StalePins(dir string) ([]string, error) {
 // removed without losing a connection.
 // sl_ifstats_v1 (the per-interface counters of the retired sl_count program)
 // has no current layout: its pin is removed as stale.
-var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v", "sl_events_v", "sl_evcpu_v", "sl_portcrowd_v", "sl_route_v", "sl_route6_v"}
+var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v", "sl_events_v", "sl_evcpu_v", "sl_portcrowd_v", "sl_route_v", "sl_route6_v", "sl_xdpstats_v"}
 
 // RemoveStaleDisposable removes the stale pins (StalePins) of maps whose
 // contents are disposable — counters and in-flight fragments — and returns

@@ -91,7 +91,7 @@ var (
 		gen.SluiceMapSlFragV1, gen.SluiceMapSlFrag6V1, gen.SluiceMapSlSockV1, gen.SluiceMapSlSock6V1}
 	copiedEmpty = []string{gen.SluiceMapSlCountersV7, gen.SluiceMapSlSvcstatsV1, gen.SluiceMapSlEventsV1,
 		gen.SluiceMapSlEvcpuV1, gen.SluiceMapSlRulectrV1, gen.SluiceMapSlPortcrowdV1, gen.SluiceMapSlSpanV1, gen.SluiceMapSlSpan6V1, gen.SluiceMapSlRouteV1,
-		gen.SluiceMapSlRoute6V1, gen.SluiceMapSlSpanwriterV1, gen.SluiceMapSlXdpstatsV1}
+		gen.SluiceMapSlRoute6V1, gen.SluiceMapSlSpanwriterV1, gen.SluiceMapSlXdpstatsV2}
 )
 
 // POLICY_* bits of cb[3] (bpf/include/policy.h).
@@ -167,8 +167,11 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 
 	if !workload && !pkt.Egress && pkt.XDP != "" {
 		done, err := r.xdp(objs, replace, pkt, iface.Index, frame)
-		if err != nil || done {
+		if err != nil {
 			return r, err
+		}
+		if done {
+			return r, r.settle(replace, pkt, before, affBefore)
 		}
 	}
 
@@ -199,16 +202,8 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 	}
 
 	r.policy(ctxOut)
-	after, err := flowSet(ct, ct6)
-	if err != nil {
+	if err := r.settle(replace, pkt, before, affBefore); err != nil {
 		return nil, err
-	}
-	r.newFlows(before, after, affBefore, affinity(replace, pkt))
-	if r.Counters, err = counters(replace[gen.SluiceMapSlCountersV7]); err != nil {
-		return nil, err
-	}
-	for _, c := range slices.Sorted(stdmaps.Keys(r.Counters)) {
-		r.step("counted %s", c)
 	}
 	switch {
 	case ret == 7 && (strings.Contains(r.Output, "RST") || strings.Contains(r.Output, "icmp")):
@@ -223,6 +218,23 @@ func Run(set *maps.Set, pkt Packet) (*Result, error) {
 		r.step("passed: %s", r.Output)
 	}
 	return r, nil
+}
+
+// settle reports what the run left behind, after XDP or TC: the flows it
+// started (their backend, why, SNAT or DSR) and the counters it moved.
+func (r *Result) settle(replace map[string]*ebpf.Map, pkt Packet, before map[string]conntrack.Flow, affBefore string) error {
+	after, err := flowSet(replace[gen.SluiceMapSlCtV2], replace[gen.SluiceMapSlCt6V1])
+	if err != nil {
+		return err
+	}
+	r.newFlows(before, after, affBefore, affinity(replace, pkt))
+	if r.Counters, err = counters(replace[gen.SluiceMapSlCountersV7]); err != nil {
+		return err
+	}
+	for _, c := range slices.Sorted(stdmaps.Keys(r.Counters)) {
+		r.step("counted %s", c)
+	}
+	return nil
 }
 
 // The XDP verdicts (enum xdp_action).
@@ -251,15 +263,15 @@ func (r *Result) xdp(objs *gen.SluiceObjects, replace map[string]*ebpf.Map, pkt 
 	if err != nil {
 		return false, fmt.Errorf("trace: run %s: %w", pkt.XDP, err)
 	}
-	switch {
-	case ret == xdpDrop: // the prefilter, before any acceleration
-		r.XDP = "drop"
-	case pkt.XDP == "sl_xdp_accel":
-		if r.XDP, err = xdpDecision(replace[gen.SluiceMapSlXdpstatsV1]); err != nil {
+	// The acceleration counts each packet by its decision; the prefilter
+	// before it counts none (its drop, or the prefilter program alone).
+	if pkt.XDP == "sl_xdp_accel" {
+		if r.XDP, err = xdpDecision(replace[gen.SluiceMapSlXdpstatsV2]); err != nil {
 			return false, err
 		}
-	default:
-		r.XDP = "pass"
+	}
+	if r.XDP == "" {
+		r.XDP = map[bool]string{true: "drop", false: "pass"}[ret == xdpDrop]
 	}
 	switch ret {
 	case xdpPass:
@@ -267,18 +279,23 @@ func (r *Result) xdp(objs *gen.SluiceObjects, replace map[string]*ebpf.Map, pkt 
 		return false, nil
 	case xdpDrop:
 		r.Program, r.Verdict = pkt.XDP, "drop"
-		r.step("%s dropped it: the source is denied (sl_prefilter_v1) and the port is not a failsafe one", pkt.XDP)
+		if r.XDP == "dropped" {
+			r.step("%s refused the new flow, as TC would (its reason is among the counters)", pkt.XDP)
+		} else {
+			r.step("%s dropped it: the source is denied (sl_prefilter_v1) and the port is not a failsafe one", pkt.XDP)
+		}
 	case xdpTX, xdpRedirect:
 		r.Program, r.Output = pkt.XDP, summary(opts.DataOut)
 		r.Verdict = map[uint32]string{xdpTX: "xdp_tx", xdpRedirect: "xdp_redirect"}[ret]
-		r.step("%s translated it from its conntrack entry and sent it (%s): %s", pkt.XDP, r.Verdict, r.Output)
+		r.step("%s translated it and sent it (%s): %s", pkt.XDP, r.Verdict, r.Output)
 	default:
 		r.Program, r.Verdict = pkt.XDP, "xdp verdict "+strconv.Itoa(int(ret))
 	}
 	return true, nil
 }
 
-// xdpDecision names the decision the run counted in the (copied) decisions map.
+// xdpDecision names the decision the run counted in the (copied) decisions
+// map, or "" when it counted none.
 func xdpDecision(m *ebpf.Map) (string, error) {
 	names, err := maps.XDPDecisionNames()
 	if err != nil {
@@ -297,7 +314,7 @@ func xdpDecision(m *ebpf.Map) (string, error) {
 			return name, nil
 		}
 	}
-	return "", fmt.Errorf("trace: the XDP program counted no decision")
+	return "", nil
 }
 
 func (r *Result) step(format string, args ...any) {

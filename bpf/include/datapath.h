@@ -253,7 +253,7 @@ __subprog int new_flow(struct __sk_buff *skb, struct packet *p, enum hook hook, 
 	if (err)
 		return drop_create_failed(err, snat_addr);
 	if (ev_flow_events())
-		ev_flow4(skb, p, hook, fe->svc_id, &be);
+		ev_flow4(skb->ifindex, p, hook, fe->svc_id, &be);
 	if (rewrite_tuple(skb, p, snat_addr ? snat_addr : p->saddr, be.addr, tuple_ports(snat_addr ? sport : p->sport, be.port)))
 		return drop(CNT_DROP_MALFORMED);
 	svcstats_count(fe->svc_id, p, 0, 1);

@@ -400,7 +400,7 @@ __subprog int pipeline6(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 	}
 	int verdict = new_flow6(skb, &p6, hook, fe, &key);
 	if (verdict != TC_ACT_SHOT && verdict != NEW_FLOW_REJECT && ev_flow_events())
-		ev_flow_start6(skb, &key, hook);
+		ev_flow_start6(skb->ifindex, &key, hook);
 	if (verdict & NEW_FLOW_DSR) {
 		verdict &= ~NEW_FLOW_DSR;
 		if (dsr6_push(skb, &p6, &key))

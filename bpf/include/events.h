@@ -64,7 +64,7 @@ struct {
 
 /* ev_reserve returns a zeroed event of type from the ring buffer, or NULL
  * when events are off, this CPU's budget is spent, or the buffer is full. */
-static __always_inline struct event *ev_reserve(enum event_type type, enum hook hook, const struct __sk_buff *skb)
+static __always_inline struct event *ev_reserve(enum event_type type, enum hook hook, __u32 ifindex)
 {
 	struct config *cfg = config_get();
 	struct ev_cpu *st = ev_cpu_get();
@@ -90,7 +90,7 @@ static __always_inline struct event *ev_reserve(enum event_type type, enum hook 
 	e->ts = now;
 	e->type = type;
 	e->hook = hook;
-	e->ifindex = skb->ifindex;
+	e->ifindex = ifindex;
 	return e;
 }
 
@@ -132,7 +132,7 @@ __subprog void ev_drop(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 	if (!st)
 		return;
 	__u32 reason = st->last_drop;
-	struct event *e = ev_reserve(EV_DROP, hook, skb);
+	struct event *e = ev_reserve(EV_DROP, hook, skb->ifindex);
 	if (!e)
 		return;
 	e->reason = reason;
@@ -170,12 +170,33 @@ __subprog void ev_drop(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 	ev_submit(e);
 }
 
+/* ev_drop4 writes the event of an IPv4 packet dropped before an skb exists
+ * (XDP): the reason drop() noted, p's addresses and ports. */
+__subprog void ev_drop4(__u32 ifindex, enum hook hook, const struct packet *p)
+{
+	struct ev_cpu *st = ev_cpu_get();
+	if (!st)
+		return;
+	__u32 reason = st->last_drop;
+	struct event *e = ev_reserve(EV_DROP, hook, ifindex);
+	if (!e)
+		return;
+	e->reason = reason;
+	e->family = 4;
+	ev_addr4(e->saddr, p->saddr);
+	ev_addr4(e->daddr, p->daddr);
+	e->sport = p->sport;
+	e->dport = p->dport;
+	e->proto = p->proto;
+	ev_submit(e);
+}
+
 /* ev_flow4 writes an IPv4 service flow's start (be: its backend) or, be
- * NULL, its end. */
-__subprog void ev_flow4(const struct __sk_buff *skb, const struct packet *p, enum hook hook, __u32 svc_id,
+ * NULL, its end; ifindex: the interface of the hook. */
+__subprog void ev_flow4(__u32 ifindex, const struct packet *p, enum hook hook, __u32 svc_id,
 			const struct be_value *be)
 {
-	struct event *e = ev_reserve(be ? EV_FLOW_START : EV_FLOW_END, hook, skb);
+	struct event *e = ev_reserve(be ? EV_FLOW_START : EV_FLOW_END, hook, ifindex);
 
 	if (!e)
 		return;
@@ -207,5 +228,5 @@ __subprog void ev_flow_end4(const struct __sk_buff *skb, const struct packet *p,
 		if (!o || !(o->tcp_seen & TCP_FLAG_FIN))
 			return;
 	}
-	ev_flow4(skb, p, hook, v->svc_id, NULL);
+	ev_flow4(skb->ifindex, p, hook, v->svc_id, NULL);
 }

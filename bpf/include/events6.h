@@ -13,7 +13,7 @@
 static __always_inline void ev_flow_end6_write(const struct __sk_buff *skb, const struct packet6 *p6, enum hook hook,
 					       __u32 svc_id)
 {
-	struct event *e = ev_reserve(EV_FLOW_END, hook, skb);
+	struct event *e = ev_reserve(EV_FLOW_END, hook, skb->ifindex);
 
 	if (!e)
 		return;
@@ -28,15 +28,16 @@ static __always_inline void ev_flow_end6_write(const struct __sk_buff *skb, cons
 	ev_submit(e);
 }
 
-/* ev_flow_start6 writes the start of the flow new_flow6 has just created
- * (key: its tuple as it came), from its forward entry. Called by pipeline6,
- * outside new_flow6's frame. */
-__subprog void ev_flow_start6(const struct __sk_buff *skb, const struct ct6_key *key, enum hook hook)
+/* ev_flow_start6 writes the start of the flow new_flow6 (or xdp_accel_new6)
+ * has just created (key: its tuple as it came), from its forward entry;
+ * ifindex: the interface of the hook. Called by pipeline6, outside
+ * new_flow6's frame. */
+__subprog void ev_flow_start6(__u32 ifindex, const struct ct6_key *key, enum hook hook)
 {
 	const struct ct6_value *fwd = bpf_map_lookup_elem(&sl_ct6_v1, key);
 	struct event *e;
 
-	if (!fwd || !fwd->svc_id || !(e = ev_reserve(EV_FLOW_START, hook, skb)))
+	if (!fwd || !fwd->svc_id || !(e = ev_reserve(EV_FLOW_START, hook, ifindex)))
 		return;
 	e->family = 6;
 	addr6_copy(e->saddr, key->saddr);
@@ -47,6 +48,26 @@ __subprog void ev_flow_start6(const struct __sk_buff *skb, const struct ct6_key 
 	e->svc_id = fwd->svc_id;
 	addr6_copy(e->nat_addr, fwd->nat_addr);
 	e->nat_port = fwd->nat_port;
+	ev_submit(e);
+}
+
+/* ev_drop6 is ev_drop4 (events.h) for an IPv6 packet. */
+__subprog void ev_drop6(__u32 ifindex, enum hook hook, const struct packet6 *p6)
+{
+	struct ev_cpu *st = ev_cpu_get();
+	if (!st)
+		return;
+	__u32 reason = st->last_drop;
+	struct event *e = ev_reserve(EV_DROP, hook, ifindex);
+	if (!e)
+		return;
+	e->reason = reason;
+	e->family = 6;
+	addr6_copy(e->saddr, p6->saddr);
+	addr6_copy(e->daddr, p6->daddr);
+	e->sport = p6->p.sport;
+	e->dport = p6->p.dport;
+	e->proto = p6->p.proto;
 	ev_submit(e);
 }
 

@@ -103,7 +103,7 @@ __subprog void ev_policy_drop(struct __sk_buff *skb)
 {
 	__u32 zero = 0;
 	struct ct6_scratch *sc = bpf_map_lookup_elem(&sl_scratch6_v1, &zero);
-	struct event *e = ev_reserve(EV_DROP, (skb->cb[3] >> POLICY_DIR_SHIFT) & 1 ? HOOK_TO_WL : HOOK_FROM_WL, skb);
+	struct event *e = ev_reserve(EV_DROP, (skb->cb[3] >> POLICY_DIR_SHIFT) & 1 ? HOOK_TO_WL : HOOK_FROM_WL, skb->ifindex);
 
 	if (!e)
 		return;

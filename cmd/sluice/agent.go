@@ -106,7 +106,7 @@ func agentFlags(fs *flag.FlagSet, cfg *agent.Config) (configFile, logLevel *stri
 	fs.StringVar(&cfg.ExternalServiceMode, "external-service-mode", def.ExternalServiceMode,
 		"how external traffic reaches a backend on another node: snat (through this node, as kube-proxy), dsr (direct server return: the backend sees the client and answers it directly), or hybrid (DSR for TCP, SNAT for UDP)")
 	fs.StringVar(&cfg.XDPAcceleration, "xdp-acceleration", def.XDPAcceleration,
-		"established external flows (NodePort, LoadBalancer, external IPs to a backend on another node) translated and sent at XDP, before an skb exists: disabled (the XDP prefilter only), native (driver mode; an interface whose driver has no XDP is not ready), or best-effort (generic mode where the driver has no XDP)")
+		"external flows (NodePort, LoadBalancer, external IPs to backends on other nodes) started, translated and sent at XDP, before an skb exists: disabled (the XDP prefilter only), native (driver mode; an interface whose driver has no XDP is not ready), or best-effort (generic mode where the driver has no XDP)")
 	fs.StringVar(&cfg.SNATPortRange, "snat-port-range", "",
 		"MIN-MAX: the source ports a SNATed flow draws from when it cannot keep the client's (default "+nat.DefaultSNATPorts.String()+", as netfilter's MASQUERADE; Calico's BPFPSNATPorts)")
 	fs.BoolVar(&cfg.MaglevClusterIP, "maglev-cluster-ip", false, "with --lb-algorithm=maglev, ClusterIPs pick by Maglev too (otherwise only NodePorts, load balancer and external IPs)")

@@ -255,8 +255,13 @@ func TestMultiNodeXDPAcceleration(t *testing.T) {
 			t.Fatalf("an established connection's packet: %+v, want sent at XDP to 10.2.1.2:8080", r)
 		}
 		r = traceOnA("10.210.0.100:45999", "syn")
-		if r.XDP != "pass_no_flow" || r.Program != "sl_from_host" || r.Verdict != "redirect" || !strings.HasPrefix(r.SNAT, "10.210.0.1:") {
-			t.Fatalf("a new connection's SYN: %+v, want passed to TC, which SNATs it", r)
+		if r.XDP != "tx" || r.Program != "sl_xdp_accel" || r.Verdict != "xdp_tx" || !strings.HasPrefix(r.SNAT, "10.210.0.1:") ||
+			r.Backend != "10.2.1.2:8080" {
+			t.Fatalf("a new connection's SYN: %+v, want started at XDP, SNATed to 10.2.1.2:8080", r)
+		}
+		r = traceOnA("10.210.0.100:45998", "ack")
+		if r.XDP != "pass_no_flow" || r.Program != "sl_from_host" {
+			t.Fatalf("a segment of no known connection: %+v, want passed to TC", r)
 		}
 	})
 

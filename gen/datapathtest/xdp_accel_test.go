@@ -95,6 +95,24 @@ func (n *xdpNode) runXDP(t *testing.T, d *bpftest.Datapath, ifindex int, frame [
 	return ret, out
 }
 
+// withIPv6 gives the node's data interface node6/64, external clients
+// (2001:db8::/64) behind a router and remote backends (fd00:3::/64) behind
+// another node, and returns those next hops' MACs.
+func (n *xdpNode) withIPv6() (routerMAC, remoteMAC net.HardwareAddr) {
+	routerMAC, remoteMAC = net.HardwareAddr{0x02, 0, 0, 0, 0xfe, 6}, net.HardwareAddr{0x02, 0, 0, 0, 0xfe, 7}
+	for _, cmd := range [][]string{
+		{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
+		{"ip", "addr", "add", node6.String() + "/64", "dev", n.dataName, "nodad"},
+		{"ip", "neigh", "replace", "fd00::fe", "lladdr", routerMAC.String(), "dev", n.dataName, "nud", "permanent"},
+		{"ip", "neigh", "replace", "fd00::fd", "lladdr", remoteMAC.String(), "dev", n.dataName, "nud", "permanent"},
+		{"ip", "-6", "route", "add", "2001:db8::/64", "via", "fd00::fe", "dev", n.dataName},
+		{"ip", "-6", "route", "add", "fd00:3::/64", "via", "fd00::fd", "dev", n.dataName},
+	} {
+		n.ns.Run(cmd...)
+	}
+	return routerMAC, remoteMAC
+}
+
 // runTC runs sl_from_host on frame in the node's namespace (its FIB
 // lookups see the node's routes).
 func (n *xdpNode) runTC(t *testing.T, d *bpftest.Datapath, frame []byte) (uint32, []byte) {
@@ -126,7 +144,7 @@ func xdpDecisions(t *testing.T, d *bpftest.Datapath) map[gen.SluiceXdpAccelDecis
 	got := map[gen.SluiceXdpAccelDecision]uint64{}
 	for k := gen.SluiceXdpAccelDecision(0); k < gen.SluiceXdpAccelDecisionXDP_ACCEL_MAX; k++ {
 		var vs []uint64
-		if err := d.Objs.SlXdpstatsV1.Lookup(k, &vs); err != nil {
+		if err := d.Objs.SlXdpstatsV2.Lookup(k, &vs); err != nil {
 			t.Fatal(err)
 		}
 		for _, v := range vs {
@@ -136,11 +154,30 @@ func xdpDecisions(t *testing.T, d *bpftest.Datapath) map[gen.SluiceXdpAccelDecis
 	return got
 }
 
-// A NodePort flow to a backend on another node, started by the TC path:
-// its established packets, both ways, are translated at XDP to the very
-// bytes the TC path writes and sent back out of the data interface, and
-// each packet that changes the flow's state, or that XDP cannot carry,
-// passes to TC untouched, counted by why.
+// sameEntries compares the conntrack entries of a flow (its forward and
+// reverse keys) in two datapaths, but for their times: the flow started at
+// XDP in got, at TC in want.
+func sameEntries(t *testing.T, got, want *bpftest.Datapath, keys ...gen.SluiceCtKey) {
+	t.Helper()
+	for _, k := range keys {
+		g, okG := got.CT(k)
+		w, okW := want.CT(k)
+		if !okG || !okW {
+			t.Fatalf("entry %+v: at XDP %v, at TC %v; want both", k, okG, okW)
+		}
+		g.Created, g.LastSeen, w.Created, w.LastSeen = 0, 0, 0, 0
+		if g != w {
+			t.Fatalf("entry %+v:\n XDP wrote %+v\n  TC wrote %+v", k, g, w)
+		}
+	}
+}
+
+// A NodePort flow to a backend on another node: its first packet starts
+// it at XDP, with the entries and the frame TC writes for it; its
+// established packets, both ways, are translated at XDP to the very bytes
+// the TC path writes and sent back out of the data interface; and each
+// packet that changes the flow's state, or that XDP cannot carry, passes to
+// TC untouched, counted by why.
 func TestXDPAccelCarriesEstablishedNodePortFlows(t *testing.T) {
 	for _, proto := range []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP} {
 		t.Run(proto.String(), func(t *testing.T) {
@@ -158,20 +195,22 @@ func TestXDPAccelCarriesEstablishedNodePortFlows(t *testing.T) {
 				first, ack, psh = 0, 0, 0
 			}
 
-			// The flow's first packet: no entry, so XDP passes it and TC
-			// creates the flow.
+			// The flow's first packet: XDP starts the flow, with the
+			// entries TC writes for it (tcOnly: the same Service, the
+			// packet at TC), and sends it on as TC would.
 			syn := bpftest.Build(spec(extAP, np, first, "a"))
-			if ret, out := n.runXDP(t, d, n.data, syn); ret != xdpPass || !bytes.Equal(out, syn) {
-				t.Fatalf("first packet: verdict %d (frame changed: %v), want XDP_PASS unchanged", ret, !bytes.Equal(out, syn))
+			tcOnly := newDP(t)
+			tcOnly.AddService(bpftest.Service{ID: 7, Front: np, Proto: uint8(proto), Backends: []bpftest.Backend{{AP: remote}},
+				Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+			tcRet, tcFrame := n.runTC(t, tcOnly, syn)
+			ret, out := n.runXDP(t, d, n.data, syn)
+			snat := netip.AddrPortFrom(nodeIP, extAP.Port()) // the client's port is free: kept
+			want := forwarded(spec(snat, remote, first, "a"), n.dataMAC, n.remoteMAC)
+			if ret != xdpTX || !bytes.Equal(out[:len(want)], want) || tcRet != actRedirect || !bytes.Equal(tcFrame[:len(want)], want) {
+				t.Fatalf("first packet: XDP verdict %d, TC verdict %d; want XDP_TX and TC's redirect of the same frame %x (XDP %x, TC %x)",
+					ret, tcRet, want, out[:len(want)], tcFrame[:len(want)])
 			}
-			if ret, _ := n.runTC(t, d, syn); ret != actRedirect {
-				t.Fatalf("first packet at TC: verdict %d, want the FIB's redirect", ret)
-			}
-			fwd, ok := d.CT(bpftest.CtKey(extAP, np, uint8(proto)))
-			if !ok {
-				t.Fatal("TC created no forward entry")
-			}
-			snat := netip.AddrPortFrom(gen.AddrFromNet(fwd.SnatAddr), gen.PortFromNet(fwd.SnatPort))
+			sameEntries(t, d, tcOnly, bpftest.CtKey(extAP, np, uint8(proto)), bpftest.CtKey(remote, snat, uint8(proto)))
 
 			// The backend's first answer changes the flow's state: TC's.
 			answer := bpftest.Build(spec(remote, snat, first|ack, "b"))
@@ -230,7 +269,7 @@ func TestXDPAccelCarriesEstablishedNodePortFlows(t *testing.T) {
 				sum.FwdPackets += s.FwdPackets
 				sum.RevPackets += s.RevPackets
 			}
-			// TC counted the first, second and their second runs; XDP one each way.
+			// XDP counted the first and one each way, TC the others.
 			if sum.FwdPackets != 4 || sum.RevPackets != 3 {
 				t.Fatalf("service counters: %d forward, %d replies; want 4 and 3 (XDP counts as TC does)", sum.FwdPackets, sum.RevPackets)
 			}
@@ -247,7 +286,7 @@ func TestXDPAccelCarriesEstablishedNodePortFlows(t *testing.T) {
 					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_SHAPE},
 				{"an expiring TTL", bpftest.Build(bpftest.PacketSpec{Src: extAP, Dst: np, Proto: proto, TCPFlags: psh, TTL: 1}),
 					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_TTL},
-				{"another client's first packet", bpftest.Build(spec(netip.MustParseAddrPort("198.51.100.10:50000"), np, first, "")),
+				{"a first packet to a port no Service has", bpftest.Build(spec(netip.MustParseAddrPort("198.51.100.10:50000"), netip.AddrPortFrom(nodeIP, 30999), first, "")),
 					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NO_FLOW},
 				{"ARP", append(make([]byte, 12), 0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
 					gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NOT_IP},
@@ -346,25 +385,16 @@ func TestXDPAccelLeavesOtherFlowsToTC(t *testing.T) {
 }
 
 // The IPv6 twin: a NodePort flow of the node's IPv6 address to a backend
-// behind another node, started by TC on sl_ct6_v1, is carried at XDP both
-// ways to the very bytes TC writes (the hop limit one less, the L4 checksum
-// updated for the addresses and ports); an extension header passes to TC.
+// behind another node is started at XDP with the entries TC writes on
+// sl_ct6_v1, and carried at XDP both ways to the very bytes TC writes (the
+// hop limit one less, the L4 checksum updated for the addresses and
+// ports); an extension header passes to TC.
 func TestXDPAccelCarriesIPv6Flows(t *testing.T) {
 	for _, proto := range []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP} {
 		t.Run(proto.String(), func(t *testing.T) {
 			d := newDP6(t)
 			n := newXDPNode(t)
-			routerMAC6, remoteMAC6 := net.HardwareAddr{0x02, 0, 0, 0, 0xfe, 6}, net.HardwareAddr{0x02, 0, 0, 0, 0xfe, 7}
-			for _, cmd := range [][]string{
-				{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
-				{"ip", "addr", "add", node6.String() + "/64", "dev", n.dataName, "nodad"},
-				{"ip", "neigh", "replace", "fd00::fe", "lladdr", routerMAC6.String(), "dev", n.dataName, "nud", "permanent"},
-				{"ip", "neigh", "replace", "fd00::fd", "lladdr", remoteMAC6.String(), "dev", n.dataName, "nud", "permanent"},
-				{"ip", "-6", "route", "add", "2001:db8::/64", "via", "fd00::fe", "dev", n.dataName},
-				{"ip", "-6", "route", "add", "fd00:3::/64", "via", "fd00::fd", "dev", n.dataName},
-			} {
-				n.ns.Run(cmd...)
-			}
+			routerMAC6, remoteMAC6 := n.withIPv6()
 			np := netip.AddrPortFrom(node6, 30085)
 			remote := netip.MustParseAddrPort("[fd00:3::4]:8080")
 			d.AddService(bpftest.Service{ID: 7, Front: np, Proto: uint8(proto), Backends: []bpftest.Backend{{AP: remote}},
@@ -377,21 +407,29 @@ func TestXDPAccelCarriesIPv6Flows(t *testing.T) {
 				first, ack, psh = 0, 0, 0
 			}
 
-			// Started through TC, each packet first refused by XDP.
+			// Started at XDP, with the entries TC writes (tcOnly), and the
+			// frame TC writes, forwarded as the stack would after TC (TC
+			// leaves an IPv6 packet's forwarding to it, fib.h).
 			syn := bpftest.Build(spec(ext6, np, first, "a"))
-			if ret, out := n.runXDP(t, d, n.data, syn); ret != xdpPass || !bytes.Equal(out, syn) {
-				t.Fatalf("first packet: verdict %d, want XDP_PASS unchanged", ret)
+			tcOnly := newDP6(t)
+			tcOnly.AddService(bpftest.Service{ID: 7, Front: np, Proto: uint8(proto), Backends: []bpftest.Backend{{AP: remote}},
+				Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+			tcRet, tcFrame := n.runTC(t, tcOnly, syn)
+			ret, out := n.runXDP(t, d, n.data, syn)
+			snat := netip.AddrPortFrom(node6, ext6.Port()) // the client's port is free: kept
+			want, tcWant := forwarded(spec(snat, remote, first, "a"), n.dataMAC, remoteMAC6), bpftest.Build(spec(snat, remote, first, "a"))
+			if ret != xdpTX || !bytes.Equal(out[:len(want)], want) || tcRet != actOK || !bytes.Equal(tcFrame[:len(tcWant)], tcWant) {
+				t.Fatalf("first packet: XDP verdict %d, TC verdict %d; want XDP_TX of %x, TC_ACT_OK of %x (XDP %x, TC %x)",
+					ret, tcRet, want, tcWant, out[:len(want)], tcFrame[:len(tcWant)])
 			}
-			// TC translates an IPv6 packet and leaves its forwarding to
-			// the stack (fib.h).
-			if ret, _ := n.runTC(t, d, syn); ret != actOK {
-				t.Fatalf("first packet at TC: verdict %d, want TC_ACT_OK", ret)
+			for _, k := range []gen.SluiceCt6Key{bpftest.CtKey6(ext6, np, uint8(proto)), bpftest.CtKey6(remote, snat, uint8(proto))} {
+				got, okG := d.CT6(k)
+				want, okW := tcOnly.CT6(k)
+				got.Created, got.LastSeen, want.Created, want.LastSeen = 0, 0, 0, 0
+				if !okG || !okW || got != want {
+					t.Fatalf("entry %+v:\n XDP wrote %+v (%v)\n  TC wrote %+v (%v)", k, got, okG, want, okW)
+				}
 			}
-			fwd, ok := d.CT6(bpftest.CtKey6(ext6, np, uint8(proto)))
-			if !ok || fwd.Flags&gen.SluiceCtFlagsCT_SNAT == 0 {
-				t.Fatalf("TC's forward entry %+v (found: %v), want a SNATed flow", fwd, ok)
-			}
-			snat := netip.AddrPortFrom(gen.AddrFromNet6(fwd.SnatAddr), gen.PortFromNet(fwd.SnatPort))
 			n.runTC(t, d, bpftest.Build(spec(remote, snat, first|ack, "b")))
 			n.runTC(t, d, bpftest.Build(spec(ext6, np, ack, "c")))
 
@@ -466,4 +504,262 @@ func withHopByHop(frame []byte) []byte {
 	payload := int(out[l3+4])<<8 | int(out[l3+5]) + 8
 	out[l3+4], out[l3+5] = byte(payload>>8), byte(payload)
 	return out
+}
+
+// New flows at XDP are balanced as TC balances them: a Maglev frontend's
+// flows reach the backend its table names (the same as at TC, flow by
+// flow, with the same entries), a client with affinity keeps its backend
+// across the two paths, a source outside a frontend's ranges is dropped
+// and counted as TC counts it, and every new flow the TC path must start
+// (a frontend with a local backend, local-only, DSR, no endpoints, a host
+// endpoint's policy) passes to it before anything is written.
+func TestXDPAccelStartsFlowsAsTCDoes(t *testing.T) {
+	n := newXDPNode(t)
+	remotes := []bpftest.Backend{{AP: netip.MustParseAddrPort("10.3.0.4:8080")}, {AP: netip.MustParseAddrPort("10.3.0.5:8080")},
+		{AP: netip.MustParseAddrPort("10.3.0.6:8080")}}
+	maglev := netip.AddrPortFrom(nodeIP, 30090)
+	sticky := netip.AddrPortFrom(nodeIP, 30091)
+	ranged := netip.AddrPortFrom(nodeIP, 30092)
+	services := func(d *bpftest.Datapath) {
+		d.AddService(bpftest.Service{ID: 20, Front: maglev, Proto: protoTCP, Backends: remotes,
+			Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_MAGLEV})
+		table := make([]uint32, gen.MaglevDefaultTableSize)
+		for i := range table {
+			table[i] = uint32(i*7/5) % 3
+		}
+		d.SetMaglevTable(20, table)
+		d.AddService(bpftest.Service{ID: 21, Front: sticky, Proto: protoTCP, Backends: remotes, Affinity: 60,
+			Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+		d.AddService(bpftest.Service{ID: 22, Front: ranged, Proto: protoUDP, Backends: remotes[:1],
+			Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_SRC_RANGES})
+		d.Put(d.Objs.SlSrcrangeV1, gen.SluiceSrcrangeKey{Prefixlen: 32 + 24, SvcId: gen.NetUint32(22),
+			Src: gen.NetAddr(netip.MustParseAddr("198.51.100.0"))}, gen.SluiceSrcrangeValue{})
+	}
+	d, tcOnly := newDP(t), newDP(t)
+	services(d)
+	services(tcOnly)
+
+	// Maglev: flow by flow, the backend TC's pick names, and the entries.
+	picked := map[netip.Addr]int{}
+	for port := uint16(40000); port < 40030; port++ {
+		client := netip.AddrPortFrom(extAP.Addr(), port)
+		syn := bpftest.TCPPacket(client, maglev, bpftest.SYN)
+		if ret, _ := n.runXDP(t, d, n.data, syn); ret != xdpTX {
+			t.Fatalf("Maglev flow from %v: XDP verdict %d, want XDP_TX", client, ret)
+		}
+		n.runTC(t, tcOnly, syn)
+		fwd, _ := d.CT(bpftest.CtKey(client, maglev, protoTCP))
+		be := netip.AddrPortFrom(gen.AddrFromNet(fwd.NatAddr), gen.PortFromNet(fwd.NatPort))
+		sameEntries(t, d, tcOnly, bpftest.CtKey(client, maglev, protoTCP), bpftest.CtKey(be, netip.AddrPortFrom(nodeIP, port), protoTCP))
+		picked[be.Addr()]++
+	}
+	if len(picked) < 2 {
+		t.Fatalf("30 Maglev flows all reached %v: the table names three backends", picked)
+	}
+
+	// Affinity: a client's first flow picked at XDP; its next, at TC, goes
+	// to the same backend.
+	client := netip.AddrPortFrom(extAP.Addr(), 41000)
+	if ret, _ := n.runXDP(t, d, n.data, bpftest.TCPPacket(client, sticky, bpftest.SYN)); ret != xdpTX {
+		t.Fatalf("affinity flow: XDP verdict %d, want XDP_TX", ret)
+	}
+	first, _ := d.CT(bpftest.CtKey(client, sticky, protoTCP))
+	for port := uint16(41001); port < 41006; port++ {
+		next := netip.AddrPortFrom(extAP.Addr(), port)
+		n.runTC(t, d, bpftest.TCPPacket(next, sticky, bpftest.SYN))
+		if f, _ := d.CT(bpftest.CtKey(next, sticky, protoTCP)); f.NatAddr != first.NatAddr {
+			t.Fatalf("the client's flow at TC reached %v, its first at XDP %v: affinity lost",
+				gen.AddrFromNet(f.NatAddr), gen.AddrFromNet(first.NatAddr))
+		}
+	}
+
+	// Source ranges: an allowed source is carried, another dropped, counted
+	// and without entries.
+	allowed := netip.MustParseAddrPort("198.51.100.7:5000")
+	denied := netip.MustParseAddrPort("192.0.2.7:5000")
+	if ret, _ := n.runXDP(t, d, n.data, bpftest.UDPPacket(allowed, ranged, []byte("x"))); ret != xdpTX {
+		t.Fatalf("allowed source: XDP verdict %d, want XDP_TX", ret)
+	}
+	dropped := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_DROPPED]
+	if ret, _ := n.runXDP(t, d, n.data, bpftest.UDPPacket(denied, ranged, []byte("x"))); ret != xdpDrop {
+		t.Fatalf("source outside the ranges: XDP verdict %d, want XDP_DROP", ret)
+	}
+	if c := d.Counter(gen.SluiceCounterCNT_DROP_SRC_RANGE); c != 1 {
+		t.Fatalf("source-range drops %d, want 1 (as TC counts them)", c)
+	}
+	if got := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_DROPPED]; got != dropped+1 {
+		t.Fatalf("XDP drops counted %d, want %d", got, dropped+1)
+	}
+	if _, ok := d.CT(bpftest.CtKey(denied, ranged, protoUDP)); ok {
+		t.Fatal("a refused flow left an entry")
+	}
+
+	// What the TC path starts: passed before anything is written.
+	mixed, local := netip.AddrPortFrom(nodeIP, 30093), netip.AddrPortFrom(nodeIP, 30094)
+	empty := netip.AddrPortFrom(nodeIP, 30095)
+	d.AddService(bpftest.Service{ID: 23, Front: mixed, Proto: protoTCP,
+		Backends: []bpftest.Backend{{AP: netip.MustParseAddrPort("10.2.0.7:8080"), Local: true}, remotes[0]}, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+	d.AddService(bpftest.Service{ID: 24, Front: local, Proto: protoTCP, Backends: remotes[:1],
+		Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_EXT_LOCAL})
+	d.AddService(bpftest.Service{ID: 25, Front: empty, Proto: protoTCP, Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+	cases := []struct {
+		name  string
+		front netip.AddrPort
+		setup func()
+	}{
+		{"a frontend with a local backend", mixed, nil},
+		{"an externalTrafficPolicy Local frontend", local, nil},
+		{"a frontend without endpoints", empty, nil},
+		{"DSR", maglev, func() {
+			d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP), Flags: gen.SluiceConfigFlagsCFG_DSR_TCP})
+		}},
+		{"a host endpoint's policy", maglev, func() {
+			d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP)})
+			d.Put(d.Objs.SlIfstateV1, gen.SluiceIfstateKey{Ifindex: uint32(n.data)},
+				gen.SluiceIfstateValue{IngressPolicy: gen.IfstateNoPolicy, EgressPolicy: 3})
+		}},
+	}
+	for i, c := range cases {
+		if c.setup != nil {
+			c.setup()
+		}
+		client := netip.AddrPortFrom(extAP.Addr(), uint16(42000+i))
+		syn := bpftest.TCPPacket(client, c.front, bpftest.SYN)
+		before := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NEW_AT_TC]
+		entries := d.CTCount()
+		ret, out := n.runXDP(t, d, n.data, syn)
+		if ret != xdpPass || !bytes.Equal(out[:len(syn)], syn) {
+			t.Errorf("%s: verdict %d, want XDP_PASS unchanged", c.name, ret)
+		}
+		if got := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NEW_AT_TC]; got != before+1 {
+			t.Errorf("%s: pass_new_at_tc counted %d times, want once", c.name, got-before)
+		}
+		if got := d.CTCount(); got != entries {
+			t.Errorf("%s: %d entries after XDP passed it, %d before: want nothing written", c.name, got, entries)
+		}
+	}
+}
+
+// The IPv6 twin of TestXDPAccelStartsFlowsAsTCDoes: a Maglev frontend's new
+// flows get TC's pick and entries on sl_ct6_v1, and a source outside a
+// frontend's ranges is dropped and counted as TC counts it.
+func TestXDPAccelStartsIPv6FlowsAsTCDoes(t *testing.T) {
+	n := newXDPNode(t)
+	_, remoteMAC := n.withIPv6()
+	remotes := []bpftest.Backend{{AP: netip.MustParseAddrPort("[fd00:3::4]:8080")}, {AP: netip.MustParseAddrPort("[fd00:3::5]:8080")},
+		{AP: netip.MustParseAddrPort("[fd00:3::6]:8080")}}
+	maglev, ranged := netip.AddrPortFrom(node6, 30090), netip.AddrPortFrom(node6, 30092)
+	services := func(d *bpftest.Datapath) {
+		d.AddService(bpftest.Service{ID: 20, Front: maglev, Proto: protoTCP, Backends: remotes,
+			Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_MAGLEV})
+		table := make([]uint32, gen.MaglevDefaultTableSize)
+		for i := range table {
+			table[i] = uint32(i*7/5) % 3
+		}
+		d.SetMaglevTable(20, table)
+		d.AddService(bpftest.Service{ID: 22, Front: ranged, Proto: protoUDP, Backends: remotes[:1],
+			Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_SRC_RANGES})
+		d.Put(d.Objs.SlSrcrange6V1, gen.SluiceSrcrange6Key{Prefixlen: 32 + 64, SvcId: gen.NetUint32(22),
+			Src: netip.MustParseAddr("2001:db8::").As16()}, gen.SluiceSrcrangeValue{})
+	}
+	d, tcOnly := newDP6(t), newDP6(t)
+	services(d)
+	services(tcOnly)
+
+	picked := map[netip.Addr]int{}
+	for port := uint16(40000); port < 40030; port++ {
+		client := netip.AddrPortFrom(ext6.Addr(), port)
+		syn := bpftest.TCPPacket(client, maglev, bpftest.SYN)
+		ret, out := n.runXDP(t, d, n.data, syn)
+		n.runTC(t, tcOnly, syn)
+		fwd, _ := tcOnly.CT6(bpftest.CtKey6(client, maglev, protoTCP))
+		be := netip.AddrPortFrom(gen.AddrFromNet6(fwd.NatAddr), gen.PortFromNet(fwd.NatPort))
+		snat := netip.AddrPortFrom(node6, port)
+		want := forwarded(bpftest.PacketSpec{Src: snat, Dst: be, Proto: layers.IPProtocolTCP, TCPFlags: bpftest.SYN}, n.dataMAC, remoteMAC)
+		if ret != xdpTX || !bytes.Equal(out[:len(want)], want) {
+			t.Fatalf("Maglev flow from %v: XDP verdict %d, want XDP_TX to TC's pick %v", client, ret, be)
+		}
+		for _, k := range []gen.SluiceCt6Key{bpftest.CtKey6(client, maglev, protoTCP), bpftest.CtKey6(be, snat, protoTCP)} {
+			got, okG := d.CT6(k)
+			want, okW := tcOnly.CT6(k)
+			got.Created, got.LastSeen, want.Created, want.LastSeen = 0, 0, 0, 0
+			if !okG || !okW || got != want {
+				t.Fatalf("entry %+v:\n XDP wrote %+v (%v)\n  TC wrote %+v (%v)", k, got, okG, want, okW)
+			}
+		}
+		picked[be.Addr()]++
+	}
+	if len(picked) < 2 {
+		t.Fatalf("30 Maglev flows all reached %v: the table names three backends", picked)
+	}
+
+	allowed := netip.MustParseAddrPort("[2001:db8::7]:5000")
+	denied := netip.MustParseAddrPort("[2001:db9::7]:5000")
+	if ret, _ := n.runXDP(t, d, n.data, bpftest.UDPPacket(allowed, ranged, []byte("x"))); ret != xdpTX {
+		t.Fatalf("allowed source: XDP verdict %d, want XDP_TX", ret)
+	}
+	if ret, _ := n.runXDP(t, d, n.data, bpftest.UDPPacket(denied, ranged, []byte("x"))); ret != xdpDrop {
+		t.Fatalf("source outside the ranges: XDP verdict %d, want XDP_DROP", ret)
+	}
+	if c := d.Counter(gen.SluiceCounterCNT_DROP_SRC_RANGE); c != 1 {
+		t.Fatalf("source-range drops %d, want 1", c)
+	}
+	if got := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_DROPPED]; got != 1 {
+		t.Fatalf("XDP drops counted %d, want 1", got)
+	}
+}
+
+// With events on, a flow XDP starts writes its start (with its backend)
+// and a flow XDP refuses its drop (with the reason TC would give), both
+// naming the data interface, in each family.
+func TestXDPAccelWritesEvents(t *testing.T) {
+	n := newXDPNode(t)
+	n.withIPv6()
+	for _, fam := range []struct {
+		name           string
+		front, remote  netip.AddrPort
+		client, denied netip.AddrPort
+		rangeKey       any
+		family         uint8
+	}{
+		{"IPv4", netip.AddrPortFrom(nodeIP, 30096), netip.MustParseAddrPort("10.3.0.4:8080"),
+			netip.MustParseAddrPort("198.51.100.7:5000"), netip.MustParseAddrPort("192.0.2.7:5000"),
+			gen.SluiceSrcrangeKey{Prefixlen: 32 + 24, SvcId: gen.NetUint32(26), Src: gen.NetAddr(netip.MustParseAddr("198.51.100.0"))}, 4},
+		{"IPv6", netip.AddrPortFrom(node6, 30096), netip.MustParseAddrPort("[fd00:3::4]:8080"),
+			netip.MustParseAddrPort("[2001:db8::7]:5000"), netip.MustParseAddrPort("[2001:db9::7]:5000"),
+			gen.SluiceSrcrange6Key{Prefixlen: 32 + 64, SvcId: gen.NetUint32(26), Src: netip.MustParseAddr("2001:db8::").As16()}, 6},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			d := newDP6(t)
+			rd := eventsOn(t, d, 100, true)
+			d.AddService(bpftest.Service{ID: 26, Front: fam.front, Proto: protoTCP, Backends: []bpftest.Backend{{AP: fam.remote}},
+				Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_SRC_RANGES})
+			m := d.Objs.SlSrcrangeV1
+			if fam.family == 6 {
+				m = d.Objs.SlSrcrange6V1
+			}
+			d.Put(m, fam.rangeKey, gen.SluiceSrcrangeValue{})
+			if ret, _ := n.runXDP(t, d, n.data, bpftest.TCPPacket(fam.client, fam.front, bpftest.SYN)); ret != xdpTX {
+				t.Fatalf("allowed flow: XDP verdict %d, want XDP_TX", ret)
+			}
+			if ret, _ := n.runXDP(t, d, n.data, bpftest.TCPPacket(fam.denied, fam.front, bpftest.SYN)); ret != xdpDrop {
+				t.Fatalf("refused flow: XDP verdict %d, want XDP_DROP", ret)
+			}
+			evs := readEvents(t, rd)
+			if len(evs) != 2 {
+				t.Fatalf("%d events %+v, want a start and a drop", len(evs), evs)
+			}
+			start, drop := evs[0], evs[1]
+			if start.Type != gen.SluiceEventTypeEV_FLOW_START || evAddr(start.Saddr, start.Sport) != fam.client ||
+				evAddr(start.Daddr, start.Dport) != fam.front || evAddr(start.NatAddr, start.NatPort) != fam.remote ||
+				start.SvcId != 26 || start.Family != fam.family || start.Ifindex != uint32(n.data) || start.Hook != 2 /* HOOK_FROM_HOST */ {
+				t.Fatalf("start event %+v", start)
+			}
+			if drop.Type != gen.SluiceEventTypeEV_DROP || drop.Reason != uint32(gen.SluiceCounterCNT_DROP_SRC_RANGE) ||
+				evAddr(drop.Saddr, drop.Sport) != fam.denied || evAddr(drop.Daddr, drop.Dport) != fam.front ||
+				drop.Family != fam.family || drop.Ifindex != uint32(n.data) || drop.Proto != protoTCP {
+				t.Fatalf("drop event %+v", drop)
+			}
+		})
+	}
 }

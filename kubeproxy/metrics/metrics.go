@@ -136,7 +136,7 @@ func NewCounterCollector(read func() (map[string]uint64, error)) *CounterCollect
 // packets carried at XDP ("tx", "redirected") and those passed to TC by why.
 func NewXDPDecisionCollector(read func() (map[string]uint64, error)) *CounterCollector {
 	return &CounterCollector{Read: read, desc: prometheus.NewDesc("sluice_xdp_packets_total",
-		"Packets the XDP acceleration saw, by its decision (enum xdp_accel_decision in bpf/include/xdp_accel.h): tx and redirected were translated and sent at XDP, pass_* went on to TC; summed over CPUs",
+		"Packets the XDP acceleration saw, by its decision (enum xdp_accel_decision in bpf/include/xdp_accel.h): tx and redirected were translated and sent at XDP, dropped were new flows refused there, pass_* went on to TC; summed over CPUs",
 		[]string{"decision"}, nil)}
 }
 
