@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* XDP acceleration of external flows: a flow that enters from outside to an
- * external frontend (a NodePort, LoadBalancer or externalIP) and is SNATed
- * to a backend on another node is started, translated and sent on from the
- * driver, before an skb exists, and so are its replies.
+ * external frontend (a NodePort, LoadBalancer or externalIP) and goes to a
+ * backend on another node, SNATed (and its replies) or, for IPv4, by DSR
+ * (dsr.h's option inserted as dsr_push4 inserts it), is started, translated
+ * and sent on from the driver, before an skb exists.
  *
  * It writes and reads the TC path's conntrack entries as they are. A new
  * flow (a SYN, a datagram no entry knows) is balanced here as new_flow
@@ -20,8 +21,9 @@
  * options or IPv6 extension headers (a DSR option or header among them),
  * fragments, protocols other than TCP and UDP, a packet that starts no
  * flow here, a new flow the TC path starts (a frontend with local backends,
- * DSR, a host endpoint's policy, no endpoints), a flow the TC path carries
- * (a local backend, DSR, not SNATed, not allowed by its host endpoint), a
+ * IPv6 DSR, a host endpoint's policy, no endpoints), a flow the TC path
+ * carries (a local backend, IPv6 DSR, not SNATed, not allowed by its host
+ * endpoint), a datagram the DSR option would make too big for its link, a
  * packet that changes its flow's state, an expiring TTL, and a next hop the
  * FIB does not resolve or an interface the frame cannot be sent to from
  * here (sl_xdpdev_v1). A new flow TC would refuse with a drop (a source
@@ -57,14 +59,15 @@ enum xdp_accel_decision : __u32 {
 					 * fragment, not TCP or UDP, truncated */
 	XDP_ACCEL_PASS_NO_FLOW,		/* no conntrack entry, and not a flow XDP starts: not
 					 * a SYN or a datagram, no external frontend */
-	XDP_ACCEL_PASS_TC_FLOW,		/* a flow the TC path carries: local backend, DSR,
+	XDP_ACCEL_PASS_TC_FLOW,		/* a flow the TC path carries: local backend, IPv6 DSR,
 					 * not SNATed, not entered from outside, not allowed */
 	XDP_ACCEL_PASS_STATE,		/* a packet that changes its flow's state */
 	XDP_ACCEL_PASS_TTL,		/* the TTL (hop limit) expires here: the stack answers it */
-	XDP_ACCEL_PASS_FIB,		/* no next hop: no route, no neighbour, too big, local */
+	XDP_ACCEL_PASS_FIB,		/* no next hop: no route, no neighbour, too big (the DSR
+					 * option included), local */
 	XDP_ACCEL_PASS_EGRESS,		/* the next hop is behind an interface XDP cannot send on */
 	XDP_ACCEL_PASS_NEW_AT_TC,	/* a new flow the TC path starts: a frontend with local
-					 * backends or local-only, DSR, no endpoints, a host
+					 * backends or local-only, IPv6 DSR, no endpoints, a host
 					 * endpoint's policy, no node address to SNAT to */
 	XDP_ACCEL_DROPPED,		/* a new flow refused here, counted by why as TC counts
 					 * it: a source outside the ranges, no SNAT port, a
@@ -104,11 +107,14 @@ static __always_inline int xdp_accel_count(enum xdp_accel_decision d, int action
 }
 
 /* xdp_accel_flow tells whether an entry's packets may be carried here: a
- * flow from outside, SNATed, to a backend elsewhere, neither by DSR (whose
- * datagrams carry an option, and whose replies do not come back) nor refused
- * by its host endpoint (a reply is never judged). */
-static __always_inline int xdp_accel_flow(enum ct_flags flags, enum ct_type type, enum pol_verdict pol_egress)
+ * flow from outside to a backend elsewhere, not refused by its host
+ * endpoint (a reply is never judged), SNATed (both directions), or sent by
+ * DSR where dsr says so (its forward direction: the replies do not come
+ * back here). */
+static __always_inline int xdp_accel_flow(enum ct_flags flags, enum ct_type type, enum pol_verdict pol_egress, int dsr)
 {
+	if (dsr && (flags & (CT_FROM_HOST | CT_BACKEND_LOCAL | CT_DSR)) == (CT_FROM_HOST | CT_DSR))
+		return type == CT_FORWARD && pol_egress == POL_ALLOWED;
 	if ((flags & (CT_FROM_HOST | CT_SNAT | CT_BACKEND_LOCAL | CT_DSR)) != (CT_FROM_HOST | CT_SNAT))
 		return 0;
 	return type == CT_REVERSE || pol_egress == POL_ALLOWED;
@@ -201,6 +207,63 @@ static __always_inline void xdp_accel_write4(struct iphdr *ip, __be16 *l4, __sum
 	__builtin_memcpy(l4, &ports, 4);
 }
 
+/* xdp_dsr_push4 inserts the DSR option carrying the frontend (front_addr,
+ * front_port) after a 20-byte IPv4 header, as dsr_push4 does at TC: the
+ * frame grows at its head, and its Ethernet and IP headers move to the new
+ * start. 0 when done; otherwise the frame is as it was. */
+static __always_inline int xdp_dsr_push4(struct xdp_md *ctx, __be32 front_addr, __be16 front_port)
+{
+	if (bpf_xdp_adjust_head(ctx, -DSR_OPT_LEN))
+		return -1;
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ip_dsr4 *h = data + sizeof(*eth);
+
+	if ((void *)(h + 1) > data_end) {
+		bpf_xdp_adjust_head(ctx, DSR_OPT_LEN);
+		return -1;
+	}
+	/* The headers as they were, DSR_OPT_LEN bytes on from the new start:
+	 * read whole before they are written over. */
+	struct ethhdr old_eth = *(struct ethhdr *)(data + DSR_OPT_LEN);
+	struct iphdr old_ip = *(struct iphdr *)(data + DSR_OPT_LEN + sizeof(*eth));
+	*eth = old_eth;
+	h->ip = old_ip;
+	h->ip.ihl = DSR_IHL;
+	h->ip.tot_len = bpf_htons(bpf_ntohs(old_ip.tot_len) + DSR_OPT_LEN);
+	h->ip.check = 0;
+	h->opt.type = DSR_OPT_TYPE;
+	h->opt.len = DSR_OPT_LEN;
+	h->opt.port = front_port;
+	h->opt.addr = front_addr;
+	h->ip.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)h, sizeof(*h), 0));
+	count(CNT_DSR_SENT);
+	return 0;
+}
+
+/* xdp_accel_finish4 writes an IPv4 translation and sends the frame, its
+ * headers found again (after a helper that may move them); opt: the DSR
+ * option sits between the IP header and L4. */
+static __always_inline int xdp_accel_finish4(struct xdp_md *ctx, int opt, __be32 saddr, __be32 daddr, __u32 ports,
+					     const struct xdp_hop *hop)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	__be16 *l4 = (void *)(ip + 1) + (opt ? DSR_OPT_LEN : 0);
+	__u8 unused;
+
+	if ((void *)(ip + 1) > data_end)
+		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
+	__sum16 *l4_check = xdp_accel_l4(l4, data_end, ip->protocol, &unused);
+	if (!l4_check)
+		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
+	xdp_accel_write4(ip, l4, l4_check, saddr, daddr, ports);
+	return xdp_accel_send(ctx, eth, hop);
+}
+
 /* xdp_accel_refuse drops a new flow that the TC path would drop too,
  * counted (c) and reported (a drop event) as the TC path does. */
 static __always_inline int xdp_accel_refuse(struct xdp_md *ctx, enum counter c, const struct packet *p)
@@ -270,8 +333,9 @@ __subprog int xdp_accel_new4(struct xdp_md *ctx)
 	if (!src_allowed(fe, p.saddr))
 		return xdp_accel_refuse(ctx, CNT_DROP_SRC_RANGE, &p);
 	struct config *cfg = config_get();
-	if (fe->local_count || (fe->flags & (FE_INT_LOCAL | FE_EXT_LOCAL)) || !cfg || !cfg->node_ip ||
-	    dsr_wanted(cfg, &p) || xdp_accel_host_policy(ctx))
+	int dsr = dsr_wanted(cfg, &p);
+	if (fe->local_count || (fe->flags & (FE_INT_LOCAL | FE_EXT_LOCAL)) || !cfg || (!dsr && !cfg->node_ip) ||
+	    xdp_accel_host_policy(ctx))
 		return xdp_accel_count(XDP_ACCEL_PASS_NEW_AT_TC, XDP_PASS);
 	if (p.ttl <= 1)
 		return xdp_accel_count(XDP_ACCEL_PASS_TTL, XDP_PASS);
@@ -281,8 +345,9 @@ __subprog int xdp_accel_new4(struct xdp_md *ctx)
 		return xdp_accel_count(XDP_ACCEL_PASS_NEW_AT_TC, XDP_PASS);
 
 	/* The next hop before anything is written (snat_source: external
-	 * traffic to another node leaves from the node's address). */
-	__be32 snat_addr = cfg->node_ip;
+	 * traffic to another node leaves from the node's address; by DSR,
+	 * with the client's, the option making it longer). */
+	__be32 snat_addr = dsr ? 0 : cfg->node_ip;
 	struct xdp_hop hop;
 	{
 		struct bpf_fib_lookup fib = {
@@ -290,8 +355,8 @@ __subprog int xdp_accel_new4(struct xdp_md *ctx)
 			.l4_protocol = p.proto,
 			.sport = p.sport,
 			.dport = be.port,
-			.tot_len = p.ip_len,
-			.ipv4_src = snat_addr,
+			.tot_len = p.ip_len + (dsr ? DSR_OPT_LEN : 0),
+			.ipv4_src = dsr ? p.saddr : snat_addr,
 			.ipv4_dst = be.addr,
 			.ifindex = ctx->ingress_ifindex,
 		};
@@ -299,8 +364,12 @@ __subprog int xdp_accel_new4(struct xdp_md *ctx)
 		if (next != XDP_ACCEL_TX)
 			return xdp_accel_count(next, XDP_PASS);
 	}
+	/* The option goes in first, as new_flow's: a packet that cannot take
+	 * it passes to TC as it came, before any entry is written. */
+	if (dsr && xdp_dsr_push4(ctx, p.daddr, p.dport))
+		return xdp_accel_count(XDP_ACCEL_PASS_NEW_AT_TC, XDP_PASS);
 
-	__u8 flags = CT_FROM_HOST | CT_SNAT | (is_host_ip(p.daddr) ? CT_NODE_SOURCE : 0);
+	__u8 flags = CT_FROM_HOST | (dsr ? CT_DSR : CT_SNAT) | (is_host_ip(p.daddr) ? CT_NODE_SOURCE : 0);
 	__be16 sport;
 	int err = ct_create(&p, fe->svc_id, &be, &snat_addr, cfg, &flags, POL_ALLOWED, &sport);
 	if (err)
@@ -308,22 +377,9 @@ __subprog int xdp_accel_new4(struct xdp_md *ctx)
 	if (ev_flow_events())
 		ev_flow4(ctx->ingress_ifindex, &p, HOOK_FROM_HOST, fe->svc_id, &be);
 	svcstats_count(fe->svc_id, &p, 0, 1);
-
-	/* The calls above left the frame as it was; the verifier asks for its
-	 * bounds again. */
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	eth = data;
-	ip = data + sizeof(*eth);
-	l4 = (void *)(ip + 1);
-	if ((void *)(l4 + 2) > data_end)
-		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
-	__u8 unused;
-	__sum16 *l4_check = xdp_accel_l4(l4, data_end, p.proto, &unused);
-	if (!l4_check)
-		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
-	xdp_accel_write4(ip, l4, l4_check, snat_addr, be.addr, tuple_ports(sport, be.port));
-	return xdp_accel_send(ctx, eth, &hop);
+	/* A clash remaps a DSR flow's port, with the client's address kept
+	 * (ct_create: CT_SNAT, snat_addr the client's). */
+	return xdp_accel_finish4(ctx, dsr, snat_addr ? snat_addr : p.saddr, be.addr, tuple_ports(sport, be.port), &hop);
 }
 
 /* xdp_accel_v4: an IPv4 frame, after the prefilter let it through. */
@@ -352,7 +408,7 @@ __subprog int xdp_accel_v4(struct xdp_md *ctx)
 	struct ct_value *v = bpf_map_lookup_elem(&sl_ct_v2, &key);
 	if (!v)
 		return XDP_ACCEL_START_FLOW;
-	if (!xdp_accel_flow(v->flags, v->type, v->pol_egress))
+	if (!xdp_accel_flow(v->flags, v->type, v->pol_egress, 1))
 		return xdp_accel_count(XDP_ACCEL_PASS_TC_FLOW, XDP_PASS);
 	if (!xdp_accel_steady(v->tcp_seen, ip->protocol, tcp_flags))
 		return xdp_accel_count(XDP_ACCEL_PASS_STATE, XDP_PASS);
@@ -365,7 +421,9 @@ __subprog int xdp_accel_v4(struct xdp_md *ctx)
 	__be32 saddr, daddr;
 	__u32 ports;
 	if (v->type == CT_FORWARD) {
-		saddr = v->snat_addr;
+		/* A DSR flow keeps the client's address (its port too, unless a
+		 * clash remapped it: CT_SNAT, with the client's address). */
+		saddr = (v->flags & CT_SNAT) ? v->snat_addr : ip->saddr;
 		daddr = v->nat_addr;
 		ports = tuple_ports(v->snat_port, v->nat_port);
 	} else {
@@ -373,15 +431,18 @@ __subprog int xdp_accel_v4(struct xdp_md *ctx)
 		daddr = v->snat_addr;
 		ports = tuple_ports(v->nat_port, v->snat_port);
 	}
+	/* Each datagram of a UDP flow by DSR carries the option (dsr.h). */
+	int opt = (v->flags & CT_DSR) && ip->protocol == IPPROTO_UDP;
 
 	/* The next hop before anything is written: a packet the FIB does not
-	 * resolve passes to TC as it came. */
+	 * resolve, or that the option would make too big for its link, passes
+	 * to TC as it came. */
 	struct bpf_fib_lookup fib = {
 		.family = 2, /* AF_INET */
 		.l4_protocol = ip->protocol,
 		.sport = (__be16)ports,
 		.dport = (__be16)(ports >> 16),
-		.tot_len = bpf_ntohs(ip->tot_len),
+		.tot_len = bpf_ntohs(ip->tot_len) + (opt ? DSR_OPT_LEN : 0),
 		.ipv4_src = saddr,
 		.ipv4_dst = daddr,
 		.ifindex = ctx->ingress_ifindex,
@@ -398,6 +459,11 @@ __subprog int xdp_accel_v4(struct xdp_md *ctx)
 	if (v->svc_id)
 		svcstats_count(v->svc_id, &p, v->type == CT_REVERSE, 0);
 
+	if (opt) {
+		if (xdp_dsr_push4(ctx, ip->daddr, l4[1]))
+			return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
+		return xdp_accel_finish4(ctx, 1, saddr, daddr, ports, &hop);
+	}
 	xdp_accel_write4(ip, l4, l4_check, saddr, daddr, ports);
 	return xdp_accel_send(ctx, eth, &hop);
 }
@@ -545,7 +611,7 @@ __subprog int xdp_accel_v6(struct xdp_md *ctx)
 	struct ct6_value *v = bpf_map_lookup_elem(&sl_ct6_v1, &key);
 	if (!v)
 		return XDP_ACCEL_START_FLOW;
-	if (!xdp_accel_flow(v->flags, v->type, v->pol_egress))
+	if (!xdp_accel_flow(v->flags, v->type, v->pol_egress, 0))
 		return xdp_accel_count(XDP_ACCEL_PASS_TC_FLOW, XDP_PASS);
 	if (!xdp_accel_steady(v->tcp_seen, proto, tcp_flags))
 		return xdp_accel_count(XDP_ACCEL_PASS_STATE, XDP_PASS);

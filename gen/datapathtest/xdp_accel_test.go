@@ -2,8 +2,11 @@ package datapathtest_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -511,7 +514,7 @@ func withHopByHop(frame []byte) []byte {
 // flow, with the same entries), a client with affinity keeps its backend
 // across the two paths, a source outside a frontend's ranges is dropped
 // and counted as TC counts it, and every new flow the TC path must start
-// (a frontend with a local backend, local-only, DSR, no endpoints, a host
+// (a frontend with a local backend, local-only, no endpoints, a host
 // endpoint's policy) passes to it before anything is written.
 func TestXDPAccelStartsFlowsAsTCDoes(t *testing.T) {
 	n := newXDPNode(t)
@@ -610,11 +613,7 @@ func TestXDPAccelStartsFlowsAsTCDoes(t *testing.T) {
 		{"a frontend with a local backend", mixed, nil},
 		{"an externalTrafficPolicy Local frontend", local, nil},
 		{"a frontend without endpoints", empty, nil},
-		{"DSR", maglev, func() {
-			d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP), Flags: gen.SluiceConfigFlagsCFG_DSR_TCP})
-		}},
 		{"a host endpoint's policy", maglev, func() {
-			d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP)})
 			d.Put(d.Objs.SlIfstateV1, gen.SluiceIfstateKey{Ifindex: uint32(n.data)},
 				gen.SluiceIfstateValue{IngressPolicy: gen.IfstateNoPolicy, EgressPolicy: 3})
 		}},
@@ -759,6 +758,103 @@ func TestXDPAccelWritesEvents(t *testing.T) {
 				evAddr(drop.Saddr, drop.Sport) != fam.denied || evAddr(drop.Daddr, drop.Dport) != fam.front ||
 				drop.Family != fam.family || drop.Ifindex != uint32(n.data) || drop.Proto != protoTCP {
 				t.Fatalf("drop event %+v", drop)
+			}
+		})
+	}
+}
+
+// stackForwarded is a frame TC passed to the stack as the stack forwards
+// it: the next hop's MACs, the TTL one less and the IPv4 header checksum
+// (options included) computed again.
+func stackForwarded(frame []byte, from, to net.HardwareAddr) []byte {
+	f := slices.Clone(frame)
+	copy(f[0:6], to)
+	copy(f[6:12], from)
+	ihl := int(f[14]&0x0f) * 4
+	f[14+8]--
+	f[14+10], f[14+11] = 0, 0
+	binary.BigEndian.PutUint16(f[14+10:], ^bpftest.OnesSum(f[14:14+ihl], 0))
+	return f
+}
+
+// DSR at XDP: a new flow's first packet (a SYN, a datagram) gets the
+// option TC inserts and TC's DNAT, with TC's entries; an established TCP
+// segment is DNATed alone and each later datagram carries the option again,
+// as at TC; a datagram the option would make too big for its link passes
+// to TC, which answers or fragments it.
+func TestXDPAccelSendsDSRFlows(t *testing.T) {
+	n := newXDPNode(t)
+	remote := netip.MustParseAddrPort("10.3.0.4:8080")
+	for _, proto := range []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP} {
+		t.Run(proto.String(), func(t *testing.T) {
+			front := netip.AddrPortFrom(nodeIP, 30097)
+			dp := func() *bpftest.Datapath {
+				d := newDP(t)
+				d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP),
+					Flags: gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP})
+				d.AddService(bpftest.Service{ID: 27, Front: front, Proto: uint8(proto), Backends: []bpftest.Backend{{AP: remote}},
+					Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+				return d
+			}
+			d, tcOnly := dp(), dp()
+			spec := func(flags uint8, payload string) bpftest.PacketSpec {
+				return bpftest.PacketSpec{Src: extAP, Dst: front, Proto: proto, TCPFlags: flags, Seq: 1000, Payload: []byte(payload)}
+			}
+			first, ack, psh := uint8(bpftest.SYN), uint8(bpftest.ACK), uint8(bpftest.ACK|bpftest.PSH)
+			if proto == layers.IPProtocolUDP {
+				first, ack, psh = 0, 0, 0
+			}
+			same := func(what string, frame []byte, wantDecision gen.SluiceXdpAccelDecision) {
+				t.Helper()
+				tcRet, tcOut := n.runTC(t, tcOnly, frame)
+				before := xdpDecisions(t, d)[wantDecision]
+				ret, out := n.runXDP(t, d, n.data, frame)
+				if tcRet != actOK {
+					t.Fatalf("%s at TC: verdict %d, want TC_ACT_OK (the stack forwards a DSR packet)", what, tcRet)
+				}
+				want := stackForwarded(tcOut, n.dataMAC, n.remoteMAC)
+				if ret != xdpTX || !bytes.Equal(out, want) {
+					t.Fatalf("%s: XDP verdict %d, frame %x; want XDP_TX of TC's frame, forwarded: %x", what, ret, out, want)
+				}
+				if got := xdpDecisions(t, d)[wantDecision]; got != before+1 {
+					t.Fatalf("%s: decision %d counted %d times, want once", what, wantDecision, got-before)
+				}
+			}
+
+			// The first packet: the option, the DNAT, the entries.
+			same("the first packet", bpftest.Build(spec(first, "a")), gen.SluiceXdpAccelDecisionXDP_ACCEL_TX)
+			sameEntries(t, d, tcOnly, bpftest.CtKey(extAP, front, uint8(proto)), bpftest.CtKey(remote, extAP, uint8(proto)))
+			if c := d.Counter(gen.SluiceCounterCNT_DSR_SENT); c != 1 {
+				t.Fatalf("DSR options sent %d, want 1", c)
+			}
+			// The client's second packet changes the flow's state (TCP: the
+			// first ACK; UDP: the first datagram after the flow's first):
+			// TC's.
+			second := bpftest.Build(spec(ack, "b"))
+			if ret, _ := n.runXDP(t, d, n.data, second); ret != xdpPass {
+				t.Fatalf("the second packet: XDP verdict %d, want XDP_PASS", ret)
+			}
+			n.runTC(t, d, second)
+			n.runTC(t, tcOnly, second)
+			same("an established packet", bpftest.Build(spec(psh, "GET / HTTP/1.1\r\n")), gen.SluiceXdpAccelDecisionXDP_ACCEL_TX)
+			// The option: the first packet's, and UDP's every datagram's.
+			wantSent := uint64(1)
+			if proto == layers.IPProtocolUDP {
+				wantSent = 3
+			}
+			if c := d.Counter(gen.SluiceCounterCNT_DSR_SENT); c != wantSent {
+				t.Fatalf("DSR options sent %d, want %d", c, wantSent)
+			}
+
+			if proto == layers.IPProtocolUDP {
+				big := bpftest.Build(spec(psh, strings.Repeat("x", 1500-20-8-4)))
+				before := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_FIB]
+				if ret, out := n.runXDP(t, d, n.data, big); ret != xdpPass || !bytes.Equal(out[:len(big)], big) {
+					t.Fatalf("a datagram the option makes too big: XDP verdict %d, want XDP_PASS unchanged", ret)
+				}
+				if got := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_FIB]; got != before+1 {
+					t.Fatalf("pass_fib counted %d times, want once", got-before)
+				}
 			}
 		})
 	}
