@@ -178,7 +178,9 @@ func (k *keepAsking) ask(timeout time.Duration) (string, error) {
 // too big is answered with the path MTU less the option.
 func TestMultiNodeDSR(t *testing.T) {
 	c := newClusterOf(t, "node-a", "node-b", "node-c")
-	c.agentArgs = []string{"--external-service-mode=hybrid", "--lb-algorithm=maglev", "--maglev-table-size=4093"}
+	// With the XDP acceleration on: node-a sends an IPv4 flow's option and
+	// its DNATed segments from XDP (IPv6's from TC).
+	c.agentArgs = []string{"--external-service-mode=hybrid", "--lb-algorithm=maglev", "--maglev-table-size=4093", "--xdp-acceleration=native"}
 	c.frontends = 9             // web: ClusterIP, NodePort, external IP; echo, stream and web6: ClusterIP, NodePort
 	c.addPod("node-b", "b1", 1) // 10.2.1.2, fd00:2:1::2
 	c.addPod("node-b", "b2", 2) // 10.2.2.2
@@ -189,6 +191,7 @@ func TestMultiNodeDSR(t *testing.T) {
 	c.serveHTTP6(c.nodes["node-b"].pods["b1"], "b1")
 	c.serveUDPEcho(c.nodes["node-b"].pods["b1"], "b1")
 	c.writeManifests6(dsrServices)
+	c.wireLikeNICs("port0", "port1", "port2")
 	for _, n := range c.order {
 		c.startAgent(n)
 	}
@@ -226,6 +229,7 @@ func TestMultiNodeDSR(t *testing.T) {
 	t.Run("a 100 MB download leaves node-b without passing node-a", func(t *testing.T) {
 		const size = 100 << 20
 		aBefore, bBefore := c.txBytes("node-a"), c.txBytes("node-b")
+		xdpBefore := c.xdpDecisions("node-a")
 		var received atomic.Int64
 		err := netlab.Enter(ext, func() error {
 			conn, err := net.DialTimeout("tcp4", "10.210.0.1:30203", 2*time.Second)
@@ -246,6 +250,13 @@ func TestMultiNodeDSR(t *testing.T) {
 		// node-a forwards the client's ACKs only; node-b sends the data.
 		if bSent < size || aSent > size/10 {
 			t.Fatalf("node-a sent %d bytes and node-b %d: the replies did not go directly", aSent, bSent)
+		}
+		// The ACKs (a few thousand for 100 MiB) went out of node-a at XDP,
+		// the SYN with the option among them.
+		xdp := c.xdpDecisions("node-a")
+		t.Logf("node-a's XDP sent %d packets of it", xdp["tx"]-xdpBefore["tx"])
+		if tx := xdp["tx"] - xdpBefore["tx"]; tx < 1000 {
+			t.Fatalf("node-a sent %d packets of the download at XDP, want the client's ACKs (≥ 1000): decisions %v", tx, xdp)
 		}
 	})
 
