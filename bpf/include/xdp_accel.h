@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* XDP acceleration of external flows: a flow that enters from outside to an
  * external frontend (a NodePort, LoadBalancer or externalIP) and goes to a
- * backend on another node, SNATed (and its replies) or, for IPv4, by DSR
- * (dsr.h's option inserted as dsr_push4 inserts it), is started, translated
- * and sent on from the driver, before an skb exists.
+ * backend on another node, SNATed (and its replies) or by DSR (dsr.h's
+ * option, dsr6.h's header, inserted as TC inserts them), is started,
+ * translated and sent on from the driver, before an skb exists; an IPv6
+ * DSR flow is started at TC and carried here.
  *
  * It writes and reads the TC path's conntrack entries as they are. A new
  * flow (a SYN, a datagram no entry knows) is balanced here as new_flow
@@ -22,7 +23,7 @@
  * fragments, protocols other than TCP and UDP, a packet that starts no
  * flow here, a new flow the TC path starts (a frontend with local backends,
  * IPv6 DSR, a host endpoint's policy, no endpoints), a flow the TC path
- * carries (a local backend, IPv6 DSR, not SNATed, not allowed by its host
+ * carries (a local backend, not SNATed nor by DSR, not allowed by its host
  * endpoint), a datagram the DSR option would make too big for its link, a
  * packet that changes its flow's state, an expiring TTL, and a next hop the
  * FIB does not resolve or an interface the frame cannot be sent to from
@@ -38,6 +39,7 @@
 #include "counters.h"
 #include "ct_new.h"
 #include "dsr.h"
+#include "dsr6.h"
 #include "events.h"
 #include "hook.h"
 #include "ifstate.h"
@@ -59,7 +61,7 @@ enum xdp_accel_decision : __u32 {
 					 * fragment, not TCP or UDP, truncated */
 	XDP_ACCEL_PASS_NO_FLOW,		/* no conntrack entry, and not a flow XDP starts: not
 					 * a SYN or a datagram, no external frontend */
-	XDP_ACCEL_PASS_TC_FLOW,		/* a flow the TC path carries: local backend, IPv6 DSR,
+	XDP_ACCEL_PASS_TC_FLOW,		/* a flow the TC path carries: local backend,
 					 * not SNATed, not entered from outside, not allowed */
 	XDP_ACCEL_PASS_STATE,		/* a packet that changes its flow's state */
 	XDP_ACCEL_PASS_TTL,		/* the TTL (hop limit) expires here: the stack answers it */
@@ -584,6 +586,62 @@ __subprog int xdp_accel_new6(struct xdp_md *ctx)
 	return xdp_accel_send(ctx, eth, &hop);
 }
 
+/* xdp_dsr_push6 inserts the DSR destination options header naming the
+ * frontend after the IPv6 header, as dsr6_push does at TC: the frame grows
+ * at its head, and its Ethernet and IPv6 headers move to the new start. 0
+ * when done; otherwise the frame is as it was. A subprogram, beneath the
+ * established path's frame. */
+__subprog int xdp_dsr_push6(struct xdp_md *ctx, const __u8 *front_addr, __be16 front_port)
+{
+	if (bpf_xdp_adjust_head(ctx, -DSR6_HDR_LEN))
+		return -1;
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ip_dsr6 *h = data + sizeof(struct ethhdr);
+
+	if ((void *)(h + 1) > data_end) {
+		bpf_xdp_adjust_head(ctx, DSR6_HDR_LEN);
+		return -1;
+	}
+	/* Two bytes at a time from the front (the header lands 2-byte
+	 * aligned): each pair is read before the copy, DSR6_HDR_LEN bytes
+	 * behind, writes over it. Volatile, so that the compiler keeps each
+	 * load beside its store rather than hoisting them all to the stack. */
+	volatile __u16 *to = data, *from = data + DSR6_HDR_LEN;
+#pragma unroll
+	for (int i = 0; i < (ETH_HLEN + IPV6_HLEN) / 2; i++)
+		to[i] = from[i];
+	h->opt.nexthdr = h->ip.nexthdr;
+	h->opt.hdrlen = DSR6_HDR_LEN / 8 - 1;
+	h->opt.type = DSR6_OPT_TYPE;
+	h->opt.len = sizeof(h->opt.addr) + sizeof(h->opt.port);
+	const __u16 *addr = (const void *)front_addr;
+	volatile __u16 *opt_addr = (void *)h->opt.addr;
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		opt_addr[i] = addr[i];
+	h->opt.port = front_port;
+	h->opt.pad_type = 1;
+	h->opt.pad_len = 0;
+	h->ip.nexthdr = NEXTHDR_DEST;
+	h->ip.payload_len = bpf_htons(bpf_ntohs(h->ip.payload_len) + DSR6_HDR_LEN);
+	count(CNT_DSR_SENT);
+	return 0;
+}
+
+/* xdp_accel_send_dsr6 inserts the DSR header into a translated datagram
+ * and sends it; one that could not take it goes without, as at TC (the
+ * backend's node has the flow from an earlier datagram). */
+static __always_inline int xdp_accel_send_dsr6(struct xdp_md *ctx, const __u8 *front_addr, __be16 front_port,
+					       const struct xdp_hop *hop)
+{
+	xdp_dsr_push6(ctx, front_addr, front_port);
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
+	return xdp_accel_send(ctx, eth, hop);
+}
+
 /* xdp_accel_v6: an IPv6 frame, after the prefilter let it through; what
  * xdp_accel_v4 does, on sl_ct6_v1. Any extension header passes to TC (a
  * fragment header, DSR's destination option among them). */
@@ -611,7 +669,7 @@ __subprog int xdp_accel_v6(struct xdp_md *ctx)
 	struct ct6_value *v = bpf_map_lookup_elem(&sl_ct6_v1, &key);
 	if (!v)
 		return XDP_ACCEL_START_FLOW;
-	if (!xdp_accel_flow(v->flags, v->type, v->pol_egress, 0))
+	if (!xdp_accel_flow(v->flags, v->type, v->pol_egress, 1))
 		return xdp_accel_count(XDP_ACCEL_PASS_TC_FLOW, XDP_PASS);
 	if (!xdp_accel_steady(v->tcp_seen, proto, tcp_flags))
 		return xdp_accel_count(XDP_ACCEL_PASS_STATE, XDP_PASS);
@@ -621,15 +679,19 @@ __subprog int xdp_accel_v6(struct xdp_md *ctx)
 	/* The tuple as ct6_apply writes it (xdp_accel_v4), written straight
 	 * into the FIB's question, where it is read from again. */
 	__u32 ip_len = IPV6_HLEN + bpf_ntohs(ip6->payload_len);
+	/* Each datagram of a UDP flow by DSR carries the header where it fits
+	 * (dsr6.h); one that does not goes without it, as at TC. */
+	int opt = (v->flags & CT_DSR) && proto == IPPROTO_UDP && ip_len + DSR6_HDR_LEN <= DSR6_MAX_LEN;
 	struct bpf_fib_lookup fib = {
 		.family = 10, /* AF_INET6 */
 		.l4_protocol = proto,
-		.tot_len = ip_len,
+		.tot_len = ip_len + (opt ? DSR6_HDR_LEN : 0),
 		.ifindex = ctx->ingress_ifindex,
 	};
 	__u32 ports;
 	if (v->type == CT_FORWARD) {
-		__builtin_memcpy(fib.ipv6_src, v->snat_addr, 16);
+		/* A DSR flow keeps the client's address (xdp_accel_v4). */
+		__builtin_memcpy(fib.ipv6_src, (v->flags & CT_SNAT) ? v->snat_addr : ip6->saddr, 16);
 		__builtin_memcpy(fib.ipv6_dst, v->nat_addr, 16);
 		ports = tuple_ports(v->snat_port, v->nat_port);
 	} else {
@@ -658,6 +720,8 @@ __subprog int xdp_accel_v6(struct xdp_md *ctx)
 		svcstats_count(v->svc_id, &p, v->type == CT_REVERSE, 0);
 
 	xdp_accel_write6(ip6, l4, l4_check, proto, addrs, saddr, daddr, ports);
+	if (opt)
+		return xdp_accel_send_dsr6(ctx, key.daddr, key.dport, &hop);
 	return xdp_accel_send(ctx, eth, &hop);
 }
 

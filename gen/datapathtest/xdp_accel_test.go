@@ -859,3 +859,66 @@ func TestXDPAccelSendsDSRFlows(t *testing.T) {
 		})
 	}
 }
+
+// IPv6 DSR at XDP: a new flow starts at TC (its header inserted there), and
+// its established packets are carried at XDP as TC carries them: a TCP
+// segment DNATed alone, each datagram with the destination options header
+// again, forwarded as the stack forwards TC's.
+func TestXDPAccelSendsIPv6DSRFlows(t *testing.T) {
+	n := newXDPNode(t)
+	_, remoteMAC := n.withIPv6()
+	remote := netip.MustParseAddrPort("[fd00:3::4]:8080")
+	for _, proto := range []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP} {
+		t.Run(proto.String(), func(t *testing.T) {
+			front := netip.AddrPortFrom(node6, 30097)
+			dp := func() *bpftest.Datapath {
+				d := newDP6(t)
+				d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP),
+					Flags: gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP})
+				d.AddService(bpftest.Service{ID: 28, Front: front, Proto: uint8(proto), Backends: []bpftest.Backend{{AP: remote}},
+					Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+				return d
+			}
+			d, tcOnly := dp(), dp()
+			spec := func(flags uint8, payload string) bpftest.PacketSpec {
+				return bpftest.PacketSpec{Src: ext6, Dst: front, Proto: proto, TCPFlags: flags, Seq: 1000, Payload: []byte(payload)}
+			}
+			first, ack, psh := uint8(bpftest.SYN), uint8(bpftest.ACK), uint8(bpftest.ACK|bpftest.PSH)
+			if proto == layers.IPProtocolUDP {
+				first, ack, psh = 0, 0, 0
+			}
+			for _, f := range []struct {
+				frame []byte
+				why   gen.SluiceXdpAccelDecision
+			}{
+				{bpftest.Build(spec(first, "a")), gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NEW_AT_TC},
+				{bpftest.Build(spec(ack, "b")), gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_STATE},
+			} {
+				before := xdpDecisions(t, d)[f.why]
+				if ret, _ := n.runXDP(t, d, n.data, f.frame); ret != xdpPass || xdpDecisions(t, d)[f.why] != before+1 {
+					t.Fatalf("flow start: XDP verdict %d, decisions %v; want XDP_PASS counted as %d", ret, xdpDecisions(t, d), f.why)
+				}
+				n.runTC(t, d, f.frame)
+				n.runTC(t, tcOnly, f.frame)
+			}
+			frame := bpftest.Build(spec(psh, "GET / HTTP/1.1\r\n"))
+			tcRet, tcOut := n.runTC(t, tcOnly, frame)
+			ret, out := n.runXDP(t, d, n.data, frame)
+			want := slices.Clone(tcOut)
+			copy(want[0:6], remoteMAC)
+			copy(want[6:12], n.dataMAC)
+			want[14+7]-- // the hop limit
+			if tcRet != actOK || ret != xdpTX || !bytes.Equal(out, want) {
+				t.Fatalf("an established packet: TC verdict %d, XDP verdict %d, frame %x; want XDP_TX of TC's frame, forwarded: %x",
+					tcRet, ret, out, want)
+			}
+			wantSent := uint64(1)
+			if proto == layers.IPProtocolUDP {
+				wantSent = 3
+			}
+			if c := d.Counter(gen.SluiceCounterCNT_DSR_SENT); c != wantSent {
+				t.Fatalf("DSR headers sent %d, want %d", c, wantSent)
+			}
+		})
+	}
+}
