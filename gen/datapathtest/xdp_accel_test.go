@@ -193,10 +193,7 @@ func TestXDPAccelCarriesEstablishedNodePortFlows(t *testing.T) {
 			spec := func(src, dst netip.AddrPort, flags uint8, payload string) bpftest.PacketSpec {
 				return bpftest.PacketSpec{Src: src, Dst: dst, Proto: proto, TCPFlags: flags, Seq: 1000, Payload: []byte(payload)}
 			}
-			first, ack, psh := uint8(bpftest.SYN), uint8(bpftest.ACK), uint8(bpftest.ACK|bpftest.PSH)
-			if proto == layers.IPProtocolUDP {
-				first, ack, psh = 0, 0, 0
-			}
+			first, ack, psh := flowFlags(proto)
 
 			// The flow's first packet: XDP starts the flow, with the
 			// entries TC writes for it (tcOnly: the same Service, the
@@ -405,10 +402,7 @@ func TestXDPAccelCarriesIPv6Flows(t *testing.T) {
 			spec := func(src, dst netip.AddrPort, flags uint8, payload string) bpftest.PacketSpec {
 				return bpftest.PacketSpec{Src: src, Dst: dst, Proto: proto, TCPFlags: flags, Seq: 1000, Payload: []byte(payload)}
 			}
-			first, ack, psh := uint8(bpftest.SYN), uint8(bpftest.ACK), uint8(bpftest.ACK|bpftest.PSH)
-			if proto == layers.IPProtocolUDP {
-				first, ack, psh = 0, 0, 0
-			}
+			first, ack, psh := flowFlags(proto)
 
 			// Started at XDP, with the entries TC writes (tcOnly), and the
 			// frame TC writes, forwarded as the stack would after TC (TC
@@ -526,11 +520,7 @@ func TestXDPAccelStartsFlowsAsTCDoes(t *testing.T) {
 	services := func(d *bpftest.Datapath) {
 		d.AddService(bpftest.Service{ID: 20, Front: maglev, Proto: protoTCP, Backends: remotes,
 			Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_MAGLEV})
-		table := make([]uint32, gen.MaglevDefaultTableSize)
-		for i := range table {
-			table[i] = uint32(i*7/5) % 3
-		}
-		d.SetMaglevTable(20, table)
+		spreadMaglev(d, 20)
 		d.AddService(bpftest.Service{ID: 21, Front: sticky, Proto: protoTCP, Backends: remotes, Affinity: 60,
 			Flags: gen.SluiceFeFlagsFE_EXTERNAL})
 		d.AddService(bpftest.Service{ID: 22, Front: ranged, Proto: protoUDP, Backends: remotes[:1],
@@ -651,11 +641,7 @@ func TestXDPAccelStartsIPv6FlowsAsTCDoes(t *testing.T) {
 	services := func(d *bpftest.Datapath) {
 		d.AddService(bpftest.Service{ID: 20, Front: maglev, Proto: protoTCP, Backends: remotes,
 			Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_MAGLEV})
-		table := make([]uint32, gen.MaglevDefaultTableSize)
-		for i := range table {
-			table[i] = uint32(i*7/5) % 3
-		}
-		d.SetMaglevTable(20, table)
+		spreadMaglev(d, 20)
 		d.AddService(bpftest.Service{ID: 22, Front: ranged, Proto: protoUDP, Backends: remotes[:1],
 			Flags: gen.SluiceFeFlagsFE_EXTERNAL | gen.SluiceFeFlagsFE_SRC_RANGES})
 		d.Put(d.Objs.SlSrcrange6V1, gen.SluiceSrcrange6Key{Prefixlen: 32 + 64, SvcId: gen.NetUint32(22),
@@ -788,22 +774,11 @@ func TestXDPAccelSendsDSRFlows(t *testing.T) {
 	for _, proto := range []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP} {
 		t.Run(proto.String(), func(t *testing.T) {
 			front := netip.AddrPortFrom(nodeIP, 30097)
-			dp := func() *bpftest.Datapath {
-				d := newDP(t)
-				d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP),
-					Flags: gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP})
-				d.AddService(bpftest.Service{ID: 27, Front: front, Proto: uint8(proto), Backends: []bpftest.Backend{{AP: remote}},
-					Flags: gen.SluiceFeFlagsFE_EXTERNAL})
-				return d
-			}
-			d, tcOnly := dp(), dp()
+			d, tcOnly := dsrPair(t, newDP, front, remote, proto), dsrPair(t, newDP, front, remote, proto)
 			spec := func(flags uint8, payload string) bpftest.PacketSpec {
 				return bpftest.PacketSpec{Src: extAP, Dst: front, Proto: proto, TCPFlags: flags, Seq: 1000, Payload: []byte(payload)}
 			}
-			first, ack, psh := uint8(bpftest.SYN), uint8(bpftest.ACK), uint8(bpftest.ACK|bpftest.PSH)
-			if proto == layers.IPProtocolUDP {
-				first, ack, psh = 0, 0, 0
-			}
+			first, ack, psh := flowFlags(proto)
 			same := func(what string, frame []byte, wantDecision gen.SluiceXdpAccelDecision) {
 				t.Helper()
 				tcRet, tcOut := n.runTC(t, tcOnly, frame)
@@ -871,22 +846,11 @@ func TestXDPAccelSendsIPv6DSRFlows(t *testing.T) {
 	for _, proto := range []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP} {
 		t.Run(proto.String(), func(t *testing.T) {
 			front := netip.AddrPortFrom(node6, 30097)
-			dp := func() *bpftest.Datapath {
-				d := newDP6(t)
-				d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP),
-					Flags: gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP})
-				d.AddService(bpftest.Service{ID: 28, Front: front, Proto: uint8(proto), Backends: []bpftest.Backend{{AP: remote}},
-					Flags: gen.SluiceFeFlagsFE_EXTERNAL})
-				return d
-			}
-			d, tcOnly := dp(), dp()
+			d, tcOnly := dsrPair(t, newDP6, front, remote, proto), dsrPair(t, newDP6, front, remote, proto)
 			spec := func(flags uint8, payload string) bpftest.PacketSpec {
 				return bpftest.PacketSpec{Src: ext6, Dst: front, Proto: proto, TCPFlags: flags, Seq: 1000, Payload: []byte(payload)}
 			}
-			first, ack, psh := uint8(bpftest.SYN), uint8(bpftest.ACK), uint8(bpftest.ACK|bpftest.PSH)
-			if proto == layers.IPProtocolUDP {
-				first, ack, psh = 0, 0, 0
-			}
+			first, ack, psh := flowFlags(proto)
 			for _, f := range []struct {
 				frame []byte
 				why   gen.SluiceXdpAccelDecision
@@ -921,4 +885,34 @@ func TestXDPAccelSendsIPv6DSRFlows(t *testing.T) {
 			}
 		})
 	}
+}
+
+// flowFlags are the TCP flags of a flow's first packet, of its second (the
+// first ACK) and of an established one; a UDP flow's are none.
+func flowFlags(proto layers.IPProtocol) (first, ack, psh uint8) {
+	if proto == layers.IPProtocolUDP {
+		return 0, 0, 0
+	}
+	return bpftest.SYN, bpftest.ACK, bpftest.ACK | bpftest.PSH
+}
+
+// dsrPair is a datapath (newDP's family) with DSR on for TCP and UDP and
+// an external frontend front whose one backend, remote, is on another node.
+func dsrPair(t *testing.T, newDP func(testing.TB) *bpftest.Datapath, front, remote netip.AddrPort, proto layers.IPProtocol) *bpftest.Datapath {
+	d := newDP(t)
+	d.Put(d.Objs.SlConfigV1, uint32(0), gen.SluiceConfig{NodeIp: gen.NetAddr(nodeIP),
+		Flags: gen.SluiceConfigFlagsCFG_DSR_TCP | gen.SluiceConfigFlagsCFG_DSR_UDP})
+	d.AddService(bpftest.Service{ID: 27, Front: front, Proto: uint8(proto), Backends: []bpftest.Backend{{AP: remote}},
+		Flags: gen.SluiceFeFlagsFE_EXTERNAL})
+	return d
+}
+
+// spreadMaglev gives Service id a Maglev table that names its three
+// backends in turn, unevenly.
+func spreadMaglev(d *bpftest.Datapath, id uint32) {
+	table := make([]uint32, gen.MaglevDefaultTableSize)
+	for i := range table {
+		table[i] = uint32(i*7/5) % 3
+	}
+	d.SetMaglevTable(id, table)
 }
