@@ -83,10 +83,12 @@ var (
 //     node delivers (the generator and the sink share the other CPU, so
 //     this is a floor of what the node could do);
 //   - flood: the paced flow again, with a SYN flood to the TCP NodePort
-//     beside it, flat out, from 65,536 sources whose port changes every
-//     round: the share of the paced flow lost, against its loss alone.
-//     (The two generators share a CPU: the flow's offered rate falls too,
-//     so its loss, not its rate, is what the flood cost it.)
+//     beside it at SLUICE_BENCH_FLOOD_PPS (default 200,000 a second; 0:
+//     flat out), from 65,536 sources whose port changes every round: the
+//     share of the paced flow lost, against its loss alone. Paced, so that
+//     each path is offered the same flood (flat out, how fast the generator
+//     goes depends on the path: a TC path's skb costs the sender's CPU
+//     too).
 func BenchmarkNodePortPacketRate(b *testing.B) {
 	sluice, kubeProxy := proxyBinaries(b)
 	var objs SinkObjects
@@ -102,14 +104,7 @@ func BenchmarkNodePortPacketRate(b *testing.B) {
 		}
 		d = time.Duration(n) * time.Second
 	}
-	pps := 100_000.0
-	if s := os.Getenv("SLUICE_BENCH_RATE_PPS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil {
-			b.Fatalf("SLUICE_BENCH_RATE_PPS: %v", err)
-		}
-		pps = float64(n)
-	}
+	pps, floodPPS := envRate(b, "SLUICE_BENCH_RATE_PPS", 100_000), envRate(b, "SLUICE_BENCH_FLOOD_PPS", 200_000)
 	for _, p := range []struct{ name, proxy, xdp string }{
 		{"sluice-xdp", "sluice", "native"},
 		{"sluice-tc", "sluice", "disabled"},
@@ -127,9 +122,9 @@ func BenchmarkNodePortPacketRate(b *testing.B) {
 			n.probe(b)
 			n.oneCorePerSide(b)
 
-			paced := n.phase(b, d, pps, false)
-			flat := n.phase(b, d, 0, false)
-			flood := n.phase(b, d, pps, true)
+			paced := n.phase(b, d, pps, -1)
+			flat := n.phase(b, d, 0, -1)
+			flood := n.phase(b, d, pps, floodPPS)
 			if paced.delivered == 0 || flat.delivered == 0 {
 				b.Fatalf("no datagram reached the backend: paced %+v, flat out %+v", paced, flat)
 			}
@@ -351,6 +346,19 @@ func napiThreads(b *testing.B, iface string) []int {
 	return pids
 }
 
+// envRate reads a rate a second from the environment, or def.
+func envRate(b *testing.B, name string, def float64) float64 {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		b.Fatalf("%s: %v", name, err)
+	}
+	return float64(n)
+}
+
 // threadCPU is the CPU time the threads have run (schedstat).
 func threadCPU(b *testing.B, pids []int) time.Duration {
 	b.Helper()
@@ -386,9 +394,9 @@ func (p ratePhase) loss() float64 {
 }
 
 // phase runs the datagram flow for d at pps a second (0: flat out), and
-// the SYN flood beside it if flood, and reads what the sink counted and
-// the node's thread ran.
-func (n *rateNode) phase(b *testing.B, d time.Duration, pps float64, flood bool) ratePhase {
+// the SYN flood beside it at floodPPS a second (-1: no flood), and reads
+// what the sink counted and the node's thread ran.
+func (n *rateNode) phase(b *testing.B, d time.Duration, pps, floodPPS float64) ratePhase {
 	b.Helper()
 	threads := napiThreads(b, rateIfGen)
 	counts0 := n.sinkCounts(b)
@@ -400,8 +408,8 @@ func (n *rateNode) phase(b *testing.B, d time.Duration, pps float64, flood bool)
 	var p ratePhase
 	var errs [2]error
 	wg.Go(func() { p.sent, errs[0] = n.send(ctx, [][]byte{n.datagram}, pps, nil) })
-	if flood {
-		wg.Go(func() { p.floodSent, errs[1] = n.send(ctx, n.syns, 0, nextFloodPort) })
+	if floodPPS >= 0 {
+		wg.Go(func() { p.floodSent, errs[1] = n.send(ctx, n.syns, floodPPS, nextFloodPort) })
 	}
 	wg.Wait()
 	for _, err := range errs {
