@@ -112,6 +112,21 @@ func TestOneShotUDPQueriesKeepFlowingThroughAFullTable(t *testing.T) {
 	}
 	runScanner(t, sc)
 
+	// A datagram a socket had no room for (Udp RcvbufErrors, in any of the
+	// three pods) is lost on a busy machine whatever the datapath does: a
+	// query lost so is not the table's.
+	socketDrops := func() uint64 {
+		var sum uint64
+		for _, pod := range topo.Pods {
+			c, err := bpftest.SNMP(pod, "Udp", "RcvbufErrors")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum += c["RcvbufErrors"]
+		}
+		return sum
+	}
+	socketDropsBefore := socketDrops()
 	var answered, failed int
 	var firstErr error
 	deadline := time.Now().Add(20 * time.Second)
@@ -144,9 +159,12 @@ func TestOneShotUDPQueriesKeepFlowingThroughAFullTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	full := dp.Counter(gen.SluiceCounterCNT_DROP_CT_FULL)
-	t.Logf("%d queries answered, %d failed, %d refused for a full table, %d flows dropped early", answered, failed, full, dropped.Load())
-	if failed != 0 || full != 0 {
-		t.Errorf("%d queries failed (first: %v), %d refused for a full table", failed, firstErr, full)
+	lostToSockets := socketDrops() - socketDropsBefore
+	t.Logf("%d queries answered, %d failed (%d datagrams found no room in a socket), %d refused for a full table, %d flows dropped early",
+		answered, failed, lostToSockets, full, dropped.Load())
+	if uint64(failed) > lostToSockets || full != 0 {
+		t.Errorf("%d queries failed (first: %v), %d of them not lost to a socket's buffer; %d refused for a full table",
+			failed, firstErr, uint64(failed)-min(uint64(failed), lostToSockets), full)
 	}
 	if answered < 65536 { // 2 entries each: 2 tables' worth
 		t.Errorf("only %d queries: the table did not fill over and over", answered)

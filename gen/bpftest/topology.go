@@ -265,11 +265,23 @@ func ServeCloseFirst(t testing.TB, ns *NetNS, name, addr string) {
 // Netstat reads counters of /proc/net/netstat (e.g. "TcpExt" "TCPSynRetrans")
 // as the namespace sees them.
 func Netstat(ns *NetNS, group string, fields ...string) (map[string]uint64, error) {
+	return procNetCounters(ns, "netstat", group, fields)
+}
+
+// SNMP reads counters of /proc/net/snmp (e.g. "Udp" "RcvbufErrors") as the
+// namespace sees them.
+func SNMP(ns *NetNS, group string, fields ...string) (map[string]uint64, error) {
+	return procNetCounters(ns, "snmp", group, fields)
+}
+
+// procNetCounters reads fields of group from /proc/net/file, whose lines
+// come in pairs: the names, then the values.
+func procNetCounters(ns *NetNS, file, group string, fields []string) (map[string]uint64, error) {
 	var text []byte
 	err := ns.Do(func() (err error) {
 		// thread-self: /proc/self/net follows the process's first thread,
 		// not the one that entered the namespace.
-		text, err = os.ReadFile("/proc/thread-self/net/netstat")
+		text, err = os.ReadFile("/proc/thread-self/net/" + file)
 		return err
 	})
 	if err != nil {
@@ -287,7 +299,7 @@ func Netstat(ns *NetNS, group string, fields ...string) (map[string]uint64, erro
 				if names[j] == f {
 					v, err := strconv.ParseUint(values[j], 10, 64)
 					if err != nil {
-						return nil, fmt.Errorf("netstat %s %s: %w", group, f, err)
+						return nil, fmt.Errorf("%s %s %s: %w", file, group, f, err)
 					}
 					out[f] = v
 				}
@@ -296,7 +308,7 @@ func Netstat(ns *NetNS, group string, fields ...string) (map[string]uint64, erro
 	}
 	for _, f := range fields {
 		if _, ok := out[f]; !ok {
-			return nil, fmt.Errorf("netstat: no %s %s", group, f)
+			return nil, fmt.Errorf("%s: no %s %s", file, group, f)
 		}
 	}
 	return out, nil
