@@ -124,18 +124,37 @@ static __always_inline int ev_flow_events(void)
 	return cfg && cfg->events_per_sec && (cfg->flags & CFG_FLOW_EVENTS);
 }
 
+/* ev_reserve_drop returns a drop event (ev_reserve) with the reason drop()
+ * noted on this CPU, or NULL. */
+static __always_inline struct event *ev_reserve_drop(enum hook hook, __u32 ifindex)
+{
+	struct ev_cpu *st = ev_cpu_get();
+	struct event *e;
+
+	if (!st || !(e = ev_reserve(EV_DROP, hook, ifindex)))
+		return NULL;
+	e->reason = st->last_drop;
+	return e;
+}
+
+/* ev_tuple4 writes an IPv4 packet's addresses, ports and protocol. */
+static __always_inline void ev_tuple4(struct event *e, const struct packet *p)
+{
+	e->family = 4;
+	ev_addr4(e->saddr, p->saddr);
+	ev_addr4(e->daddr, p->daddr);
+	e->sport = p->sport;
+	e->dport = p->dport;
+	e->proto = p->proto;
+}
+
 /* ev_drop writes the event of a packet an entry program drops: the reason
  * drop() noted, the addresses and ports read from the packet. */
 __subprog void ev_drop(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
 {
-	struct ev_cpu *st = ev_cpu_get();
-	if (!st)
-		return;
-	__u32 reason = st->last_drop;
-	struct event *e = ev_reserve(EV_DROP, hook, skb->ifindex);
+	struct event *e = ev_reserve_drop(hook, skb->ifindex);
 	if (!e)
 		return;
-	e->reason = reason;
 	__u32 l4_off = 0;
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		struct {
@@ -174,20 +193,10 @@ __subprog void ev_drop(struct __sk_buff *skb, enum hook hook, __u32 l2_len)
  * (XDP): the reason drop() noted, p's addresses and ports. */
 __subprog void ev_drop4(__u32 ifindex, enum hook hook, const struct packet *p)
 {
-	struct ev_cpu *st = ev_cpu_get();
-	if (!st)
-		return;
-	__u32 reason = st->last_drop;
-	struct event *e = ev_reserve(EV_DROP, hook, ifindex);
+	struct event *e = ev_reserve_drop(hook, ifindex);
 	if (!e)
 		return;
-	e->reason = reason;
-	e->family = 4;
-	ev_addr4(e->saddr, p->saddr);
-	ev_addr4(e->daddr, p->daddr);
-	e->sport = p->sport;
-	e->dport = p->dport;
-	e->proto = p->proto;
+	ev_tuple4(e, p);
 	ev_submit(e);
 }
 
@@ -200,12 +209,7 @@ __subprog void ev_flow4(__u32 ifindex, const struct packet *p, enum hook hook, _
 
 	if (!e)
 		return;
-	e->family = 4;
-	ev_addr4(e->saddr, p->saddr);
-	ev_addr4(e->daddr, p->daddr);
-	e->sport = p->sport;
-	e->dport = p->dport;
-	e->proto = p->proto;
+	ev_tuple4(e, p);
 	e->svc_id = svc_id;
 	if (be) {
 		ev_addr4(e->nat_addr, be->addr);

@@ -9,6 +9,17 @@
 #include "hook.h"
 #include "ipv6.h"
 
+/* ev_tuple6 is ev_tuple4 (events.h) for an IPv6 packet. */
+static __always_inline void ev_tuple6(struct event *e, const struct packet6 *p6)
+{
+	e->family = 6;
+	addr6_copy(e->saddr, p6->saddr);
+	addr6_copy(e->daddr, p6->daddr);
+	e->sport = p6->p.sport;
+	e->dport = p6->p.dport;
+	e->proto = p6->p.proto;
+}
+
 /* ev_flow_end6 writes an IPv6 service flow's end (ev_flow_end4). */
 static __always_inline void ev_flow_end6_write(const struct __sk_buff *skb, const struct packet6 *p6, enum hook hook,
 					       __u32 svc_id)
@@ -17,12 +28,7 @@ static __always_inline void ev_flow_end6_write(const struct __sk_buff *skb, cons
 
 	if (!e)
 		return;
-	e->family = 6;
-	addr6_copy(e->saddr, p6->saddr);
-	addr6_copy(e->daddr, p6->daddr);
-	e->sport = p6->p.sport;
-	e->dport = p6->p.dport;
-	e->proto = p6->p.proto;
+	ev_tuple6(e, p6);
 	e->svc_id = svc_id;
 	e->reason = p6->p.tcp_flags;
 	ev_submit(e);
@@ -54,20 +60,10 @@ __subprog void ev_flow_start6(__u32 ifindex, const struct ct6_key *key, enum hoo
 /* ev_drop6 is ev_drop4 (events.h) for an IPv6 packet. */
 __subprog void ev_drop6(__u32 ifindex, enum hook hook, const struct packet6 *p6)
 {
-	struct ev_cpu *st = ev_cpu_get();
-	if (!st)
-		return;
-	__u32 reason = st->last_drop;
-	struct event *e = ev_reserve(EV_DROP, hook, ifindex);
+	struct event *e = ev_reserve_drop(hook, ifindex);
 	if (!e)
 		return;
-	e->reason = reason;
-	e->family = 6;
-	addr6_copy(e->saddr, p6->saddr);
-	addr6_copy(e->daddr, p6->daddr);
-	e->sport = p6->p.sport;
-	e->dport = p6->p.dport;
-	e->proto = p6->p.proto;
+	ev_tuple6(e, p6);
 	ev_submit(e);
 }
 

@@ -275,6 +275,14 @@ static __always_inline int xdp_accel_refuse(struct xdp_md *ctx, enum counter c, 
 	return xdp_accel_count(XDP_ACCEL_DROPPED, XDP_DROP);
 }
 
+/* xdp_accel_refuse6 is xdp_accel_refuse for an IPv6 flow. */
+static __always_inline int xdp_accel_refuse6(struct xdp_md *ctx, enum counter c, const struct packet6 *p6)
+{
+	drop(c);
+	ev_drop6(ctx->ingress_ifindex, HOOK_FROM_HOST, p6);
+	return xdp_accel_count(XDP_ACCEL_DROPPED, XDP_DROP);
+}
+
 /* xdp_accel_host_policy tells whether the data interface has a host
  * endpoint whose policy may judge a new flow (host_ingress_slot): the TC
  * path hands the flow to it. */
@@ -521,11 +529,8 @@ __subprog int xdp_accel_new6(struct xdp_md *ctx)
 	struct fe_value *fe = fe6_lookup(p6.daddr, p->dport, p->proto);
 	if (!fe || !(fe->flags & FE_EXTERNAL))
 		return xdp_accel_count(XDP_ACCEL_PASS_NO_FLOW, XDP_PASS);
-	if (!src_allowed6(fe, p6.saddr)) {
-		drop(CNT_DROP_SRC_RANGE);
-		ev_drop6(ctx->ingress_ifindex, HOOK_FROM_HOST, &p6);
-		return xdp_accel_count(XDP_ACCEL_DROPPED, XDP_DROP);
-	}
+	if (!src_allowed6(fe, p6.saddr))
+		return xdp_accel_refuse6(ctx, CNT_DROP_SRC_RANGE, &p6);
 	struct config *cfg = config_get();
 	struct config6 *cfg6 = config6_get();
 	if (fe->local_count || (fe->flags & (FE_INT_LOCAL | FE_EXT_LOCAL)) || !cfg6 || addr6_is_zero(cfg6->node_ip) ||
@@ -561,11 +566,8 @@ __subprog int xdp_accel_new6(struct xdp_md *ctx)
 	int snat = 1;
 	__be16 sport;
 	int err = ct6_create(&p6, &key, fe->svc_id, &be, &snat, snat_addr, &flags, POL_ALLOWED, &sport);
-	if (err) {
-		drop(err == -E2BIG ? CNT_DROP_CT_FULL : CNT_DROP_SNAT_PORTS);
-		ev_drop6(ctx->ingress_ifindex, HOOK_FROM_HOST, &p6);
-		return xdp_accel_count(XDP_ACCEL_DROPPED, XDP_DROP);
-	}
+	if (err)
+		return xdp_accel_refuse6(ctx, err == -E2BIG ? CNT_DROP_CT_FULL : CNT_DROP_SNAT_PORTS, &p6);
 	if (ev_flow_events())
 		ev_flow_start6(ctx->ingress_ifindex, &key, HOOK_FROM_HOST);
 	svcstats_count(fe->svc_id, p, 0, 1);
