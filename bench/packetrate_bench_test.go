@@ -14,8 +14,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/sluice-net/sluice/gen"
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/kubeproxy/apiservertest"
@@ -115,7 +113,7 @@ func BenchmarkNodePortPacketRate(b *testing.B) {
 			if p.proxy == "sluice" {
 				n.e.startProxy(b, "sluice", sluice, kubeProxy, "--data-ifaces", "^slx[gr]$", "--xdp-acceleration", p.xdp)
 			} else {
-				n.attachXDP(b, n.e.node, rateIfGen, objs.Pass)
+				n.e.node.PassXDP(b, rateIfGen)
 				n.e.startProxy(b, p.proxy, sluice, kubeProxy)
 			}
 			n.createService(b)
@@ -183,8 +181,8 @@ func newRateNode(b *testing.B, objs *SinkObjects) *rateNode {
 	// carries a partial one; XDP would translate it as it stands).
 	n.gen.SetChecksumOffload(b, rateIfClient, false, true)
 	n.remote.SetChecksumOffload(b, rateIfSink, false, true)
-	n.attachXDP(b, n.gen, rateIfClient, objs.Pass)
-	n.attachXDP(b, n.remote, rateIfSink, objs.Sink)
+	n.gen.PassXDP(b, rateIfClient)
+	n.remote.AttachXDP(b, rateIfSink, objs.Sink)
 	bpftest.ServeUDPEcho(b, n.remote, "backend", fmt.Sprintf(":%d", 8080))
 
 	var client, nodeMAC net.HardwareAddr
@@ -218,26 +216,6 @@ func newRateNode(b *testing.B, objs *SinkObjects) *rateNode {
 	}
 	n.e.api = apiservertest.StartIn(b, node)
 	return n
-}
-
-// attachXDP attaches prog to iface in ns, in driver mode, until the
-// benchmark ends.
-func (n *rateNode) attachXDP(b *testing.B, ns *bpftest.NetNS, iface string, prog *ebpf.Program) {
-	b.Helper()
-	if err := ns.Do(func() error {
-		ifc, err := net.InterfaceByName(iface)
-		if err != nil {
-			return err
-		}
-		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index, Flags: link.XDPDriverMode})
-		if err != nil {
-			return fmt.Errorf("XDP on %s: %w", iface, err)
-		}
-		b.Cleanup(func() { l.Close() })
-		return nil
-	}); err != nil {
-		b.Fatal(err)
-	}
 }
 
 // createService creates the NodePort Service, its datagram port and its

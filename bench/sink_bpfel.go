@@ -17,7 +17,6 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	SinkMapSinkCounts = "sink_counts"
-	SinkProgPass      = "pass"
 	SinkProgSink      = "sink"
 )
 
@@ -63,7 +62,6 @@ type SinkSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SinkProgramSpecs struct {
-	Pass *ebpf.ProgramSpec `ebpf:"pass"`
 	Sink *ebpf.ProgramSpec `ebpf:"sink"`
 }
 
@@ -119,13 +117,11 @@ type SinkVariables struct {
 //
 // It can be passed to LoadSinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SinkPrograms struct {
-	Pass *ebpf.Program `ebpf:"pass"`
 	Sink *ebpf.Program `ebpf:"sink"`
 }
 
 func (p *SinkPrograms) Close() error {
 	return _SinkClose(
-		p.Pass,
 		p.Sink,
 	)
 }

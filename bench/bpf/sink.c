@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* The sink of the packet-rate benchmark (packetrate_bench_test.go), and
- * an XDP program that passes everything. Never attached by the agent.
+/* The sink of the packet-rate benchmark (packetrate_bench_test.go). Never
+ * attached by the agent.
  *
  * The sink drops the generator's packets where they reach the backend, and
  * counts them, so neither a socket nor the backend's stack sets the rate. */
@@ -68,16 +68,5 @@ int sink(struct xdp_md *ctx)
 		if ((void *)(tcp + 1) <= data_end && tcp->syn && !tcp->ack)
 			return sink_drop(SINK_SYN);
 	}
-	return XDP_PASS;
-}
-
-/* pass gives a veth its NAPI receive path (a veth without an XDP program
- * hands what its peer sends to the sender's CPU, and drops the frames its
- * peer sends from XDP): on the generator's own veth, and on the node's
- * interface where the proxy attaches no XDP program of its own. */
-SEC("xdp")
-int pass(struct xdp_md *ctx)
-{
-	(void)ctx;
 	return XDP_PASS;
 }

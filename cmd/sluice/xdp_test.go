@@ -14,9 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
 	"github.com/sluice-net/sluice/gen/bpftest"
 	"github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/netlab"
@@ -31,30 +28,10 @@ import (
 // without an XDP program; GRO on instead loses every one of them).
 func (c *cluster) wireLikeNICs(ports ...string) {
 	c.t.Helper()
-	pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	c.t.Cleanup(func() { pass.Close() })
 	lan := &bpftest.NetNS{Name: c.lan}
 	for _, port := range ports {
 		lan.SetChecksumOffload(c.t, port, false, true)
-		err := lan.Do(func() error {
-			ifc, err := net.InterfaceByName(port)
-			if err != nil {
-				return err
-			}
-			l, err := link.AttachXDP(link.XDPOptions{Program: pass, Interface: ifc.Index, Flags: link.XDPDriverMode})
-			if err != nil {
-				return fmt.Errorf("XDP on %s: %w", port, err)
-			}
-			c.t.Cleanup(func() { l.Close() })
-			return nil
-		})
-		if err != nil {
-			c.t.Fatal(err)
-		}
+		lan.PassXDP(c.t, port)
 	}
 }
 
