@@ -113,6 +113,8 @@ const (
 	ClassifyMapSlPortcrowdV1     = "sl_portcrowd_v1"
 	ClassifyMapSlRulectrV1       = "sl_rulectr_v1"
 	ClassifyMapSlScratch6V1      = "sl_scratch6_v1"
+	ClassifyMapSlSnatfull6V1     = "sl_snatfull6_v1"
+	ClassifyMapSlSnatfullV1      = "sl_snatfull_v1"
 	ClassifyMapSlSpanV1          = "sl_span_v1"
 	ClassifyMapSlSrcrange6V1     = "sl_srcrange6_v1"
 	ClassifyMapSlSrcrangeV1      = "sl_srcrange_v1"
@@ -205,6 +207,8 @@ type ClassifyMapSpecs struct {
 	SlPortcrowdV1 *ebpf.MapSpec `ebpf:"sl_portcrowd_v1"`
 	SlRulectrV1   *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1  *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
+	SlSnatfull6V1 *ebpf.MapSpec `ebpf:"sl_snatfull6_v1"`
+	SlSnatfullV1  *ebpf.MapSpec `ebpf:"sl_snatfull_v1"`
 	SlSpanV1      *ebpf.MapSpec `ebpf:"sl_span_v1"`
 	SlSrcrange6V1 *ebpf.MapSpec `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1  *ebpf.MapSpec `ebpf:"sl_srcrange_v1"`
@@ -273,6 +277,8 @@ type ClassifyMaps struct {
 	SlPortcrowdV1 *ebpf.Map `ebpf:"sl_portcrowd_v1"`
 	SlRulectrV1   *ebpf.Map `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1  *ebpf.Map `ebpf:"sl_scratch6_v1"`
+	SlSnatfull6V1 *ebpf.Map `ebpf:"sl_snatfull6_v1"`
+	SlSnatfullV1  *ebpf.Map `ebpf:"sl_snatfull_v1"`
 	SlSpanV1      *ebpf.Map `ebpf:"sl_span_v1"`
 	SlSrcrange6V1 *ebpf.Map `ebpf:"sl_srcrange6_v1"`
 	SlSrcrangeV1  *ebpf.Map `ebpf:"sl_srcrange_v1"`
@@ -315,6 +321,8 @@ func (m *ClassifyMaps) Close() error {
 		m.SlPortcrowdV1,
 		m.SlRulectrV1,
 		m.SlScratch6V1,
+		m.SlSnatfull6V1,
+		m.SlSnatfullV1,
 		m.SlSpanV1,
 		m.SlSrcrange6V1,
 		m.SlSrcrangeV1,

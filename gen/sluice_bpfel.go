@@ -484,6 +484,11 @@ type SluiceRulectrKey struct {
 	RuleId uint64
 }
 
+type SluiceSnatFull struct {
+	_  structs.HostLayout
+	At uint64
+}
+
 type SluiceSock6Key struct {
 	_           structs.HostLayout
 	Cookie      uint64
@@ -632,6 +637,8 @@ const (
 	SluiceMapSlRouteV1        = "sl_route_v1"
 	SluiceMapSlRulectrV1      = "sl_rulectr_v1"
 	SluiceMapSlScratch6V1     = "sl_scratch6_v1"
+	SluiceMapSlSnatfull6V1    = "sl_snatfull6_v1"
+	SluiceMapSlSnatfullV1     = "sl_snatfull_v1"
 	SluiceMapSlSock6V1        = "sl_sock6_v1"
 	SluiceMapSlSockV1         = "sl_sock_v1"
 	SluiceMapSlSpan6V1        = "sl_span6_v1"
@@ -766,6 +773,8 @@ type SluiceMapSpecs struct {
 	SlRouteV1      *ebpf.MapSpec `ebpf:"sl_route_v1"`
 	SlRulectrV1    *ebpf.MapSpec `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1   *ebpf.MapSpec `ebpf:"sl_scratch6_v1"`
+	SlSnatfull6V1  *ebpf.MapSpec `ebpf:"sl_snatfull6_v1"`
+	SlSnatfullV1   *ebpf.MapSpec `ebpf:"sl_snatfull_v1"`
 	SlSock6V1      *ebpf.MapSpec `ebpf:"sl_sock6_v1"`
 	SlSockV1       *ebpf.MapSpec `ebpf:"sl_sock_v1"`
 	SlSpan6V1      *ebpf.MapSpec `ebpf:"sl_span6_v1"`
@@ -840,6 +849,8 @@ type SluiceMaps struct {
 	SlRouteV1      *ebpf.Map `ebpf:"sl_route_v1"`
 	SlRulectrV1    *ebpf.Map `ebpf:"sl_rulectr_v1"`
 	SlScratch6V1   *ebpf.Map `ebpf:"sl_scratch6_v1"`
+	SlSnatfull6V1  *ebpf.Map `ebpf:"sl_snatfull6_v1"`
+	SlSnatfullV1   *ebpf.Map `ebpf:"sl_snatfull_v1"`
 	SlSock6V1      *ebpf.Map `ebpf:"sl_sock6_v1"`
 	SlSockV1       *ebpf.Map `ebpf:"sl_sock_v1"`
 	SlSpan6V1      *ebpf.Map `ebpf:"sl_span6_v1"`
@@ -888,6 +899,8 @@ func (m *SluiceMaps) Close() error {
 		m.SlRouteV1,
 		m.SlRulectrV1,
 		m.SlScratch6V1,
+		m.SlSnatfull6V1,
+		m.SlSnatfullV1,
 		m.SlSock6V1,
 		m.SlSockV1,
 		m.SlSpan6V1,

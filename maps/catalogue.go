@@ -79,6 +79,13 @@ var (
 	// PortCrowding: when each CPU's last source-port search found every
 	// port taken (bpf/include/ct_new.h, port_tries).
 	PortCrowding = PerCPUDef[uint32, gen.SluicePortCrowded]{Name: gen.SluiceMapSlPortcrowdV1}
+	// SNATFull: destinations whose source ports a full search found all
+	// taken, {backend, the flow's source address after translation, backend
+	// port, protocol} as a reverse conntrack key with port 0 -> when
+	// (bpf/include/ct_new.h): new flows to them that would search for a port
+	// are refused without one for a tenth of a second.
+	SNATFull  = Def[gen.SluiceCtKey, gen.SluiceSnatFull]{Name: gen.SluiceMapSlSnatfullV1}
+	SNATFull6 = Def[gen.SluiceCt6Key, gen.SluiceSnatFull]{Name: gen.SluiceMapSlSnatfull6V1}
 	// XDPDecisions: per-CPU counts of the XDP acceleration's decisions
 	// (bpf/include/xdp_accel.h), by enum xdp_accel_decision.
 	XDPDecisions = PerCPUDef[gen.SluiceXdpAccelDecision, uint64]{Name: gen.SluiceMapSlXdpstatsV2}
@@ -158,6 +165,8 @@ var docs = map[string]string{
 	gen.SluiceMapSlRoute6V1:     "local delivery of IPv6: {destination, ingress interface} -> as sl_route_v1 (LRU)",
 	gen.SluiceMapSlXdpstatsV2:   "per-CPU counts of the XDP acceleration's decisions: translated and sent, or passed to TC and why",
 	gen.SluiceMapSlXdpdevV1:     "XDP acceleration: the interfaces a translated frame may be redirected to (ifindex -> ifindex, a devmap)",
+	gen.SluiceMapSlSnatfullV1:   "destinations whose SNAT ports a full search found all taken: {backend, source address, port 0} -> when; new flows needing a port refused without a search for 100 ms (LRU)",
+	gen.SluiceMapSlSnatfull6V1:  "IPv6 destinations whose SNAT ports a full search found all taken, as sl_snatfull_v1 (LRU)",
 	gen.SluiceMapSlPortcrowdV1:  "per-CPU time of the CPU's last source-port search that found every port taken (searches try fewer ports for a second after)",
 }
 
@@ -648,7 +657,7 @@ func StalePins(dir string) ([]string, error) {
 // removed without losing a connection.
 // sl_ifstats_v1 (the per-interface counters of the retired sl_count program)
 // has no current layout: its pin is removed as stale.
-var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v", "sl_events_v", "sl_evcpu_v", "sl_portcrowd_v", "sl_route_v", "sl_route6_v", "sl_xdpstats_v"}
+var disposable = []string{"sl_counters_v", "sl_ifstats_v", "sl_rulectr_v", "sl_svcstats_v", "sl_frag_v", "sl_events_v", "sl_evcpu_v", "sl_portcrowd_v", "sl_snatfull_v", "sl_snatfull6_v", "sl_route_v", "sl_route6_v", "sl_xdpstats_v"}
 
 // RemoveStaleDisposable removes the stale pins (StalePins) of maps whose
 // contents are disposable — counters and in-flight fragments — and returns

@@ -83,6 +83,8 @@ var roundTrips = map[string]func(*testing.T, *maps.Set){
 	maps.PortCrowding.Name: roundTripPerCPU(maps.PortCrowding, func(cpu int) gen.SluicePortCrowded {
 		return gen.SluicePortCrowded{RefusedAt: uint64(cpu + 1)}
 	}),
+	maps.SNATFull.Name:     roundTrip(maps.SNATFull),
+	maps.SNATFull6.Name:    roundTrip(maps.SNATFull6),
 	maps.XDPDecisions.Name: roundTripXDPDecisions,
 	maps.XDPDevices.Name:   roundTripXDPDevices,
 	maps.Frontends.Name:    roundTrip(maps.Frontends),

@@ -88,7 +88,8 @@ type Result struct {
 // sl_spanwriter_v1, which the run's load fills with its own writer.
 var (
 	copiedWithEntries = []string{gen.SluiceMapSlCtV2, gen.SluiceMapSlCt6V1, gen.SluiceMapSlAffV1, gen.SluiceMapSlAff6V1,
-		gen.SluiceMapSlFragV1, gen.SluiceMapSlFrag6V1, gen.SluiceMapSlSockV1, gen.SluiceMapSlSock6V1}
+		gen.SluiceMapSlFragV1, gen.SluiceMapSlFrag6V1, gen.SluiceMapSlSockV1, gen.SluiceMapSlSock6V1,
+		gen.SluiceMapSlSnatfullV1, gen.SluiceMapSlSnatfull6V1}
 	copiedEmpty = []string{gen.SluiceMapSlCountersV7, gen.SluiceMapSlSvcstatsV1, gen.SluiceMapSlEventsV1,
 		gen.SluiceMapSlEvcpuV1, gen.SluiceMapSlRulectrV1, gen.SluiceMapSlPortcrowdV1, gen.SluiceMapSlSpanV1, gen.SluiceMapSlSpan6V1, gen.SluiceMapSlRouteV1,
 		gen.SluiceMapSlRoute6V1, gen.SluiceMapSlSpanwriterV1, gen.SluiceMapSlXdpstatsV2}

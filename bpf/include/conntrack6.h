@@ -205,6 +205,15 @@ struct port_claim6 {
 	int err;		/* the last insertion's: 0 once claimed */
 };
 
+/* sl_snatfull6_v1: IPv6 destinations whose source ports a full search found
+ * all taken (sl_snatfull_v1, ct_new.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SNAT_FULL_ENTRIES);
+	__type(key, struct ct6_key);
+	__type(value, struct snat_full);
+} sl_snatfull6_v1 SEC(".maps");
+
 /* claim_port6 tries one random port for the scratch reverse entry (claim_port). */
 static long claim_port6(__u64 i, void *ctx)
 {
@@ -216,11 +225,15 @@ static long claim_port6(__u64 i, void *ctx)
 		c->err = -1;
 		return 1;
 	}
-	if (!i)
+	if (!i && !c->tries)
 		c->tries = port_tries(&zero);
 	sc->rev_key.dport = bpf_htons(c->lo + bpf_get_prandom_u32() % c->span);
 	c->err = bpf_map_update_elem(&sl_ct6_v1, &sc->rev_key, &sc->v, BPF_NOEXIST);
-	return port_search_next(&zero, i, c->tries, c->err);
+	if (!port_search_next(&zero, i, c->tries, c->err))
+		return 0;
+	if (c->err == -EEXIST)
+		snat_full_note(&sl_snatfull6_v1, &sc->rev_key, &sc->rev_key.dport, &sc->v.created, c->tries);
+	return 1;
 }
 
 /* ct6_create: ct_create (ct_new.h), whose comment states the rules.
@@ -277,7 +290,7 @@ static __always_inline int ct6_create(const struct packet6 *p6, const struct ct6
 			count(CNT_TUPLE_REMAPPED);
 		}
 	}
-	if (c.err == -EEXIST) {
+	if (c.err == -EEXIST && !snat_full_refused(&sl_snatfull6_v1, rev_key, &rev_key->dport, &c.tries)) {
 		count(CNT_SNAT_PORT_DRAWN);
 		port_range(config_get(), remap, &c.lo, &c.span);
 		bpf_loop(PORT_TRIES, claim_port6, &c, 0);

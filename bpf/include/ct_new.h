@@ -85,19 +85,90 @@ static __always_inline long port_search_next(const __u32 *zero, __u64 i, __u32 t
 	return 1;
 }
 
+/* A destination whose source ports a full search found all taken: the
+ * backend's address and port, the address the flow would leave with (the
+ * node's, or a remapped client's own) and the protocol, as a reverse key
+ * whose dport is 0. For SNAT_FULL_NS after, a new flow to it that cannot
+ * keep the client's port is refused without a search (snat_full_refused,
+ * snat_full_note).
+ * Without it, a SYN flood to a NodePort whose SNAT ports have run out pays
+ * PORT_TRIES_CROWDED cold probes a SYN, most of what such a SYN costs, and
+ * the node's other traffic pays for the core it takes (bench:
+ * BenchmarkNodePortPacketRate's flood, BenchmarkRemapSearch).
+ *
+ * Only a full search (PORT_TRIES) marks: 128 random ports all taken means
+ * nearly the whole range is (at 95 %, one search in 700 fails), where a
+ * crowded CPU's 8 would mark a range a fifth free. The first search to a
+ * marked destination after SNAT_FULL_NS is a full one whatever its CPU's
+ * crowding, and marks it again if it fails: a flood pays one full search a
+ * destination per SNAT_FULL_NS, and a port that frees is found within it.
+ * An expired mark is not removed (the LRU evicts it); it only makes its
+ * destination's searches full ones, which succeed as fast as short ones
+ * while ports are free. */
+struct snat_full {
+	__u64 at;	/* host order: sl_now() of the full search that failed */
+};
+ASSERT_SIZE(struct snat_full, 8);
+
+#define SNAT_FULL_NS		(NS_PER_SEC / 10)
+#define SNAT_FULL_ENTRIES	1024
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SNAT_FULL_ENTRIES);
+	__type(key, struct ct_key);
+	__type(value, struct snat_full);
+} sl_snatfull_v1 SEC(".maps");
+
+/* snat_full_refused tells whether a port search for the reverse key's
+ * destination is skipped: its mark is younger than SNAT_FULL_NS. An older
+ * mark sets *tries to PORT_TRIES, a full search. It clears *dport, the
+ * key's (the search draws it). map: sl_snatfull_v1 or sl_snatfull6_v1. */
+static __always_inline int snat_full_refused(void *map, void *key, __be16 *dport, __u32 *tries)
+{
+	*dport = 0;
+	struct snat_full *m = bpf_map_lookup_elem(map, key);
+	if (!m)
+		return 0;
+	if (sl_now() - m->at < SNAT_FULL_NS)
+		return 1;
+	*tries = PORT_TRIES;
+	return 0;
+}
+
+/* snat_full_note marks the reverse key's destination full at *at after a
+ * search whose every try was taken, if it was a full one (tries). It clears
+ * *dport, the key's: the flow is refused. Called from the search's last
+ * callback, with the new entry's creation time (sl_now() when the flow
+ * began, a struct snat_full's layout) as the value: a value of its own
+ * would deepen the callbacks' frames, which end the datapath's deepest call
+ * chains. */
+static __always_inline void snat_full_note(void *map, void *key, __be16 *dport, const __u64 *at, __u32 tries)
+{
+	if (tries != PORT_TRIES)
+		return;
+	*dport = 0;
+	bpf_map_update_elem(map, key, at, BPF_ANY);
+}
+
 /* claim_port tries one random port of the claim's range (a bpf_loop
- * callback; the first try sets how many the search gets): it stops the loop
+ * callback; the first try sets how many the search gets, unless the
+ * caller set it): it stops the loop
  * once the entry is inserted, on an error other than the port being taken (a
  * full map), or when its tries are spent. */
 static long claim_port(__u64 i, void *ctx)
 {
 	struct port_claim *c = ctx;
 
-	if (!i)
+	if (!i && !c->tries)
 		c->tries = port_tries(&c->zero);
 	c->key.dport = bpf_htons(c->lo + bpf_get_prandom_u32() % c->span);
 	c->err = bpf_map_update_elem(&sl_ct_v2, &c->key, &c->val, BPF_NOEXIST);
-	return port_search_next(&c->zero, i, c->tries, c->err);
+	if (!port_search_next(&c->zero, i, c->tries, c->err))
+		return 0;
+	if (c->err == -EEXIST)
+		snat_full_note(&sl_snatfull_v1, &c->key, &c->key.dport, &c->val.created, c->tries);
+	return 1;
 }
 
 /* own_tuple tells whether a reverse entry is this flow's own: its forward key
@@ -237,7 +308,7 @@ static __always_inline int ct_create(const struct packet *p, __u32 svc_id,
 			if (held && own_tuple(held, p))
 				c.err = bpf_map_update_elem(&sl_ct_v2, &c.key, &c.val, BPF_ANY);
 		}
-		if (c.err == -EEXIST) {
+		if (c.err == -EEXIST && !snat_full_refused(&sl_snatfull_v1, &c.key, &c.key.dport, &c.tries)) {
 			count(CNT_SNAT_PORT_DRAWN);
 			port_range(cfg, remap, &c.lo, &c.span);
 			bpf_loop(PORT_TRIES, claim_port, &c, 0);

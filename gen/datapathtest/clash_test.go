@@ -1,6 +1,7 @@
 package datapathtest_test
 
 import (
+	"errors"
 	"net/netip"
 	"runtime"
 	"testing"
@@ -396,8 +397,26 @@ func TestClashRemapFindsAFreePortInACrowdedRange(t *testing.T) {
 		if at := c.crowdedSince(cpu); at == 0 {
 			c.t.Fatal("a search that found no port left no mark on its CPU")
 		}
+		// It marks the destination full: within SNAT_FULL_NS, a flow that
+		// cannot keep its port is refused without a search, even once ports
+		// are free again.
+		if _, ok := c.snatFullAt(); !ok {
+			c.t.Fatal("a full search that found no port left no mark on its destination")
+		}
 		c.releaseTuples(held[:len(held)*7/8])
+		drawn := c.d.Counter(gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
 		client = netip.AddrPortFrom(c.client.Addr(), 65001) // held still: remapped
+		if out, _ := c.d.Run(c.d.Objs.SlFromWl, bpftest.TCPPacket(client, c.be1, bpftest.SYN)); out != actShot {
+			c.t.Fatalf("a flow to a destination marked full: verdict %d, want TC_ACT_SHOT", out)
+		}
+		if n := c.d.Counter(gen.SluiceCounterCNT_SNAT_PORT_DRAWN); n != drawn {
+			c.t.Fatalf("a flow to a destination marked full searched for a port (%d draws counted, want %d)", n, drawn)
+		}
+		if n := c.d.Counter(gen.SluiceCounterCNT_DROP_SNAT_PORTS); n != 2 {
+			c.t.Fatalf("refusals counted %d, want 2", n)
+		}
+		// Once the mark is older than SNAT_FULL_NS, the next flow searches.
+		c.ageSNATFull(time.Second)
 		if out, _ := c.d.Run(c.d.Objs.SlFromWl, bpftest.TCPPacket(client, c.be1, bpftest.SYN)); out != actOK {
 			c.t.Fatalf("a flow once most ports are free again: verdict %d, want TC_ACT_OK", out)
 		}
@@ -405,6 +424,101 @@ func TestClashRemapFindsAFreePortInACrowdedRange(t *testing.T) {
 			c.t.Fatalf("a search that found a port left its CPU crowded (since %d)", at)
 		}
 	})
+}
+
+// A destination marked full refuses only flows that would search: a client
+// whose own port is free at the backend keeps it. A mark older than
+// SNAT_FULL_NS makes the next search a full one even on a crowded CPU,
+// whose own searches try PORT_TRIES_CROWDED ports: with 7 of 8 ports held,
+// 8 tries fail one flow in three, and 128 practically never.
+func TestSNATFullMarkRefusesOnlySearchesAndExpires(t *testing.T) {
+	forEachFamily(t, func(c *clashCase) {
+		c.markSNATFull(0)
+		own := netip.AddrPortFrom(c.client.Addr(), 40000)
+		out := c.tcp(own, c.be1, bpftest.SYN)
+		wantAP(c.t, "a flow keeping its own free port past a mark", out.Src, own)
+		// The mark is live: a flow that would search is refused.
+		c.holdTuples([]uint16{40001})
+		if ret, _ := c.d.Run(c.d.Objs.SlFromWl, bpftest.TCPPacket(netip.AddrPortFrom(c.client.Addr(), 40001), c.be1, bpftest.SYN)); ret != actShot {
+			c.t.Fatalf("a flow that must search, to a destination marked full: verdict %d, want TC_ACT_SHOT", ret)
+		}
+
+		var held []uint16
+		for port := 1024; port <= 65535; port++ {
+			if port%8 != 0 || port == 20000 {
+				held = append(held, uint16(port))
+			}
+		}
+		c.holdTuples(held)
+		cpu := onOneCPU(c.t)
+		for i := range 20 {
+			c.markSNATFull(time.Second)
+			c.crowd(cpu)
+			client := netip.AddrPortFrom(c.client.Addr(), uint16(20001+8*i)) // held: remapped
+			if out, _ := c.d.Run(c.d.Objs.SlFromWl, bpftest.TCPPacket(client, c.be1, bpftest.SYN)); out != actOK {
+				c.t.Fatalf("flow %d after an expired mark, on a crowded CPU, with 1 port in 8 free: verdict %d, want TC_ACT_OK", i, out)
+			}
+		}
+	})
+}
+
+// snatFullKey is the mark's key for flows from the client's address to be1
+// (sl_snatfull_v1, sl_snatfull6_v1): the reverse key, port 0.
+func (c *clashCase) snatFullKey() (*ebpf.Map, any) {
+	dst := netip.AddrPortFrom(c.client.Addr(), 0)
+	if dst.Addr().Is4() {
+		return c.d.Objs.SlSnatfullV1, bpftest.CtKey(c.be1, dst, protoTCP)
+	}
+	return c.d.Objs.SlSnatfull6V1, bpftest.CtKey6(c.be1, dst, protoTCP)
+}
+
+// snatFullAt reads when a full search last found every port to be1 from
+// the client's address taken.
+func (c *clashCase) snatFullAt() (uint64, bool) {
+	c.t.Helper()
+	m, k := c.snatFullKey()
+	var v gen.SluiceSnatFull
+	if err := m.Lookup(k, &v); errors.Is(err, ebpf.ErrKeyNotExist) {
+		return 0, false
+	} else if err != nil {
+		c.t.Fatal(err)
+	}
+	return v.At, true
+}
+
+// ageSNATFull moves the mark of snatFullAt back by age.
+func (c *clashCase) ageSNATFull(age time.Duration) {
+	c.t.Helper()
+	at, ok := c.snatFullAt()
+	if !ok {
+		c.t.Fatal("no mark to age")
+	}
+	m, k := c.snatFullKey()
+	c.d.Put(m, k, gen.SluiceSnatFull{At: at - uint64(age)})
+}
+
+// datapathNow is a time the datapath's clock (sl_now, the tick's) has
+// passed: a Monotonic read may be ahead of it by up to two ticks, and a
+// stamp ahead of the clock would read as ages ago.
+func datapathNow() uint64 {
+	return uint64(gen.Monotonic() - 50*time.Millisecond)
+}
+
+// markSNATFull marks the destination of snatFullKey full, age ago by the
+// datapath's clock.
+func (c *clashCase) markSNATFull(age time.Duration) {
+	c.t.Helper()
+	m, k := c.snatFullKey()
+	c.d.Put(m, k, gen.SluiceSnatFull{At: datapathNow() - uint64(age)})
+}
+
+// crowd makes cpu's next searches short, as a search that found no port
+// does (PORT_TRIES_CROWDED).
+func (c *clashCase) crowd(cpu int) {
+	c.t.Helper()
+	vs := make([]gen.SluicePortCrowded, ebpf.MustPossibleCPU())
+	vs[cpu].RefusedAt = datapathNow()
+	c.d.Put(c.d.Objs.SlPortcrowdV1, uint32(0), vs)
 }
 
 // onOneCPU keeps the calling goroutine on its thread and the thread on one
