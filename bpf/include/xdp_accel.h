@@ -3,8 +3,7 @@
  * external frontend (a NodePort, LoadBalancer or externalIP) and goes to a
  * backend on another node, SNATed (and its replies) or by DSR (dsr.h's
  * option, dsr6.h's header, inserted as TC inserts them), is started,
- * translated and sent on from the driver, before an skb exists; an IPv6
- * DSR flow is started at TC and carried here.
+ * translated and sent on from the driver, before an skb exists.
  *
  * It writes and reads the TC path's conntrack entries as they are. A new
  * flow (a SYN, a datagram no entry knows) is balanced here as new_flow
@@ -22,7 +21,7 @@
  * options or IPv6 extension headers (a DSR option or header among them),
  * fragments, protocols other than TCP and UDP, a packet that starts no
  * flow here, a new flow the TC path starts (a frontend with local backends,
- * IPv6 DSR, a host endpoint's policy, no endpoints), a flow the TC path
+ * a host endpoint's policy, no endpoints), a flow the TC path
  * carries (a local backend, not SNATed nor by DSR, not allowed by its host
  * endpoint), a datagram the DSR option would make too big for its link, a
  * packet that changes its flow's state, an expiring TTL, and a next hop the
@@ -69,7 +68,7 @@ enum xdp_accel_decision : __u32 {
 					 * option included), local */
 	XDP_ACCEL_PASS_EGRESS,		/* the next hop is behind an interface XDP cannot send on */
 	XDP_ACCEL_PASS_NEW_AT_TC,	/* a new flow the TC path starts: a frontend with local
-					 * backends or local-only, IPv6 DSR, no endpoints, a host
+					 * backends or local-only, no endpoints, a host
 					 * endpoint's policy, no node address to SNAT to */
 	XDP_ACCEL_DROPPED,		/* a new flow refused here, counted by why as TC counts
 					 * it: a source outside the ranges, no SNAT port, a
@@ -495,99 +494,6 @@ static __always_inline void xdp_accel_write6(struct ip6_raw *ip6, __be16 *l4, __
 	__builtin_memcpy(l4, &ports, 4);
 }
 
-/* xdp_accel_new6: xdp_accel_new4 for an IPv6 frame, as new_flow6 starts
- * the flow at TC, on sl_ct6_v1. */
-__subprog int xdp_accel_new6(struct xdp_md *ctx)
-{
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	struct ip6_raw *ip6 = data + sizeof(*eth);
-	__be16 *l4 = (void *)(ip6 + 1);
-	__u8 tcp_flags = 0;
-
-	if ((void *)(ip6 + 1) > data_end || !xdp_accel_l4(l4, data_end, ip6->nexthdr, &tcp_flags))
-		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
-	struct packet6 p6 = {
-		.p = {
-			.l3_off = sizeof(*eth), .l4_off = sizeof(*eth) + IPV6_HLEN,
-			.sport = l4[0], .dport = l4[1], .proto = ip6->nexthdr, .tcp_flags = tcp_flags,
-			.ip_len = IPV6_HLEN + bpf_ntohs(ip6->payload_len), .ttl = ip6->hop_limit,
-		},
-	};
-	__builtin_memcpy(p6.saddr, ip6->saddr, 16);
-	__builtin_memcpy(p6.daddr, ip6->daddr, 16);
-	struct packet *p = &p6.p;
-	struct ct6_key key = { .sport = p->sport, .dport = p->dport, .proto = p->proto };
-	__builtin_memcpy(key.saddr, p6.saddr, 16);
-	__builtin_memcpy(key.daddr, p6.daddr, 16);
-
-	if (ct6_from_previous(&key))
-		return xdp_accel_count(XDP_ACCEL_PASS_NO_FLOW, XDP_PASS);
-	if (p->proto == IPPROTO_TCP ? (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN : adopting())
-		return xdp_accel_count(XDP_ACCEL_PASS_NO_FLOW, XDP_PASS);
-	struct fe_value *fe = fe6_lookup(p6.daddr, p->dport, p->proto);
-	if (!fe || !(fe->flags & FE_EXTERNAL))
-		return xdp_accel_count(XDP_ACCEL_PASS_NO_FLOW, XDP_PASS);
-	if (!src_allowed6(fe, p6.saddr))
-		return xdp_accel_refuse6(ctx, CNT_DROP_SRC_RANGE, &p6);
-	struct config *cfg = config_get();
-	struct config6 *cfg6 = config6_get();
-	if (fe->local_count || (fe->flags & (FE_INT_LOCAL | FE_EXT_LOCAL)) || !cfg6 || addr6_is_zero(cfg6->node_ip) ||
-	    dsr_wanted(cfg, p) || xdp_accel_host_policy(ctx))
-		return xdp_accel_count(XDP_ACCEL_PASS_NEW_AT_TC, XDP_PASS);
-	if (p->ttl <= 1)
-		return xdp_accel_count(XDP_ACCEL_PASS_TTL, XDP_PASS);
-	struct be6_value be = {};
-	__u32 ordinal = 0;
-	if (pick_backend6(fe, p6.saddr, p->sport, 1, 0, &be, &ordinal) != PICK_OK || (be.flags & BE_LOCAL))
-		return xdp_accel_count(XDP_ACCEL_PASS_NEW_AT_TC, XDP_PASS);
-
-	__u8 snat_addr[16];
-	addr6_copy(snat_addr, cfg6->node_ip);
-	struct xdp_hop hop;
-	{
-		struct bpf_fib_lookup fib = {
-			.family = 10, /* AF_INET6 */
-			.l4_protocol = p->proto,
-			.sport = p->sport,
-			.dport = be.port,
-			.tot_len = p->ip_len,
-			.ifindex = ctx->ingress_ifindex,
-		};
-		__builtin_memcpy(fib.ipv6_src, snat_addr, 16);
-		__builtin_memcpy(fib.ipv6_dst, be.addr, 16);
-		enum xdp_accel_decision next = xdp_accel_next_hop(ctx, &fib, &hop);
-		if (next != XDP_ACCEL_TX)
-			return xdp_accel_count(next, XDP_PASS);
-	}
-
-	__u8 flags = CT_FROM_HOST | CT_SNAT | (is_host_ip6(p6.daddr) ? CT_NODE_SOURCE : 0);
-	int snat = 1;
-	__be16 sport;
-	int err = ct6_create(&p6, &key, fe->svc_id, &be, &snat, snat_addr, &flags, POL_ALLOWED, &sport);
-	if (err)
-		return xdp_accel_refuse6(ctx, err == -E2BIG ? CNT_DROP_CT_FULL : CNT_DROP_SNAT_PORTS, &p6);
-	if (ev_flow_events())
-		ev_flow_start6(ctx->ingress_ifindex, &key, HOOK_FROM_HOST);
-	svcstats_count(fe->svc_id, p, 0, 1);
-
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	eth = data;
-	ip6 = data + sizeof(*eth);
-	l4 = (void *)(ip6 + 1);
-	if ((void *)(ip6 + 1) > data_end)
-		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
-	__u8 unused;
-	__sum16 *l4_check = xdp_accel_l4(l4, data_end, ip6->nexthdr, &unused);
-	if (!l4_check)
-		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
-	__u64 addrs = addr6_diff((__u16 *)ip6->saddr, snat_addr) + addr6_diff((__u16 *)ip6->daddr, be.addr);
-	xdp_accel_write6(ip6, l4, l4_check, p->proto, addrs, snat_addr, be.addr, tuple_ports(sport, be.port));
-	return xdp_accel_send(ctx, eth, &hop);
-}
-
 /* xdp_dsr_push6 inserts the DSR destination options header naming the
  * frontend after the IPv6 header, as dsr6_push does at TC: the frame grows
  * at its head, and its Ethernet and IPv6 headers move to the new start. 0
@@ -629,6 +535,122 @@ __subprog int xdp_dsr_push6(struct xdp_md *ctx, const __u8 *front_addr, __be16 f
 	h->ip.payload_len = bpf_htons(bpf_ntohs(h->ip.payload_len) + DSR6_HDR_LEN);
 	count(CNT_DSR_SENT);
 	return 0;
+}
+
+/* xdp_accel_send_new_dsr6 inserts the header naming the frontend (p6's
+ * destination: the packet as it came) into a new flow's translated first
+ * packet and sends it, as pipeline6 inserts it once the entries are
+ * written: a first packet that cannot take it is dropped, as there (the
+ * backend's node could not answer the flow). A subprogram beside
+ * xdp_accel_new6's callees: that frame is at the verifier's bound. */
+__subprog int xdp_accel_send_new_dsr6(struct xdp_md *ctx, const struct packet6 *p6, const struct xdp_hop *hop)
+{
+	if (xdp_dsr_push6(ctx, p6->daddr, p6->p.dport))
+		return xdp_accel_refuse6(ctx, CNT_DROP_DSR_FAILED, p6);
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
+	return xdp_accel_send(ctx, eth, hop);
+}
+
+/* xdp_accel_new6: xdp_accel_new4 for an IPv6 frame, as new_flow6 starts
+ * the flow at TC, on sl_ct6_v1. */
+__subprog int xdp_accel_new6(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ip6_raw *ip6 = data + sizeof(*eth);
+	__be16 *l4 = (void *)(ip6 + 1);
+	__u8 tcp_flags = 0;
+
+	if ((void *)(ip6 + 1) > data_end || !xdp_accel_l4(l4, data_end, ip6->nexthdr, &tcp_flags))
+		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
+	struct packet6 p6 = {
+		.p = {
+			.l3_off = sizeof(*eth), .l4_off = sizeof(*eth) + IPV6_HLEN,
+			.sport = l4[0], .dport = l4[1], .proto = ip6->nexthdr, .tcp_flags = tcp_flags,
+			.ip_len = IPV6_HLEN + bpf_ntohs(ip6->payload_len), .ttl = ip6->hop_limit,
+		},
+	};
+	__builtin_memcpy(p6.saddr, ip6->saddr, 16);
+	__builtin_memcpy(p6.daddr, ip6->daddr, 16);
+	struct packet *p = &p6.p;
+	struct ct6_key key = { .sport = p->sport, .dport = p->dport, .proto = p->proto };
+	__builtin_memcpy(key.saddr, p6.saddr, 16);
+	__builtin_memcpy(key.daddr, p6.daddr, 16);
+
+	if (ct6_from_previous(&key))
+		return xdp_accel_count(XDP_ACCEL_PASS_NO_FLOW, XDP_PASS);
+	if (p->proto == IPPROTO_TCP ? (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN : adopting())
+		return xdp_accel_count(XDP_ACCEL_PASS_NO_FLOW, XDP_PASS);
+	struct fe_value *fe = fe6_lookup(p6.daddr, p->dport, p->proto);
+	if (!fe || !(fe->flags & FE_EXTERNAL))
+		return xdp_accel_count(XDP_ACCEL_PASS_NO_FLOW, XDP_PASS);
+	if (!src_allowed6(fe, p6.saddr))
+		return xdp_accel_refuse6(ctx, CNT_DROP_SRC_RANGE, &p6);
+	struct config *cfg = config_get();
+	struct config6 *cfg6 = config6_get();
+	/* DSR as new_flow6's: where the first packet can carry the header
+	 * (dsr6_fits), else SNATed. */
+	int dsr = dsr_wanted(cfg, p) && dsr6_fits(p);
+	if (fe->local_count || (fe->flags & (FE_INT_LOCAL | FE_EXT_LOCAL)) || !cfg6 ||
+	    (!dsr && addr6_is_zero(cfg6->node_ip)) || xdp_accel_host_policy(ctx))
+		return xdp_accel_count(XDP_ACCEL_PASS_NEW_AT_TC, XDP_PASS);
+	if (p->ttl <= 1)
+		return xdp_accel_count(XDP_ACCEL_PASS_TTL, XDP_PASS);
+	struct be6_value be = {};
+	__u32 ordinal = 0;
+	if (pick_backend6(fe, p6.saddr, p->sport, 1, 0, &be, &ordinal) != PICK_OK || (be.flags & BE_LOCAL))
+		return xdp_accel_count(XDP_ACCEL_PASS_NEW_AT_TC, XDP_PASS);
+
+	/* The source the flow leaves with: the node's, or by DSR the client's
+	 * (which ct6_create's remap of a clash keeps too). */
+	__u8 snat_addr[16];
+	addr6_copy(snat_addr, dsr ? p6.saddr : cfg6->node_ip);
+	struct xdp_hop hop;
+	{
+		struct bpf_fib_lookup fib = {
+			.family = 10, /* AF_INET6 */
+			.l4_protocol = p->proto,
+			.sport = p->sport,
+			.dport = be.port,
+			.tot_len = p->ip_len + (dsr ? DSR6_HDR_LEN : 0),
+			.ifindex = ctx->ingress_ifindex,
+		};
+		__builtin_memcpy(fib.ipv6_src, snat_addr, 16);
+		__builtin_memcpy(fib.ipv6_dst, be.addr, 16);
+		enum xdp_accel_decision next = xdp_accel_next_hop(ctx, &fib, &hop);
+		if (next != XDP_ACCEL_TX)
+			return xdp_accel_count(next, XDP_PASS);
+	}
+
+	__u8 flags = CT_FROM_HOST | (dsr ? CT_DSR : CT_SNAT) | (is_host_ip6(p6.daddr) ? CT_NODE_SOURCE : 0);
+	int snat = !dsr;
+	__be16 sport;
+	int err = ct6_create(&p6, &key, fe->svc_id, &be, &snat, snat_addr, &flags, POL_ALLOWED, &sport);
+	if (err)
+		return xdp_accel_refuse6(ctx, err == -E2BIG ? CNT_DROP_CT_FULL : CNT_DROP_SNAT_PORTS, &p6);
+	if (ev_flow_events())
+		ev_flow_start6(ctx->ingress_ifindex, &key, HOOK_FROM_HOST);
+	svcstats_count(fe->svc_id, p, 0, 1);
+
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip6 = data + sizeof(*eth);
+	l4 = (void *)(ip6 + 1);
+	if ((void *)(ip6 + 1) > data_end)
+		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
+	__u8 unused;
+	__sum16 *l4_check = xdp_accel_l4(l4, data_end, ip6->nexthdr, &unused);
+	if (!l4_check)
+		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
+	__u64 addrs = addr6_diff((__u16 *)ip6->saddr, snat_addr) + addr6_diff((__u16 *)ip6->daddr, be.addr);
+	xdp_accel_write6(ip6, l4, l4_check, p->proto, addrs, snat_addr, be.addr, tuple_ports(sport, be.port));
+	if (!dsr)
+		return xdp_accel_send(ctx, eth, &hop);
+	return xdp_accel_send_new_dsr6(ctx, &p6, &hop);
 }
 
 /* xdp_accel_send_dsr6 inserts the DSR header into a translated datagram

@@ -178,8 +178,9 @@ func (k *keepAsking) ask(timeout time.Duration) (string, error) {
 // too big is answered with the path MTU less the option.
 func TestMultiNodeDSR(t *testing.T) {
 	c := newClusterOf(t, "node-a", "node-b", "node-c")
-	// With the XDP acceleration on: node-a sends an IPv4 flow's option and
-	// its DNATed segments from XDP (IPv6's from TC).
+	// With the XDP acceleration on: node-a starts each family's flows at
+	// XDP, the option or header inserted there, and sends their DNATed
+	// segments from XDP.
 	c.agentArgs = []string{"--external-service-mode=hybrid", "--lb-algorithm=maglev", "--maglev-table-size=4093", "--xdp-acceleration=native"}
 	c.frontends = 9             // web: ClusterIP, NodePort, external IP; echo, stream and web6: ClusterIP, NodePort
 	c.addPod("node-b", "b1", 1) // 10.2.1.2, fd00:2:1::2
@@ -210,9 +211,19 @@ func TestMultiNodeDSR(t *testing.T) {
 		{"IPv6", "[fd00:210::1]:30211", "fd00:210::100"},
 	} {
 		t.Run(fam.name+": the backend sees the client and answers it directly", func(t *testing.T) {
+			before := c.xdpDecisions("node-a")
 			body, err := get(ext, fam.nodePort, "", 2*time.Second)
 			if err != nil {
 				t.Fatal(err)
+			}
+			// The SYN with its option or header, and the client's ACKs.
+			xdp := c.xdpDecisions("node-a")
+			if _, ok := xdp["pass_new_at_tc"]; !ok {
+				t.Fatalf("no pass_new_at_tc among node-a's XDP decisions %v", xdp)
+			}
+			if xdp["tx"] < before["tx"]+2 || xdp["pass_new_at_tc"] != before["pass_new_at_tc"] {
+				t.Fatalf("node-a sent %d packets of the request at XDP and passed %d new flows to TC; want its SYN and ACKs at XDP: decisions %v",
+					xdp["tx"]-before["tx"], xdp["pass_new_at_tc"]-before["pass_new_at_tc"], xdp)
 			}
 			if f := strings.Fields(body); len(f) != 2 || f[1] != fam.client {
 				t.Fatalf("answer %q: want the external client's own address", body)

@@ -835,10 +835,11 @@ func TestXDPAccelSendsDSRFlows(t *testing.T) {
 	}
 }
 
-// IPv6 DSR at XDP: a new flow starts at TC (its header inserted there), and
-// its established packets are carried at XDP as TC carries them: a TCP
-// segment DNATed alone, each datagram with the destination options header
-// again, forwarded as the stack forwards TC's.
+// IPv6 DSR at XDP: a new flow's first packet gets the destination options
+// header TC inserts and TC's DNAT, with TC's entries; an established TCP
+// segment is DNATed alone and each later datagram carries the header again,
+// as at TC, forwarded as the stack forwards TC's frame. A first datagram
+// the header would take past 1,280 bytes is SNATed at XDP as at TC.
 func TestXDPAccelSendsIPv6DSRFlows(t *testing.T) {
 	n := newXDPNode(t)
 	_, remoteMAC := n.withIPv6()
@@ -847,41 +848,73 @@ func TestXDPAccelSendsIPv6DSRFlows(t *testing.T) {
 		t.Run(proto.String(), func(t *testing.T) {
 			front := netip.AddrPortFrom(node6, 30097)
 			d, tcOnly := dsrPair(t, newDP6, front, remote, proto), dsrPair(t, newDP6, front, remote, proto)
-			spec := func(flags uint8, payload string) bpftest.PacketSpec {
-				return bpftest.PacketSpec{Src: ext6, Dst: front, Proto: proto, TCPFlags: flags, Seq: 1000, Payload: []byte(payload)}
+			spec := func(src netip.AddrPort, flags uint8, payload string) bpftest.PacketSpec {
+				return bpftest.PacketSpec{Src: src, Dst: front, Proto: proto, TCPFlags: flags, Seq: 1000, Payload: []byte(payload)}
 			}
 			first, ack, psh := flowFlags(proto)
-			for _, f := range []struct {
-				frame []byte
-				why   gen.SluiceXdpAccelDecision
-			}{
-				{bpftest.Build(spec(first, "a")), gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_NEW_AT_TC},
-				{bpftest.Build(spec(ack, "b")), gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_STATE},
-			} {
-				before := xdpDecisions(t, d)[f.why]
-				if ret, _ := n.runXDP(t, d, n.data, f.frame); ret != xdpPass || xdpDecisions(t, d)[f.why] != before+1 {
-					t.Fatalf("flow start: XDP verdict %d, decisions %v; want XDP_PASS counted as %d", ret, xdpDecisions(t, d), f.why)
+			same := func(what string, frame []byte) {
+				t.Helper()
+				tcRet, tcOut := n.runTC(t, tcOnly, frame)
+				before := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_TX]
+				ret, out := n.runXDP(t, d, n.data, frame)
+				want := slices.Clone(tcOut)
+				copy(want[0:6], remoteMAC)
+				copy(want[6:12], n.dataMAC)
+				want[14+7]-- // the hop limit
+				if tcRet != actOK || ret != xdpTX || !bytes.Equal(out, want) {
+					t.Fatalf("%s: TC verdict %d, XDP verdict %d, frame %x; want XDP_TX of TC's frame, forwarded: %x",
+						what, tcRet, ret, out, want)
 				}
-				n.runTC(t, d, f.frame)
-				n.runTC(t, tcOnly, f.frame)
+				if got := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_TX]; got != before+1 {
+					t.Fatalf("%s: tx counted %d times, want once", what, got-before)
+				}
 			}
-			frame := bpftest.Build(spec(psh, "GET / HTTP/1.1\r\n"))
-			tcRet, tcOut := n.runTC(t, tcOnly, frame)
-			ret, out := n.runXDP(t, d, n.data, frame)
-			want := slices.Clone(tcOut)
-			copy(want[0:6], remoteMAC)
-			copy(want[6:12], n.dataMAC)
-			want[14+7]-- // the hop limit
-			if tcRet != actOK || ret != xdpTX || !bytes.Equal(out, want) {
-				t.Fatalf("an established packet: TC verdict %d, XDP verdict %d, frame %x; want XDP_TX of TC's frame, forwarded: %x",
-					tcRet, ret, out, want)
+			entries := func(client, leftAs netip.AddrPort) {
+				t.Helper()
+				for _, k := range []gen.SluiceCt6Key{bpftest.CtKey6(client, front, uint8(proto)), bpftest.CtKey6(remote, leftAs, uint8(proto))} {
+					got, okG := d.CT6(k)
+					want, okW := tcOnly.CT6(k)
+					got.Created, got.LastSeen, want.Created, want.LastSeen = 0, 0, 0, 0
+					if !okG || !okW || got != want {
+						t.Fatalf("entry %+v:\n XDP wrote %+v (%v)\n  TC wrote %+v (%v)", k, got, okG, want, okW)
+					}
+				}
 			}
+
+			// The first packet: the header, the DNAT, the entries.
+			same("the first packet", bpftest.Build(spec(ext6, first, "a")))
+			entries(ext6, ext6)
+			if c := d.Counter(gen.SluiceCounterCNT_DSR_SENT); c != 1 {
+				t.Fatalf("DSR headers sent %d, want 1", c)
+			}
+			if fwd, _ := d.CT6(bpftest.CtKey6(ext6, front, uint8(proto))); fwd.Flags&gen.SluiceCtFlagsCT_DSR == 0 {
+				t.Fatalf("the flow's entry %+v is not DSR's", fwd)
+			}
+			// The client's second packet changes the flow's state: TC's.
+			second := bpftest.Build(spec(ext6, ack, "b"))
+			before := xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_STATE]
+			if ret, _ := n.runXDP(t, d, n.data, second); ret != xdpPass || xdpDecisions(t, d)[gen.SluiceXdpAccelDecisionXDP_ACCEL_PASS_STATE] != before+1 {
+				t.Fatalf("the second packet: XDP verdict %d, decisions %v; want XDP_PASS counted as pass_state", ret, xdpDecisions(t, d))
+			}
+			n.runTC(t, d, second)
+			n.runTC(t, tcOnly, second)
+			same("an established packet", bpftest.Build(spec(ext6, psh, "GET / HTTP/1.1\r\n")))
 			wantSent := uint64(1)
 			if proto == layers.IPProtocolUDP {
 				wantSent = 3
 			}
 			if c := d.Counter(gen.SluiceCounterCNT_DSR_SENT); c != wantSent {
 				t.Fatalf("DSR headers sent %d, want %d", c, wantSent)
+			}
+
+			if proto == layers.IPProtocolUDP {
+				// 1,260 bytes: 1,284 with the header.
+				client := netip.AddrPortFrom(ext6.Addr(), 5001)
+				same("a first datagram too big for the header", bpftest.Build(spec(client, 0, strings.Repeat("x", 1260-40-8))))
+				entries(client, netip.AddrPortFrom(node6, client.Port()))
+				if c := d.Counter(gen.SluiceCounterCNT_DSR_SENT); c != wantSent {
+					t.Fatalf("DSR headers sent %d after a datagram SNATed, want %d", c, wantSent)
+				}
 			}
 		})
 	}
