@@ -40,6 +40,8 @@ const (
 	rateIfRemote   = "slxr" // the node's interface toward the backend
 	rateIfClient   = "slxc" // the generator's end
 	rateIfSink     = "slxs" // the backend's end, where the sink runs
+	rateIfWireGen  = "slxa" // the wire's port toward the generator (frames=xdp)
+	rateIfWireNode = "slxb" // the wire's port toward the node (frames=xdp)
 	rateUDPPort    = 30090  // the NodePort of the datagram flow
 	rateTCPPort    = 30091  // the NodePort the SYN flood aims at
 	rateClientPort = 40000  // the datagram flow's source port
@@ -64,13 +66,23 @@ var (
 // A generator in the client's namespace sends 60-byte UDP datagrams of one
 // flow, established by a probe and its answer first, from a raw packet
 // socket (AF_PACKET, PACKET_QDISC_BYPASS, sendmmsg in batches of 64): the
-// frames enter the node's veth as a NIC's would, through its NAPI poll,
-// where the XDP program runs before an skb is built for the stack. (A veth
-// copies an arriving skb without XDP's headroom, as a raw socket's is,
-// into a page of its own before XDP runs, on every path alike; a NIC does
-// not. BPF_PROG_TEST_RUN's live-frames mode, which hands a veth frames with
-// no skb, is refused here: EPERM.) A sink
-// program at the backend's veth counts and drops them. Three phases of
+// frames enter the node's veth through its NAPI poll, where the XDP
+// program runs before the stack's paths. Two ways, each a sub-benchmark:
+//
+//   - frames=skb: the generator's veth is the node's peer, and its skbs
+//     reach the node's veth, which copies each (a raw socket's has no XDP
+//     headroom) into a page of its own before XDP runs, on every path
+//     alike; a NIC does not;
+//   - frames=xdp: a wire namespace between them redirects each frame on
+//     from XDP (sink.c, wire), so frames reach the node's veth as XDP
+//     frames: its XDP program runs on them with no skb, as in a NIC's
+//     driver, and the stack's paths build an skb from the frame without a
+//     copy, as a NIC's driver does. The wire's thread shares the
+//     generator's CPU.
+//
+// (BPF_PROG_TEST_RUN's live-frames mode, which would hand the node's veth
+// frames directly, is refused here: EPERM.) A sink program at the
+// backend's veth counts and drops them. Three phases of
 // SLUICE_BENCH_RATE_SECONDS (default 3) each:
 //
 //   - paced: the flow at SLUICE_BENCH_RATE_PPS (default 100,000 a second),
@@ -78,8 +90,8 @@ var (
 //     thread's CPU time per delivered packet is the path's cost, and
 //     packets per core-second its inverse;
 //   - flat out: the generator as fast as it can on its CPU: the most the
-//     node delivers (the generator and the sink share the other CPU, so
-//     this is a floor of what the node could do);
+//     node delivers (the generator and the sink, and the wire, share the
+//     other CPU, so this is a floor of what the node could do);
 //   - flood: the paced flow again, with a SYN flood to the TCP NodePort
 //     beside it at SLUICE_BENCH_FLOOD_PPS (default 200,000 a second; 0:
 //     flat out), from 65,536 sources whose port changes every round: the
@@ -108,78 +120,100 @@ func BenchmarkNodePortPacketRate(b *testing.B) {
 		{"sluice-tc", "sluice", "disabled"},
 		{"kube-proxy-nftables", "nftables", ""},
 	} {
-		b.Run(p.name, func(b *testing.B) {
-			n := newRateNode(b, &objs)
-			if p.proxy == "sluice" {
-				n.e.startProxy(b, "sluice", sluice, kubeProxy, "--data-ifaces", "^slx[gr]$", "--xdp-acceleration", p.xdp)
-			} else {
-				n.e.node.PassXDP(b, rateIfGen)
-				n.e.startProxy(b, p.proxy, sluice, kubeProxy)
-			}
-			n.createService(b)
-			n.probe(b)
-			n.oneCorePerSide(b)
-
-			paced := n.phase(b, d, pps, -1)
-			flat := n.phase(b, d, 0, -1)
-			flood := n.phase(b, d, pps, floodPPS)
-			if paced.delivered == 0 || flat.delivered == 0 {
-				b.Fatalf("no datagram reached the backend: paced %+v, flat out %+v", paced, flat)
-			}
-			nsPerPacket := float64(paced.nodeCPU.Nanoseconds()) / float64(paced.delivered)
-			if p.proxy == "sluice" {
-				refused := counter(b, n.e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)
-				b.ReportMetric(float64(refused), "snat-port-drops")
-				// What a SYN of the flood cost the node: the flood phase's
-				// CPU beyond its datagrams' at the paced phase's cost, over
-				// the SYNs the node handled (refused or forwarded; the rest
-				// overflowed the veth's ring before XDP).
-				synCPU := float64(flood.nodeCPU.Nanoseconds()) - nsPerPacket*float64(flood.delivered)
-				b.ReportMetric(synCPU/float64(refused+flood.floodDelivered), "flood-node-ns/syn")
-			}
-			if p.xdp == "native" {
-				// The flow must have run at XDP, or this measures TC twice.
-				dec := n.xdpDecisions(b)
-				if carried := dec["tx"] + dec["redirected"]; carried < paced.delivered {
-					b.Fatalf("XDP carried %d packets, fewer than the %d the paced phase delivered: %v", carried, paced.delivered, dec)
+		for _, frames := range []string{"skb", "xdp"} {
+			b.Run(p.name+"/frames="+frames, func(b *testing.B) {
+				n := newRateNode(b, &objs, frames == "xdp")
+				if p.proxy == "sluice" {
+					n.e.startProxy(b, "sluice", sluice, kubeProxy, "--data-ifaces", "^slx[gr]$", "--xdp-acceleration", p.xdp)
+				} else {
+					n.e.node.PassXDP(b, rateIfGen)
+					n.e.startProxy(b, p.proxy, sluice, kubeProxy)
 				}
-			}
-			b.ReportMetric(nsPerPacket, "node-ns/packet")
-			b.ReportMetric(1e9/nsPerPacket, "packets/core-s")
-			b.ReportMetric(paced.rate(), "paced-delivered/s")
-			b.ReportMetric(paced.loss(), "paced-loss")
-			b.ReportMetric(flat.rate(), "flat-out-delivered/s")
-			b.ReportMetric(flat.nodeBusy(), "flat-out-node-busy")
-			b.ReportMetric(flood.loss(), "flood-flow-loss")
-			b.ReportMetric(float64(flood.floodSent)/flood.elapsed.Seconds(), "flood-sent/s")
-			b.ReportMetric(float64(flood.floodDelivered)/flood.elapsed.Seconds(), "flood-delivered/s")
-			b.ReportMetric(flood.nodeBusy(), "flood-node-busy")
-			b.Logf("%s: paced %+v; flat out %+v; flood %+v", p.name, paced, flat, flood)
-		})
+				n.createService(b)
+				n.probe(b)
+				n.oneCorePerSide(b)
+
+				paced := n.phase(b, d, pps, -1)
+				flat := n.phase(b, d, 0, -1)
+				flood := n.phase(b, d, pps, floodPPS)
+				if paced.delivered == 0 || flat.delivered == 0 {
+					b.Fatalf("no datagram reached the backend: paced %+v, flat out %+v", paced, flat)
+				}
+				nsPerPacket := float64(paced.nodeCPU.Nanoseconds()) / float64(paced.delivered)
+				if p.proxy == "sluice" {
+					refused := counter(b, n.e.pinDir, gen.SluiceCounterCNT_DROP_SNAT_PORTS)
+					b.ReportMetric(float64(refused), "snat-port-drops")
+					// What a SYN of the flood cost the node: the flood phase's
+					// CPU beyond its datagrams' at the paced phase's cost, over
+					// the SYNs the node handled (refused or forwarded; the rest
+					// overflowed the veth's ring before XDP).
+					synCPU := float64(flood.nodeCPU.Nanoseconds()) - nsPerPacket*float64(flood.delivered)
+					b.ReportMetric(synCPU/float64(refused+flood.floodDelivered), "flood-node-ns/syn")
+				}
+				if p.xdp == "native" {
+					// The flow must have run at XDP, or this measures TC twice.
+					dec := n.xdpDecisions(b)
+					if carried := dec["tx"] + dec["redirected"]; carried < paced.delivered {
+						b.Fatalf("XDP carried %d packets, fewer than the %d the paced phase delivered: %v", carried, paced.delivered, dec)
+					}
+				}
+				b.ReportMetric(nsPerPacket, "node-ns/packet")
+				b.ReportMetric(1e9/nsPerPacket, "packets/core-s")
+				b.ReportMetric(paced.rate(), "paced-delivered/s")
+				b.ReportMetric(paced.loss(), "paced-loss")
+				b.ReportMetric(flat.rate(), "flat-out-delivered/s")
+				b.ReportMetric(flat.nodeBusy(), "flat-out-node-busy")
+				b.ReportMetric(flood.loss(), "flood-flow-loss")
+				b.ReportMetric(float64(flood.floodSent)/flood.elapsed.Seconds(), "flood-sent/s")
+				b.ReportMetric(float64(flood.floodDelivered)/flood.elapsed.Seconds(), "flood-delivered/s")
+				b.ReportMetric(flood.nodeBusy(), "flood-node-busy")
+				b.Logf("%s, frames=%s: paced %+v; flat out %+v; flood %+v", p.name, frames, paced, flat, flood)
+			})
+		}
 	}
 }
 
 type rateNode struct {
 	e           *baselineEnv
 	gen, remote *bpftest.NetNS
-	objs        *SinkObjects
+	// wire is the namespace between the generator and the node when
+	// frames reach the node as XDP frames (nil: the generator's veth is
+	// the node's peer).
+	wire *bpftest.NetNS
+	objs *SinkObjects
 	// datagram is the paced flow's frame; syns the flood's, one a source.
 	datagram []byte
 	syns     [][]byte
 }
 
-func newRateNode(b *testing.B, objs *SinkObjects) *rateNode {
+// newRateNode builds the benchmark's namespaces. With xdpFrames, a wire
+// namespace sits between the generator and the node, whose XDP program
+// redirects each frame on (sink.c, wire), so that frames reach the node's
+// veth as XDP frames: the node's XDP program runs on them with no skb, as
+// it would in a NIC's driver, and the stack's paths build one from the
+// frame (no copy), as a NIC's driver does. Without it, the generator's
+// skbs reach the node's veth, which copies each into a page before XDP.
+func newRateNode(b *testing.B, objs *SinkObjects, xdpFrames bool) *rateNode {
 	n := &rateNode{e: &baselineEnv{node: bpftest.NewNetNS(b), nodeIP: rateNodeIP.String()},
 		gen: bpftest.NewNetNS(b), remote: bpftest.NewNetNS(b), objs: objs}
 	node := n.e.node
 	node.Run("sysctl", "-qw", "net.ipv4.ip_forward=1")
-	for _, pair := range [][2]netlab.End{
+	pairs := [][2]netlab.End{
 		{{NS: node.Name, Name: rateIfGen, Addr: netip.PrefixFrom(rateNodeIP, 24)}, {NS: n.gen.Name, Name: rateIfClient, Addr: netip.PrefixFrom(rateClientIP, 24)}},
 		{{NS: node.Name, Name: rateIfRemote, Addr: netip.MustParsePrefix("192.168.51.1/24")}, {NS: n.remote.Name, Name: rateIfSink, Addr: netip.PrefixFrom(rateBackendIP, 24)}},
-	} {
+	}
+	if xdpFrames {
+		n.wire = bpftest.NewNetNS(b)
+		pairs[0][1] = netlab.End{NS: n.wire.Name, Name: rateIfWireNode}
+		pairs = append(pairs, [2]netlab.End{{NS: n.wire.Name, Name: rateIfWireGen}, {NS: n.gen.Name, Name: rateIfClient, Addr: netip.PrefixFrom(rateClientIP, 24)}})
+	}
+	for _, pair := range pairs {
 		if err := netlab.AddVeth(pair[0], pair[1]); err != nil {
 			b.Fatal(err)
 		}
+	}
+	if xdpFrames {
+		n.connectWire(b)
 	}
 	n.gen.Run("ip", "route", "add", "default", "via", rateNodeIP.String())
 	n.remote.Run("ip", "route", "add", "default", "via", "192.168.51.1")
@@ -223,6 +257,38 @@ func newRateNode(b *testing.B, objs *SinkObjects) *rateNode {
 	}
 	n.e.api = apiservertest.StartIn(b, node)
 	return n
+}
+
+// connectWire joins the wire's two ports by XDP redirects, each way.
+func (n *rateNode) connectWire(b *testing.B) {
+	b.Helper()
+	for _, port := range []string{rateIfWireGen, rateIfWireNode} {
+		n.wire.AttachXDP(b, port, n.objs.Wire)
+	}
+	// A devmap resolves an ifindex in the writer's namespace.
+	if err := n.wire.Do(func() error {
+		var idx [2]uint32
+		for i, name := range []string{rateIfWireGen, rateIfWireNode} {
+			ifc, err := net.InterfaceByName(name)
+			if err != nil {
+				return err
+			}
+			idx[i] = uint32(ifc.Index)
+		}
+		for i := range idx {
+			if err := n.objs.WirePorts.Put(idx[i], idx[1-i]); err != nil {
+				return fmt.Errorf("wire %d -> %d: %w", idx[i], idx[1-i], err)
+			}
+		}
+		b.Cleanup(func() {
+			for _, k := range idx {
+				n.objs.WirePorts.Delete(k)
+			}
+		})
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // createService creates the NodePort Service, its datagram port and its
@@ -294,7 +360,10 @@ func (n *rateNode) oneCorePerSide(b *testing.B) {
 		ns    *bpftest.NetNS
 		iface string
 		cpu   int
-	}{{n.e.node, rateIfGen, rateNodeCPU}, {n.remote, rateIfSink, rateOtherCPU}} {
+	}{{n.e.node, rateIfGen, rateNodeCPU}, {n.remote, rateIfSink, rateOtherCPU}, {n.wire, rateIfWireGen, rateOtherCPU}} {
+		if side.ns == nil {
+			continue
+		}
 		side.ns.Run("sh", "-c", fmt.Sprintf("echo 1 > /sys/class/net/%s/threaded", side.iface))
 		for _, pid := range napiThreads(b, side.iface) {
 			var set unix.CPUSet
@@ -521,6 +590,10 @@ func (s *packetSocket) send(frames [][]byte, from, count int) (int, error) {
 		case 0:
 			return int(k), nil
 		case unix.ENOBUFS, unix.EAGAIN, unix.EINTR:
+			// The veth's ring is full. Whatever drains it may share this
+			// CPU (the wire's thread, frames=xdp): yield to it, or this
+			// loop holds the CPU it needs.
+			unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 			continue
 		default:
 			return 0, fmt.Errorf("sendmmsg: %w", errno)

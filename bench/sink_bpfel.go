@@ -17,7 +17,9 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	SinkMapSinkCounts = "sink_counts"
+	SinkMapWirePorts  = "wire_ports"
 	SinkProgSink      = "sink"
+	SinkProgWire      = "wire"
 )
 
 // LoadSink returns the embedded CollectionSpec for Sink.
@@ -63,6 +65,7 @@ type SinkSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SinkProgramSpecs struct {
 	Sink *ebpf.ProgramSpec `ebpf:"sink"`
+	Wire *ebpf.ProgramSpec `ebpf:"wire"`
 }
 
 // SinkMapSpecs contains maps before they are loaded into the kernel.
@@ -70,6 +73,7 @@ type SinkProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SinkMapSpecs struct {
 	SinkCounts *ebpf.MapSpec `ebpf:"sink_counts"`
+	WirePorts  *ebpf.MapSpec `ebpf:"wire_ports"`
 }
 
 // SinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -99,11 +103,13 @@ func (o *SinkObjects) Close() error {
 // It can be passed to LoadSinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SinkMaps struct {
 	SinkCounts *ebpf.Map `ebpf:"sink_counts"`
+	WirePorts  *ebpf.Map `ebpf:"wire_ports"`
 }
 
 func (m *SinkMaps) Close() error {
 	return _SinkClose(
 		m.SinkCounts,
+		m.WirePorts,
 	)
 }
 
@@ -118,11 +124,13 @@ type SinkVariables struct {
 // It can be passed to LoadSinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SinkPrograms struct {
 	Sink *ebpf.Program `ebpf:"sink"`
+	Wire *ebpf.Program `ebpf:"wire"`
 }
 
 func (p *SinkPrograms) Close() error {
 	return _SinkClose(
 		p.Sink,
+		p.Wire,
 	)
 }
 

@@ -70,3 +70,24 @@ int sink(struct xdp_md *ctx)
 	}
 	return XDP_PASS;
 }
+
+/* The ports of the benchmark's wire: a frame arriving on the interface of
+ * the key leaves by the interface of the value (ifindexes in the wire's
+ * namespace). */
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__uint(max_entries, 4);
+	__type(key, __u32);
+	__type(value, __u32);
+} wire_ports SEC(".maps");
+
+/* wire hands each frame to the wire's other port by an XDP redirect, so
+ * that the veth beyond it receives XDP frames, not skbs: what a NIC's
+ * driver has before it builds an skb, and what the node's XDP program
+ * then runs on without one (packetrate_bench_test.go, frames=xdp). A frame
+ * from a port with no other passes. */
+SEC("xdp")
+int wire(struct xdp_md *ctx)
+{
+	return bpf_redirect_map(&wire_ports, ctx->ingress_ifindex, XDP_PASS);
+}
