@@ -101,7 +101,9 @@ static __always_inline long port_search_next(const __u32 *zero, __u64 i, __u32 t
  * crowded CPU's 8 would mark a range a fifth free. The first search to a
  * marked destination after SNAT_FULL_NS is a full one whatever its CPU's
  * crowding, and marks it again if it fails: a flood pays one full search a
- * destination per SNAT_FULL_NS, and a port that frees is found within it.
+ * destination per SNAT_FULL_NS, and ports that free are searched for again
+ * within it (as few as without the mark: a crowded search's 8 tries rarely
+ * find the last free ports of a range either).
  * An expired mark is not removed (the LRU evicts it); it only makes its
  * destination's searches full ones, which succeed as fast as short ones
  * while ports are free. */
