@@ -404,6 +404,10 @@ func TestClashRemapFindsAFreePortInACrowdedRange(t *testing.T) {
 			c.t.Fatal("a full search that found no port left no mark on its destination")
 		}
 		c.releaseTuples(held[:len(held)*7/8])
+		// The release took its time (one delete a port): the mark made just
+		// now again, so that the next flow meets it younger than
+		// SNAT_FULL_NS however slow the machine.
+		c.markSNATFull(0)
 		drawn := c.d.Counter(gen.SluiceCounterCNT_SNAT_PORT_DRAWN)
 		client = netip.AddrPortFrom(c.client.Addr(), 65001) // held still: remapped
 		if out, _ := c.d.Run(c.d.Objs.SlFromWl, bpftest.TCPPacket(client, c.be1, bpftest.SYN)); out != actShot {
@@ -439,6 +443,7 @@ func TestSNATFullMarkRefusesOnlySearchesAndExpires(t *testing.T) {
 		wantAP(c.t, "a flow keeping its own free port past a mark", out.Src, own)
 		// The mark is live: a flow that would search is refused.
 		c.holdTuples([]uint16{40001})
+		c.markSNATFull(0)
 		if ret, _ := c.d.Run(c.d.Objs.SlFromWl, bpftest.TCPPacket(netip.AddrPortFrom(c.client.Addr(), 40001), c.be1, bpftest.SYN)); ret != actShot {
 			c.t.Fatalf("a flow that must search, to a destination marked full: verdict %d, want TC_ACT_SHOT", ret)
 		}
@@ -498,10 +503,11 @@ func (c *clashCase) ageSNATFull(age time.Duration) {
 }
 
 // datapathNow is a time the datapath's clock (sl_now, the tick's) has
-// passed: a Monotonic read may be ahead of it by up to two ticks, and a
-// stamp ahead of the clock would read as ages ago.
+// passed: a Monotonic read may be ahead of it by up to two ticks (8 ms at
+// 250 Hz, 20 at 100), and a stamp ahead of the clock would read as ages
+// ago. It leaves a mark made at it 80 ms of SNAT_FULL_NS.
 func datapathNow() uint64 {
-	return uint64(gen.Monotonic() - 50*time.Millisecond)
+	return uint64(gen.Monotonic() - 20*time.Millisecond)
 }
 
 // markSNATFull marks the destination of snatFullKey full, age ago by the
