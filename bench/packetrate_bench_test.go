@@ -46,8 +46,13 @@ const (
 	rateTCPPort    = 30091  // the NodePort the SYN flood aims at
 	rateClientPort = 40000  // the datagram flow's source port
 	rateNodeCPU    = 1      // the CPU of the node's receive thread
+	rateNewFlows   = 60000  // the new flows' datagrams, each a flow of its own
+	rateNewFlowPPS = 50000  // new flows a second in their phase
 	rateOtherCPU   = 0      // the CPU of the generator, the sink and the rest
 )
+
+// rateNewFlowTime is how long new flows are sent: fewer than rateNewFlows.
+const rateNewFlowTime = time.Second
 
 var (
 	rateNodeIP    = netip.MustParseAddr("192.168.50.1")
@@ -82,8 +87,8 @@ var (
 //
 // (BPF_PROG_TEST_RUN's live-frames mode, which would hand the node's veth
 // frames directly, is refused here: EPERM.) A sink program at the
-// backend's veth counts and drops them. Three phases of
-// SLUICE_BENCH_RATE_SECONDS (default 3) each:
+// backend's veth counts and drops them. Four phases, each of
+// SLUICE_BENCH_RATE_SECONDS (default 3) but the new flows':
 //
 //   - paced: the flow at SLUICE_BENCH_RATE_PPS (default 100,000 a second),
 //     below what any of the three forwards on one core here: the node
@@ -92,6 +97,10 @@ var (
 //   - flat out: the generator as fast as it can on its CPU: the most the
 //     node delivers (the generator and the sink, and the wire, share the
 //     other CPU, so this is a floor of what the node could do);
+//   - new flows: rateNewFlowPPS datagrams a second for rateNewFlowTime,
+//     each the first of a flow of its own (its own source address and
+//     port, kept through SNAT), to the same NodePort: the node thread's
+//     CPU time per flow started;
 //   - flood: the paced flow again, with a SYN flood to the TCP NodePort
 //     beside it at SLUICE_BENCH_FLOOD_PPS (default 200,000 a second; 0:
 //     flat out), from 65,536 sources whose port changes every round: the
@@ -133,9 +142,10 @@ func BenchmarkNodePortPacketRate(b *testing.B) {
 				n.probe(b)
 				n.oneCorePerSide(b)
 
-				paced := n.phase(b, d, pps, -1)
-				flat := n.phase(b, d, 0, -1)
-				flood := n.phase(b, d, pps, floodPPS)
+				paced := n.phase(b, d, [][]byte{n.datagram}, pps, -1)
+				flat := n.phase(b, d, [][]byte{n.datagram}, 0, -1)
+				newFlows := n.phase(b, rateNewFlowTime, n.newFlows, rateNewFlowPPS, -1)
+				flood := n.phase(b, d, [][]byte{n.datagram}, pps, floodPPS)
 				if paced.delivered == 0 || flat.delivered == 0 {
 					b.Fatalf("no datagram reached the backend: paced %+v, flat out %+v", paced, flat)
 				}
@@ -163,11 +173,15 @@ func BenchmarkNodePortPacketRate(b *testing.B) {
 				b.ReportMetric(paced.loss(), "paced-loss")
 				b.ReportMetric(flat.rate(), "flat-out-delivered/s")
 				b.ReportMetric(flat.nodeBusy(), "flat-out-node-busy")
+				newFlowNs := float64(newFlows.nodeCPU.Nanoseconds()) / float64(newFlows.delivered)
+				b.ReportMetric(newFlowNs, "new-flow-node-ns")
+				b.ReportMetric(1e9/newFlowNs, "new-flows/core-s")
+				b.ReportMetric(newFlows.loss(), "new-flow-loss")
 				b.ReportMetric(flood.loss(), "flood-flow-loss")
 				b.ReportMetric(float64(flood.floodSent)/flood.elapsed.Seconds(), "flood-sent/s")
 				b.ReportMetric(float64(flood.floodDelivered)/flood.elapsed.Seconds(), "flood-delivered/s")
 				b.ReportMetric(flood.nodeBusy(), "flood-node-busy")
-				b.Logf("%s, frames=%s: paced %+v; flat out %+v; flood %+v", p.name, frames, paced, flat, flood)
+				b.Logf("%s, frames=%s: paced %+v; flat out %+v; new flows %+v; flood %+v", p.name, frames, paced, flat, newFlows, flood)
 			})
 		}
 	}
@@ -181,9 +195,11 @@ type rateNode struct {
 	// the node's peer).
 	wire *bpftest.NetNS
 	objs *SinkObjects
-	// datagram is the paced flow's frame; syns the flood's, one a source.
+	// datagram is the paced flow's frame; syns the flood's, one a source;
+	// newFlows one datagram each of as many flows.
 	datagram []byte
 	syns     [][]byte
+	newFlows [][]byte
 }
 
 // newRateNode builds the benchmark's namespaces. With xdpFrames, a wire
@@ -251,7 +267,8 @@ func newRateNode(b *testing.B, objs *SinkObjects, xdpFrames bool) *rateNode {
 	payload := append([]byte("G"), make([]byte, 17)...)
 	n.datagram = bpftest.UDPPacket(netip.AddrPortFrom(rateClientIP, rateClientPort), netip.AddrPortFrom(rateNodeIP, rateUDPPort), payload)
 	n.syns = floodSYNs(netip.AddrPortFrom(rateNodeIP, rateTCPPort))
-	for _, f := range append([][]byte{n.datagram}, n.syns...) {
+	n.newFlows = newFlowDatagrams(netip.AddrPortFrom(rateNodeIP, rateUDPPort), payload)
+	for _, f := range append(append([][]byte{n.datagram}, n.syns...), n.newFlows...) {
 		copy(f[0:6], nodeMAC)
 		copy(f[6:12], client)
 	}
@@ -447,10 +464,10 @@ func (p ratePhase) loss() float64 {
 	return 1 - float64(p.delivered)/float64(p.sent)
 }
 
-// phase runs the datagram flow for d at pps a second (0: flat out), and
-// the SYN flood beside it at floodPPS a second (-1: no flood), and reads
-// what the sink counted and the node's thread ran.
-func (n *rateNode) phase(b *testing.B, d time.Duration, pps, floodPPS float64) ratePhase {
+// phase sends flow's frames, in turn, for d at pps a second (0: flat
+// out), and the SYN flood beside it at floodPPS a second (-1: no flood),
+// and reads what the sink counted and the node's thread ran.
+func (n *rateNode) phase(b *testing.B, d time.Duration, flow [][]byte, pps, floodPPS float64) ratePhase {
 	b.Helper()
 	threads := napiThreads(b, rateIfGen)
 	counts0 := n.sinkCounts(b)
@@ -461,7 +478,7 @@ func (n *rateNode) phase(b *testing.B, d time.Duration, pps, floodPPS float64) r
 	var wg sync.WaitGroup
 	var p ratePhase
 	var errs [2]error
-	wg.Go(func() { p.sent, errs[0] = n.send(ctx, [][]byte{n.datagram}, pps, nil) })
+	wg.Go(func() { p.sent, errs[0] = n.send(ctx, flow, pps, nil) })
 	if floodPPS >= 0 {
 		wg.Go(func() { p.floodSent, errs[1] = n.send(ctx, n.syns, floodPPS, nextFloodPort) })
 	}
@@ -612,6 +629,20 @@ func floodSYNs(dst netip.AddrPort) [][]byte {
 		src := base
 		src[2], src[3] = byte(i>>8), byte(i)
 		frames[i] = bpftest.TCPPacket(netip.AddrPortFrom(netip.AddrFrom4(src), rateFloodSrc.Port()), dst, bpftest.SYN)
+	}
+	return frames
+}
+
+// newFlowDatagrams builds a datagram to dst for each of rateNewFlows flows,
+// each from its own address of rateFloodSrc's /16 and its own port (so that
+// each keeps its port through SNAT), with payload.
+func newFlowDatagrams(dst netip.AddrPort, payload []byte) [][]byte {
+	base := rateFloodSrc.Addr().As4()
+	frames := make([][]byte, rateNewFlows)
+	for i := range frames {
+		src := base
+		src[2], src[3] = byte(i>>8), byte(i)
+		frames[i] = bpftest.UDPPacket(netip.AddrPortFrom(netip.AddrFrom4(src), uint16(1024+i)), dst, payload)
 	}
 	return frames
 }
