@@ -175,6 +175,19 @@ func sameEntries(t *testing.T, got, want *bpftest.Datapath, keys ...gen.SluiceCt
 	}
 }
 
+// sameEntries6 is sameEntries for IPv6 keys (sl_ct6_v1).
+func sameEntries6(t *testing.T, got, want *bpftest.Datapath, keys ...gen.SluiceCt6Key) {
+	t.Helper()
+	for _, k := range keys {
+		g, okG := got.CT6(k)
+		w, okW := want.CT6(k)
+		g.Created, g.LastSeen, w.Created, w.LastSeen = 0, 0, 0, 0
+		if !okG || !okW || g != w {
+			t.Fatalf("entry %+v:\n XDP wrote %+v (%v)\n  TC wrote %+v (%v)", k, g, okG, w, okW)
+		}
+	}
+}
+
 // A NodePort flow to a backend on another node: its first packet starts
 // it at XDP, with the entries and the frame TC writes for it; its
 // established packets, both ways, are translated at XDP to the very bytes
@@ -419,14 +432,7 @@ func TestXDPAccelCarriesIPv6Flows(t *testing.T) {
 				t.Fatalf("first packet: XDP verdict %d, TC verdict %d; want XDP_TX of %x, TC_ACT_OK of %x (XDP %x, TC %x)",
 					ret, tcRet, want, tcWant, out[:len(want)], tcFrame[:len(tcWant)])
 			}
-			for _, k := range []gen.SluiceCt6Key{bpftest.CtKey6(ext6, np, uint8(proto)), bpftest.CtKey6(remote, snat, uint8(proto))} {
-				got, okG := d.CT6(k)
-				want, okW := tcOnly.CT6(k)
-				got.Created, got.LastSeen, want.Created, want.LastSeen = 0, 0, 0, 0
-				if !okG || !okW || got != want {
-					t.Fatalf("entry %+v:\n XDP wrote %+v (%v)\n  TC wrote %+v (%v)", k, got, okG, want, okW)
-				}
-			}
+			sameEntries6(t, d, tcOnly, bpftest.CtKey6(ext6, np, uint8(proto)), bpftest.CtKey6(remote, snat, uint8(proto)))
 			n.runTC(t, d, bpftest.Build(spec(remote, snat, first|ack, "b")))
 			n.runTC(t, d, bpftest.Build(spec(ext6, np, ack, "c")))
 
@@ -664,14 +670,7 @@ func TestXDPAccelStartsIPv6FlowsAsTCDoes(t *testing.T) {
 		if ret != xdpTX || !bytes.Equal(out[:len(want)], want) {
 			t.Fatalf("Maglev flow from %v: XDP verdict %d, want XDP_TX to TC's pick %v", client, ret, be)
 		}
-		for _, k := range []gen.SluiceCt6Key{bpftest.CtKey6(client, maglev, protoTCP), bpftest.CtKey6(be, snat, protoTCP)} {
-			got, okG := d.CT6(k)
-			want, okW := tcOnly.CT6(k)
-			got.Created, got.LastSeen, want.Created, want.LastSeen = 0, 0, 0, 0
-			if !okG || !okW || got != want {
-				t.Fatalf("entry %+v:\n XDP wrote %+v (%v)\n  TC wrote %+v (%v)", k, got, okG, want, okW)
-			}
-		}
+		sameEntries6(t, d, tcOnly, bpftest.CtKey6(client, maglev, protoTCP), bpftest.CtKey6(be, snat, protoTCP))
 		picked[be.Addr()]++
 	}
 	if len(picked) < 2 {
@@ -869,21 +868,10 @@ func TestXDPAccelSendsIPv6DSRFlows(t *testing.T) {
 					t.Fatalf("%s: tx counted %d times, want once", what, got-before)
 				}
 			}
-			entries := func(client, leftAs netip.AddrPort) {
-				t.Helper()
-				for _, k := range []gen.SluiceCt6Key{bpftest.CtKey6(client, front, uint8(proto)), bpftest.CtKey6(remote, leftAs, uint8(proto))} {
-					got, okG := d.CT6(k)
-					want, okW := tcOnly.CT6(k)
-					got.Created, got.LastSeen, want.Created, want.LastSeen = 0, 0, 0, 0
-					if !okG || !okW || got != want {
-						t.Fatalf("entry %+v:\n XDP wrote %+v (%v)\n  TC wrote %+v (%v)", k, got, okG, want, okW)
-					}
-				}
-			}
 
 			// The first packet: the header, the DNAT, the entries.
 			same("the first packet", bpftest.Build(spec(ext6, first, "a")))
-			entries(ext6, ext6)
+			sameEntries6(t, d, tcOnly, bpftest.CtKey6(ext6, front, uint8(proto)), bpftest.CtKey6(remote, ext6, uint8(proto)))
 			if c := d.Counter(gen.SluiceCounterCNT_DSR_SENT); c != 1 {
 				t.Fatalf("DSR headers sent %d, want 1", c)
 			}
@@ -911,7 +899,7 @@ func TestXDPAccelSendsIPv6DSRFlows(t *testing.T) {
 				// 1,260 bytes: 1,284 with the header.
 				client := netip.AddrPortFrom(ext6.Addr(), 5001)
 				same("a first datagram too big for the header", bpftest.Build(spec(client, 0, strings.Repeat("x", 1260-40-8))))
-				entries(client, netip.AddrPortFrom(node6, client.Port()))
+				sameEntries6(t, d, tcOnly, bpftest.CtKey6(client, front, uint8(proto)), bpftest.CtKey6(remote, netip.AddrPortFrom(node6, client.Port()), uint8(proto)))
 				if c := d.Counter(gen.SluiceCounterCNT_DSR_SENT); c != wantSent {
 					t.Fatalf("DSR headers sent %d after a datagram SNATed, want %d", c, wantSent)
 				}
