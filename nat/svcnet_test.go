@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/gen"
 	sluicemaps "github.com/sluice-net/sluice/maps"
 	"github.com/sluice-net/sluice/nat"
@@ -101,5 +103,60 @@ func TestSyncerServiceNetworks(t *testing.T) {
 	f.apply(nil, nil)
 	if got := f.serviceNets(); len(got) != 0 {
 		t.Errorf("restart with no ranges and no services: the map still holds %q", got)
+	}
+}
+
+// A ClusterIP enters sl_svcnet_v1 only once its frontends are written: until
+// then, a new flow to one of its defined ports must not be refused as one to
+// an undefined port. Another writer fills the frontend map behind the
+// syncer's back, so the syncer's own count lets the Service in and the
+// kernel refuses its frontend.
+func TestClusterIPIsAServiceNetworkOnlyAfterItsFrontends(t *testing.T) {
+	set, s := syncerWithCapacity(t, sluicemaps.Frontends.Name, 16)
+	f := &fixture{t: t, set: set, s: s, node: nat.Node{NodePortIPs: []netip.Addr{nodeIP}}}
+	a := svc("a", "10.96.0.50", 80)
+	b := svc("b", "10.96.0.51", 80)
+	e := map[nat.ServicePortName][]nat.Endpoint{a.Name: eps("10.2.0.1:80"), b.Name: eps("10.2.0.2:80")}
+	f.apply([]*nat.ServicePort{a}, e)
+
+	fm, err := sluicemaps.Frontends.In(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var foreign []gen.SluiceFeKey
+	for i := range 16 {
+		k := gen.SluiceFeKey{Addr: gen.NetAddr(netip.AddrFrom4([4]byte{10, 97, 0, byte(i)})), Port: gen.NetPort(80), Proto: 6}
+		if err := fm.Put(k, gen.SluiceFeValue{SvcId: 999_000 + uint32(i)}, ebpf.UpdateNoExist); err != nil {
+			break
+		}
+		foreign = append(foreign, k)
+	}
+	if len(foreign) == 16 {
+		t.Fatal("the frontend map took 16 more entries: its capacity was not set")
+	}
+
+	st := nat.State{Node: f.node, Services: map[nat.ServicePortName]*nat.ServicePort{a.Name: a, b.Name: b}, Endpoints: e}
+	if _, err := s.Apply(st); err == nil || !strings.Contains(err.Error(), "frontend updates") {
+		t.Fatalf("apply into a frontend map filled behind the syncer: %v, want the frontend step's error", err)
+	}
+	want := []string{"10.96.0.50/32 clusterIP"}
+	if got := f.serviceNets(); !slices.Equal(got, want) {
+		t.Fatalf("b's frontend refused: service networks %q, want only a's ClusterIP %q", got, want)
+	}
+
+	for _, k := range foreign {
+		if err := fm.Delete(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Apply(st); err != nil {
+		t.Fatalf("apply once the map has room: %v", err)
+	}
+	want = []string{"10.96.0.50/32 clusterIP", "10.96.0.51/32 clusterIP"}
+	if got := f.serviceNets(); !slices.Equal(got, want) {
+		t.Fatalf("after the retry: service networks %q, want %q", got, want)
+	}
+	if _, err := fm.Get(gen.SluiceFeKey{Addr: gen.NetAddr(b.ClusterIP), Port: gen.NetPort(80), Proto: 6}); err != nil {
+		t.Fatalf("b's frontend after the retry: %v", err)
 	}
 }
