@@ -37,7 +37,10 @@ static __always_inline void ev_flow_end6_write(const struct __sk_buff *skb, cons
 /* ev_flow_start6 writes the start of the flow new_flow6 (or xdp_accel_new6)
  * has just created (key: its tuple as it came), from its forward entry;
  * ifindex: the interface of the hook. Called by pipeline6, outside
- * new_flow6's frame. */
+ * new_flow6's frame. The tuple is copied here, not by a helper shared with
+ * ev_tuple6: passed through one, the addresses' copies spill, and this
+ * frame grew from 24 to 96 bytes, past the verifier's bound on
+ * xdp_accel_new6's chain. */
 __subprog void ev_flow_start6(__u32 ifindex, const struct ct6_key *key, enum hook hook)
 {
 	const struct ct6_value *fwd = bpf_map_lookup_elem(&sl_ct6_v1, key);

@@ -537,6 +537,17 @@ __subprog int xdp_dsr_push6(struct xdp_md *ctx, const __u8 *front_addr, __be16 f
 	return 0;
 }
 
+/* xdp_accel_send_pushed sends a frame whose head a push moved (or tried
+ * to): its Ethernet header is read again from the frame as it is now. */
+static __always_inline int xdp_accel_send_pushed(struct xdp_md *ctx, const struct xdp_hop *hop)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
+	return xdp_accel_send(ctx, eth, hop);
+}
+
 /* xdp_accel_send_new_dsr6 inserts the header naming the frontend (p6's
  * destination: the packet as it came) into a new flow's translated first
  * packet and sends it, as pipeline6 inserts it once the entries are
@@ -547,10 +558,7 @@ __subprog int xdp_accel_send_new_dsr6(struct xdp_md *ctx, const struct packet6 *
 {
 	if (xdp_dsr_push6(ctx, p6->daddr, p6->p.dport))
 		return xdp_accel_refuse6(ctx, CNT_DROP_DSR_FAILED, p6);
-	struct ethhdr *eth = (void *)(long)ctx->data;
-	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
-		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
-	return xdp_accel_send(ctx, eth, hop);
+	return xdp_accel_send_pushed(ctx, hop);
 }
 
 /* xdp_accel_new6: xdp_accel_new4 for an IPv6 frame, as new_flow6 starts
@@ -660,10 +668,7 @@ static __always_inline int xdp_accel_send_dsr6(struct xdp_md *ctx, const __u8 *f
 					       const struct xdp_hop *hop)
 {
 	xdp_dsr_push6(ctx, front_addr, front_port);
-	struct ethhdr *eth = (void *)(long)ctx->data;
-	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
-		return xdp_accel_count(XDP_ACCEL_PASS_SHAPE, XDP_PASS);
-	return xdp_accel_send(ctx, eth, hop);
+	return xdp_accel_send_pushed(ctx, hop);
 }
 
 /* xdp_accel_v6: an IPv6 frame, after the prefilter let it through; what
