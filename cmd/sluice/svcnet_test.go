@@ -43,7 +43,7 @@ type serviceProbe struct {
 func TestUnservedServiceAddressesBesideKubeProxy(t *testing.T) {
 	kubeProxy := kubeProxyBinary(t)
 	m := newMigrationNode(t)
-	web, dns := m.clusterIPs(t)
+	web, dns, _, dns6 := m.clusterIPs(t)
 	unallocated := netip.MustParseAddr("10.96.255.254")
 	svcs, err := m.api.Client.CoreV1().Services("").List(context.Background(), metav1.ListOptions{})
 	if err != nil {
@@ -98,7 +98,7 @@ func TestUnservedServiceAddressesBesideKubeProxy(t *testing.T) {
 
 	none := runAll()
 
-	kp := m.startKubeProxy(t, kubeProxy, dns)
+	kp := m.startKubeProxy(t, kubeProxy, dns, dns6)
 	var rules []byte
 	waitFor(t, 30*time.Second, "kube-proxy drops the ServiceCIDR's unallocated addresses", func() bool {
 		rules, _ = m.node.Command("nft", "list", "chain", "ip", "kube-proxy", "cluster-ips-check").CombinedOutput()

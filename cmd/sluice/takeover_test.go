@@ -24,11 +24,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// The migration test: a node where kube-proxy (nftables mode, driven by a
-// real API server) serves 20 Services, with connections open through it —
-// 30 pod -> ClusterIP TCP connections, 10 external -> NodePort ones, a pod's
-// UDP session to a ClusterIP and an external client's to a NodePort, each
-// exchanging a message every 200 ms. Sluice's agent starts and programs the
+// The migration test: a dual-stack node where kube-proxy (nftables mode,
+// driven by a real API server) serves 20 IPv4 and 5 IPv6 Services, with
+// connections open through it — 30 pod -> ClusterIP TCP connections, 10
+// external -> NodePort ones, 6 pod -> IPv6 ClusterIP ones, a pod's UDP
+// session to a ClusterIP of each family and an external client's to a
+// NodePort, each exchanging a message every 200 ms. Sluice's agent starts and programs the
 // node; kube-proxy stops and `kube-proxy --cleanup` removes its rules.
 // Later the reverse: kube-proxy starts again, the agent stops, and `sluice
 // cleanup` hands the connections back and removes Sluice. Every connection
@@ -87,13 +88,20 @@ const (
 
 func newMigrationNode(t *testing.T) *migrationNode {
 	m := &migrationNode{node: bpftest.NewNetNS(t), dir: t.TempDir()}
-	for _, s := range []string{"net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"} {
+	for _, s := range []string{"net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0",
+		"net.ipv6.conf.all.forwarding=1"} {
 		m.node.Run("sysctl", "-qw", s)
 	}
-	var backends []string
+	var backends, backends6 []string
 	for i := range 5 {
-		ip := fmt.Sprintf("10.20%d.0.2", i)
-		pod := bpftest.NewPod(t, m.node, fmt.Sprintf("slw%d", i), netip.MustParsePrefix(ip+"/24"), netip.MustParseAddr(fmt.Sprintf("10.20%d.0.1", i)))
+		ip, ip6 := fmt.Sprintf("10.20%d.0.2", i), fmt.Sprintf("fd00:20%d::2", i)
+		iface := fmt.Sprintf("slw%d", i)
+		pod := bpftest.NewPod(t, m.node, iface, netip.MustParsePrefix(ip+"/24"), netip.MustParseAddr(fmt.Sprintf("10.20%d.0.1", i)))
+		// The pod's IPv6 address beside its IPv4 one, as a dual-stack CNI
+		// gives it (nodad: usable at once).
+		m.node.Run("ip", "-6", "addr", "add", fmt.Sprintf("fd00:20%d::1/64", i), "dev", iface, "nodad")
+		pod.Run("ip", "-6", "addr", "add", ip6+"/64", "dev", "eth0", "nodad")
+		pod.Run("ip", "-6", "route", "add", "default", "via", fmt.Sprintf("fd00:20%d::1", i))
 		if i < 2 {
 			m.clients = append(m.clients, pod)
 			continue
@@ -101,7 +109,9 @@ func newMigrationNode(t *testing.T) *migrationNode {
 		name := fmt.Sprintf("b%d", i-1)
 		bpftest.ServeTCP(t, pod, name, ":8080")
 		bpftest.ServeUDPEcho(t, pod, name, ":5353")
-		backends = append(backends, ip)
+		bpftest.ServeTCP(t, pod, name, "[::]:8080")
+		bpftest.ServeUDPEcho(t, pod, name, "[::]:5353")
+		backends, backends6 = append(backends, ip), append(backends6, ip6)
 	}
 	m.external = bpftest.NewPod(t, m.node, "sldata0", netip.MustParsePrefix("10.210.0.2/24"), netip.MustParseAddr(migrationNodeIP))
 	m.pinDir = filepath.Join(bpftest.PinDir(t), "sluice")
@@ -110,7 +120,7 @@ func newMigrationNode(t *testing.T) *migrationNode {
 		t.Fatal(err)
 	}
 
-	m.api = apiservertest.StartIn(t, m.node)
+	m.api = apiservertest.StartIn(t, m.node, apiservertest.ServiceCIDR("10.96.0.0/16,fd00:96::/112"))
 	ctx := context.Background()
 	c := m.api.Client
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node"},
@@ -130,6 +140,15 @@ func newMigrationNode(t *testing.T) *migrationNode {
 	m.createService(t, "dns", v1.ServiceSpec{Type: v1.ServiceTypeNodePort,
 		Ports: []v1.ServicePort{{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP, TargetPort: intstr.FromInt(5353), NodePort: udpNodePort}}},
 		v1.ProtocolUDP, 5353, backends)
+	single6 := v1.IPFamilyPolicySingleStack
+	for i := range 5 {
+		m.createService(t, fmt.Sprintf("web6-%d", i), v1.ServiceSpec{IPFamilies: []v1.IPFamily{v1.IPv6Protocol}, IPFamilyPolicy: &single6,
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt(8080)}}},
+			v1.ProtocolTCP, 8080, backends6)
+	}
+	m.createService(t, "dns6", v1.ServiceSpec{IPFamilies: []v1.IPFamily{v1.IPv6Protocol}, IPFamilyPolicy: &single6,
+		Ports: []v1.ServicePort{{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP, TargetPort: intstr.FromInt(5353)}}},
+		v1.ProtocolUDP, 5353, backends6)
 	return m
 }
 
@@ -146,45 +165,56 @@ func (m *migrationNode) createService(t *testing.T, name string, spec v1.Service
 		eps = append(eps, discovery.Endpoint{Addresses: []string{be}, NodeName: &nodeName,
 			Conditions: discovery.EndpointConditions{Ready: &ready}})
 	}
+	addressType := discovery.AddressTypeIPv4
+	if netip.MustParseAddr(backends[0]).Is6() {
+		addressType = discovery.AddressTypeIPv6
+	}
 	slice := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: name + "-1", Labels: map[string]string{discovery.LabelServiceName: name}},
-		AddressType: discovery.AddressTypeIPv4, Endpoints: eps,
+		AddressType: addressType, Endpoints: eps,
 		Ports: []discovery.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}}}
 	if _, err := m.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// clusterIPs are the Services' addresses: web0..web19 on port 80, then dns
-// on 53.
-func (m *migrationNode) clusterIPs(t *testing.T) (web []netip.AddrPort, dns netip.AddrPort) {
+// clusterIP is a Service's address, with port.
+func (m *migrationNode) clusterIP(t *testing.T, name string, port uint16) netip.AddrPort {
 	t.Helper()
-	for i := range 20 {
-		svc, err := m.api.Client.CoreV1().Services("default").Get(context.Background(), fmt.Sprintf("web%d", i), metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		web = append(web, netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80))
-	}
-	svc, err := m.api.Client.CoreV1().Services("default").Get(context.Background(), "dns", metav1.GetOptions{})
+	svc, err := m.api.Client.CoreV1().Services("default").Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return web, netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 53)
+	return netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), port)
+}
+
+// clusterIPs are the Services' addresses: web0..web19 on port 80, then dns
+// on 53; web6-0..web6-4 and dns6, the IPv6 ones.
+func (m *migrationNode) clusterIPs(t *testing.T) (web []netip.AddrPort, dns netip.AddrPort, web6 []netip.AddrPort, dns6 netip.AddrPort) {
+	t.Helper()
+	for i := range 20 {
+		web = append(web, m.clusterIP(t, fmt.Sprintf("web%d", i), 80))
+	}
+	for i := range 5 {
+		web6 = append(web6, m.clusterIP(t, fmt.Sprintf("web6-%d", i), 80))
+	}
+	return web, m.clusterIP(t, "dns", 53), web6, m.clusterIP(t, "dns6", 53)
 }
 
 // startKubeProxy runs kube-proxy in nftables mode until stopped (or the test
-// ends) and waits until it serves the last Service.
-func (m *migrationNode) startKubeProxy(t *testing.T, bin string, last netip.AddrPort) *os.Process {
+// ends) and waits until it serves the last Service of each family.
+func (m *migrationNode) startKubeProxy(t *testing.T, bin string, last, last6 netip.AddrPort) *os.Process {
 	t.Helper()
 	p := apiservertest.StartProcess(t, m.node, filepath.Join(m.dir, fmt.Sprintf("kube-proxy-%d.log", time.Now().UnixNano())),
 		bin, "--kubeconfig", m.api.Kubeconfig, "--hostname-override", "node", "--proxy-mode", "nftables",
 		"--conntrack-max-per-core=0", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
 		"--v=0", "--iptables-min-sync-period=0s")
 	var out []byte
-	waitFor(t, 30*time.Second, fmt.Sprintf("kube-proxy programs %v", last), func() bool {
-		out, _ = m.node.Command("nft", "list", "table", "ip", "kube-proxy").CombinedOutput()
-		return strings.Contains(string(out), last.Addr().String())
-	}, func() string { return string(out) })
+	for table, addr := range map[string]netip.Addr{"ip": last.Addr(), "ip6": last6.Addr()} {
+		waitFor(t, 30*time.Second, fmt.Sprintf("kube-proxy programs %v", addr), func() bool {
+			out, _ = m.node.Command("nft", "list", "table", table, "kube-proxy").CombinedOutput()
+			return strings.Contains(string(out), addr.String())
+		}, func() string { return string(out) })
+	}
 	return p
 }
 
@@ -244,7 +274,7 @@ func (p *phase) get() string  { p.mu.Lock(); defer p.mu.Unlock(); return p.name 
 func startTCPSession(t *testing.T, ctx context.Context, wg *sync.WaitGroup, ns *bpftest.NetNS, to netip.AddrPort, name string, ph *phase) *session {
 	t.Helper()
 	var c net.Conn
-	if err := ns.Do(func() (err error) { c, err = net.DialTimeout("tcp4", to.String(), 2*time.Second); return err }); err != nil {
+	if err := ns.Do(func() (err error) { c, err = net.DialTimeout("tcp", to.String(), 2*time.Second); return err }); err != nil {
 		t.Fatalf("%s: dial %v: %v", name, to, err)
 	}
 	s := &session{name: name}
@@ -276,7 +306,11 @@ func startTCPSession(t *testing.T, ctx context.Context, wg *sync.WaitGroup, ns *
 func startUDPSession(t *testing.T, ctx context.Context, wg *sync.WaitGroup, ns *bpftest.NetNS, to netip.AddrPort, name string, ph *phase) *session {
 	t.Helper()
 	var c *net.UDPConn
-	if err := ns.Do(func() (err error) { c, err = net.ListenUDP("udp4", nil); return err }); err != nil {
+	network := "udp4"
+	if to.Addr().Is6() {
+		network = "udp6"
+	}
+	if err := ns.Do(func() (err error) { c, err = net.ListenUDP(network, nil); return err }); err != nil {
 		t.Fatal(err)
 	}
 	s := &session{name: name}
@@ -312,25 +346,29 @@ func startUDPSession(t *testing.T, ctx context.Context, wg *sync.WaitGroup, ns *
 
 func migrate(t *testing.T, kubeProxyBin string) {
 	m := newMigrationNode(t)
-	web, dns := m.clusterIPs(t)
-	kp := m.startKubeProxy(t, kubeProxyBin, dns)
+	web, dns, web6, dns6 := m.clusterIPs(t)
+	kp := m.startKubeProxy(t, kubeProxyBin, dns, dns6)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	ph := &phase{name: "kube-proxy"}
-	var podTCP, extTCP, udp []*session
+	var podTCP, extTCP, udp, pod6TCP []*session
 	for i := range 30 {
 		podTCP = append(podTCP, startTCPSession(t, ctx, &wg, m.clients[i%2], web[i%20], fmt.Sprintf("pod-tcp-%d", i), ph))
+	}
+	for i := range 6 {
+		pod6TCP = append(pod6TCP, startTCPSession(t, ctx, &wg, m.clients[i%2], web6[i%5], fmt.Sprintf("pod-tcp6-%d", i), ph))
 	}
 	nodePort := netip.MustParseAddrPort(fmt.Sprintf("%s:%d", migrationNodeIP, tcpNodePort))
 	for i := range 10 {
 		extTCP = append(extTCP, startTCPSession(t, ctx, &wg, m.external, nodePort, fmt.Sprintf("ext-tcp-%d", i), ph))
 	}
 	udp = append(udp, startUDPSession(t, ctx, &wg, m.clients[0], dns, "pod-udp", ph),
-		startUDPSession(t, ctx, &wg, m.external, netip.MustParseAddrPort(fmt.Sprintf("%s:%d", migrationNodeIP, udpNodePort)), "ext-udp", ph))
+		startUDPSession(t, ctx, &wg, m.external, netip.MustParseAddrPort(fmt.Sprintf("%s:%d", migrationNodeIP, udpNodePort)), "ext-udp", ph),
+		startUDPSession(t, ctx, &wg, m.clients[1], dns6, "pod-udp6", ph))
 	time.Sleep(time.Second)
-	sessions := append(append(append([]*session(nil), podTCP...), extTCP...), udp...)
+	sessions := append(append(append(append([]*session(nil), podTCP...), extTCP...), pod6TCP...), udp...)
 	initial := map[string]string{}
 	for _, s := range sessions {
 		b, n, faults := s.result()
@@ -347,6 +385,7 @@ func migrate(t *testing.T, kubeProxyBin string) {
 		"--bpf-pin-dir", m.pinDir, "--workload-iface-prefixes", "slw", "--data-ifaces", "^sldata", "--cgroup=",
 		"--healthz-bind-address=", "--metrics-bind-address="+metricsAddr, "--min-sync-period=0s")
 	agent.waitProgrammed(t, m.pinDir, dns.String(), 6)
+	agent.waitProgrammed(t, m.pinDir, dns6.Addr().String(), 6)
 	waitLog(t, agent, "pass=2")
 	ph.set("sluice-with-kube-proxy")
 	time.Sleep(time.Second)
@@ -362,13 +401,13 @@ func migrate(t *testing.T, kubeProxyBin string) {
 	ph.set("sluice-alone")
 	mark := answered(sessions)
 	time.Sleep(3 * time.Second) // longer than a request's deadline
-	takeoverTable := tally(t, "kube-proxy -> Sluice", podTCP, extTCP, udp, initial, mark)
+	takeoverTable := tally(t, "kube-proxy -> Sluice", podTCP, extTCP, pod6TCP, udp, initial, mark)
 	t.Log(takeoverTable)
 	adopted := takeoverMetric(t, m.node, metricsAddr, "adopted")
 
 	// Sluice -> kube-proxy.
 	ph.set("kube-proxy-starting-beside-sluice")
-	kp = m.startKubeProxy(t, kubeProxyBin, dns)
+	kp = m.startKubeProxy(t, kubeProxyBin, dns, dns6)
 	defer stopProcess(kp)
 	ph.set("agent-stopping")
 	agent.stop()
@@ -387,20 +426,20 @@ func migrate(t *testing.T, kubeProxyBin string) {
 	ph.set("kube-proxy-alone")
 	mark = answered(sessions)
 	time.Sleep(3 * time.Second)
-	handBackTable := tally(t, "Sluice -> kube-proxy", podTCP, extTCP, udp, initial, mark)
+	handBackTable := tally(t, "Sluice -> kube-proxy", podTCP, extTCP, pod6TCP, udp, initial, mark)
 	cancel()
 	wg.Wait()
 
-	t.Logf("\n| switch | pod->ClusterIP TCP | external->NodePort TCP | UDP sessions |\n|---|---|---|---|\n%s\n%s", takeoverTable, handBackTable)
+	t.Logf("\n| switch | pod->ClusterIP TCP | external->NodePort TCP | pod->IPv6 ClusterIP TCP | UDP sessions |\n|---|---|---|---|---|\n%s\n%s", takeoverTable, handBackTable)
 	for _, s := range sessions {
 		b, n, faults := s.result()
 		if len(faults) > 0 || b != initial[s.name] {
 			t.Errorf("%s (%d answers, backend %s, was %s): %s", s.name, n, b, initial[s.name], strings.Join(faults, "; "))
 		}
 	}
-	// 30 + 10 TCP and 2 UDP, each netfilter's, adopted.
-	if adopted < 42 {
-		t.Errorf("sluice_takeover_flows_total{result=\"adopted\"} = %v, want at least 42\n%s", adopted, agent.logs())
+	// 30 + 10 + 6 TCP and 3 UDP, each netfilter's, adopted.
+	if adopted < 49 {
+		t.Errorf("sluice_takeover_flows_total{result=\"adopted\"} = %v, want at least 49\n%s", adopted, agent.logs())
 	}
 	if !strings.Contains(string(out), "handed ") {
 		t.Errorf("sluice cleanup did not report the hand-back:\n%s", out)
@@ -423,7 +462,7 @@ func answered(sessions []*session) map[*session]int {
 // kind: no fault, and answered at least 5 times since mark (3 s at one
 // message every 200 ms), so that a session stuck in a request counts as
 // lost even before its deadline.
-func tally(t *testing.T, name string, podTCP, extTCP, udp []*session, initial map[string]string, mark map[*session]int) string {
+func tally(t *testing.T, name string, podTCP, extTCP, pod6TCP, udp []*session, initial map[string]string, mark map[*session]int) string {
 	t.Helper()
 	count := func(ss []*session) string {
 		ok := 0
@@ -434,7 +473,7 @@ func tally(t *testing.T, name string, podTCP, extTCP, udp []*session, initial ma
 		}
 		return fmt.Sprintf("%d/%d", ok, len(ss))
 	}
-	return fmt.Sprintf("| %s | %s | %s | %s |", name, count(podTCP), count(extTCP), count(udp))
+	return fmt.Sprintf("| %s | %s | %s | %s | %s |", name, count(podTCP), count(extTCP), count(pod6TCP), count(udp))
 }
 
 func waitLog(t *testing.T, p *agentProc, what string) {
