@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,11 +26,11 @@ import (
 )
 
 // The migration test: a dual-stack node where kube-proxy (nftables mode,
-// driven by a real API server) serves 20 IPv4 and 5 IPv6 Services, with
-// connections open through it — 30 pod -> ClusterIP TCP connections, 10
-// external -> NodePort ones, 6 pod -> IPv6 ClusterIP ones, a pod's UDP
-// session to a ClusterIP of each family and an external client's to a
-// NodePort, each exchanging a message every 200 ms. Sluice's agent starts and programs the
+// driven by a real API server) serves 20 IPv4 and 6 IPv6 Services, with
+// connections open through it — 30 pod -> ClusterIP TCP connections and 10
+// external -> NodePort ones, 6 and 4 of each over IPv6, a pod's UDP session
+// to a ClusterIP of each family and an external client's to a NodePort, each
+// exchanging a message every 200 ms. Sluice's agent starts and programs the
 // node; kube-proxy stops and `kube-proxy --cleanup` removes its rules.
 // Later the reverse: kube-proxy starts again, the agent stops, and `sluice
 // cleanup` hands the connections back and removes Sluice. Every connection
@@ -81,9 +82,11 @@ type migrationNode struct {
 }
 
 const (
-	migrationNodeIP = "10.210.0.1"
-	tcpNodePort     = 30080
-	udpNodePort     = 30053
+	migrationNodeIP  = "10.210.0.1"
+	migrationNodeIP6 = "fd00:210::1"
+	tcpNodePort      = 30080
+	tcpNodePort6     = 30081
+	udpNodePort      = 30053
 )
 
 func newMigrationNode(t *testing.T) *migrationNode {
@@ -114,6 +117,9 @@ func newMigrationNode(t *testing.T) *migrationNode {
 		backends, backends6 = append(backends, ip), append(backends6, ip6)
 	}
 	m.external = bpftest.NewPod(t, m.node, "sldata0", netip.MustParsePrefix("10.210.0.2/24"), netip.MustParseAddr(migrationNodeIP))
+	m.node.Run("ip", "-6", "addr", "add", migrationNodeIP6+"/64", "dev", "sldata0", "nodad")
+	m.external.Run("ip", "-6", "addr", "add", "fd00:210::2/64", "dev", "eth0", "nodad")
+	m.external.Run("ip", "-6", "route", "add", "default", "via", migrationNodeIP6)
 	m.pinDir = filepath.Join(bpftest.PinDir(t), "sluice")
 	var err error
 	if m.log, err = os.Create(filepath.Join(m.dir, "agent.log")); err != nil {
@@ -124,7 +130,8 @@ func newMigrationNode(t *testing.T) *migrationNode {
 	ctx := context.Background()
 	c := m.api.Client
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node"},
-		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: migrationNodeIP}}}}
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: migrationNodeIP},
+			{Type: v1.NodeInternalIP, Address: migrationNodeIP6}}}}
 	if _, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -142,9 +149,13 @@ func newMigrationNode(t *testing.T) *migrationNode {
 		v1.ProtocolUDP, 5353, backends)
 	single6 := v1.IPFamilyPolicySingleStack
 	for i := range 5 {
-		m.createService(t, fmt.Sprintf("web6-%d", i), v1.ServiceSpec{IPFamilies: []v1.IPFamily{v1.IPv6Protocol}, IPFamilyPolicy: &single6,
-			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt(8080)}}},
-			v1.ProtocolTCP, 8080, backends6)
+		spec := v1.ServiceSpec{IPFamilies: []v1.IPFamily{v1.IPv6Protocol}, IPFamilyPolicy: &single6,
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt(8080)}}}
+		if i == 0 {
+			spec.Type = v1.ServiceTypeNodePort
+			spec.Ports[0].NodePort = tcpNodePort6
+		}
+		m.createService(t, fmt.Sprintf("web6-%d", i), spec, v1.ProtocolTCP, 8080, backends6)
 	}
 	m.createService(t, "dns6", v1.ServiceSpec{IPFamilies: []v1.IPFamily{v1.IPv6Protocol}, IPFamilyPolicy: &single6,
 		Ports: []v1.ServicePort{{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP, TargetPort: intstr.FromInt(5353)}}},
@@ -353,7 +364,7 @@ func migrate(t *testing.T, kubeProxyBin string) {
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	ph := &phase{name: "kube-proxy"}
-	var podTCP, extTCP, udp, pod6TCP []*session
+	var podTCP, extTCP, udp, pod6TCP, ext6TCP []*session
 	for i := range 30 {
 		podTCP = append(podTCP, startTCPSession(t, ctx, &wg, m.clients[i%2], web[i%20], fmt.Sprintf("pod-tcp-%d", i), ph))
 	}
@@ -364,11 +375,15 @@ func migrate(t *testing.T, kubeProxyBin string) {
 	for i := range 10 {
 		extTCP = append(extTCP, startTCPSession(t, ctx, &wg, m.external, nodePort, fmt.Sprintf("ext-tcp-%d", i), ph))
 	}
+	nodePort6 := netip.AddrPortFrom(netip.MustParseAddr(migrationNodeIP6), tcpNodePort6)
+	for i := range 4 {
+		ext6TCP = append(ext6TCP, startTCPSession(t, ctx, &wg, m.external, nodePort6, fmt.Sprintf("ext-tcp6-%d", i), ph))
+	}
 	udp = append(udp, startUDPSession(t, ctx, &wg, m.clients[0], dns, "pod-udp", ph),
 		startUDPSession(t, ctx, &wg, m.external, netip.MustParseAddrPort(fmt.Sprintf("%s:%d", migrationNodeIP, udpNodePort)), "ext-udp", ph),
 		startUDPSession(t, ctx, &wg, m.clients[1], dns6, "pod-udp6", ph))
 	time.Sleep(time.Second)
-	sessions := append(append(append(append([]*session(nil), podTCP...), extTCP...), pod6TCP...), udp...)
+	sessions := slices.Concat(podTCP, extTCP, pod6TCP, ext6TCP, udp)
 	initial := map[string]string{}
 	for _, s := range sessions {
 		b, n, faults := s.result()
@@ -401,7 +416,7 @@ func migrate(t *testing.T, kubeProxyBin string) {
 	ph.set("sluice-alone")
 	mark := answered(sessions)
 	time.Sleep(3 * time.Second) // longer than a request's deadline
-	takeoverTable := tally(t, "kube-proxy -> Sluice", podTCP, extTCP, pod6TCP, udp, initial, mark)
+	takeoverTable := tally("kube-proxy -> Sluice", initial, mark, podTCP, extTCP, pod6TCP, ext6TCP, udp)
 	t.Log(takeoverTable)
 	adopted := takeoverMetric(t, m.node, metricsAddr, "adopted")
 
@@ -426,20 +441,20 @@ func migrate(t *testing.T, kubeProxyBin string) {
 	ph.set("kube-proxy-alone")
 	mark = answered(sessions)
 	time.Sleep(3 * time.Second)
-	handBackTable := tally(t, "Sluice -> kube-proxy", podTCP, extTCP, pod6TCP, udp, initial, mark)
+	handBackTable := tally("Sluice -> kube-proxy", initial, mark, podTCP, extTCP, pod6TCP, ext6TCP, udp)
 	cancel()
 	wg.Wait()
 
-	t.Logf("\n| switch | pod->ClusterIP TCP | external->NodePort TCP | pod->IPv6 ClusterIP TCP | UDP sessions |\n|---|---|---|---|---|\n%s\n%s", takeoverTable, handBackTable)
+	t.Logf("\n| switch | pod->ClusterIP TCP | external->NodePort TCP | pod->IPv6 ClusterIP TCP | external->IPv6 NodePort TCP | UDP sessions |\n|---|---|---|---|---|---|\n%s\n%s", takeoverTable, handBackTable)
 	for _, s := range sessions {
 		b, n, faults := s.result()
 		if len(faults) > 0 || b != initial[s.name] {
 			t.Errorf("%s (%d answers, backend %s, was %s): %s", s.name, n, b, initial[s.name], strings.Join(faults, "; "))
 		}
 	}
-	// 30 + 10 + 6 TCP and 3 UDP, each netfilter's, adopted.
-	if adopted < 49 {
-		t.Errorf("sluice_takeover_flows_total{result=\"adopted\"} = %v, want at least 49\n%s", adopted, agent.logs())
+	// 30 + 10 + 6 + 4 TCP and 3 UDP, each netfilter's, adopted.
+	if adopted < 53 {
+		t.Errorf("sluice_takeover_flows_total{result=\"adopted\"} = %v, want at least 53\n%s", adopted, agent.logs())
 	}
 	if !strings.Contains(string(out), "handed ") {
 		t.Errorf("sluice cleanup did not report the hand-back:\n%s", out)
@@ -459,11 +474,10 @@ func answered(sessions []*session) map[*session]int {
 }
 
 // tally is one row of the table: sessions alive on their first backend, by
-// kind: no fault, and answered at least 5 times since mark (3 s at one
-// message every 200 ms), so that a session stuck in a request counts as
-// lost even before its deadline.
-func tally(t *testing.T, name string, podTCP, extTCP, pod6TCP, udp []*session, initial map[string]string, mark map[*session]int) string {
-	t.Helper()
+// kind (a column each): no fault, and answered at least 5 times since mark
+// (3 s at one message every 200 ms), so that a session stuck in a request
+// counts as lost even before its deadline.
+func tally(name string, initial map[string]string, mark map[*session]int, kinds ...[]*session) string {
 	count := func(ss []*session) string {
 		ok := 0
 		for _, s := range ss {
@@ -473,7 +487,11 @@ func tally(t *testing.T, name string, podTCP, extTCP, pod6TCP, udp []*session, i
 		}
 		return fmt.Sprintf("%d/%d", ok, len(ss))
 	}
-	return fmt.Sprintf("| %s | %s | %s | %s | %s |", name, count(podTCP), count(extTCP), count(pod6TCP), count(udp))
+	row := "| " + name + " |"
+	for _, ss := range kinds {
+		row += " " + count(ss) + " |"
+	}
+	return row
 }
 
 func waitLog(t *testing.T, p *agentProc, what string) {
