@@ -179,48 +179,67 @@ func (e *baselineEnv) scrape(b *testing.B, url string) int {
 func (e *baselineEnv) createServicesWithEndpoints(b *testing.B, n, perService int) {
 	ctx := context.Background()
 	inParallel(b, 16, n, func(i int) error {
-		name := fmt.Sprintf("m%d", i)
-		// As `kubectl apply` of a Helm-labelled manifest creates it:
-		// the manifest in the last-applied annotation, and the
-		// API server's managedFields for kubectl's field manager.
-		svc := &v1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{
-				"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod", "app.kubernetes.io/version": "1.24.3",
-				"app.kubernetes.io/component": "server", "app.kubernetes.io/part-of": "shop", "app.kubernetes.io/managed-by": "Helm",
-				"helm.sh/chart": "shop-server-4.2.1", "team": "checkout"}},
-			Spec: v1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod"},
-				Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromString("http")}}}}
-		applied, err := json.Marshal(svc)
+		svc, err := manifestService(i)
 		if err != nil {
 			return err
 		}
-		svc.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": string(applied) + "\n",
-			"meta.helm.sh/release-name": name + "-prod", "meta.helm.sh/release-namespace": "default"}
 		if _, err := e.api.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{FieldManager: "kubectl-client-side-apply"}); err != nil {
 			return err
 		}
-		var addrs []string
-		for j := range perService {
-			addrs = append(addrs, fmt.Sprintf("10.%d.%d.%d", 100+j, (i>>8)&0xff, i&0xff))
-		}
-		s := slice(name, 8080, addrs...)
-		// What the EndpointSlice controller writes besides the
-		// endpoints: its owner, its labels, and the Pod behind
-		// each endpoint.
-		s.Annotations = map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": time.Now().UTC().Format(time.RFC3339)}
-		s.Labels["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
-		s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name,
-			UID: types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", i)), Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}
-		for j := range s.Endpoints {
-			s.Endpoints[j].Conditions = discovery.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)}
-			s.Endpoints[j].NodeName = ptr(fmt.Sprintf("node-%d", j))
-			s.Endpoints[j].TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: "default", Name: fmt.Sprintf("%s-%d-x7k2p", name, j),
-				UID: types.UID(fmt.Sprintf("00000000-0000-0000-%04d-%012d", j, i))}
-		}
-		_, err = e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, s, metav1.CreateOptions{FieldManager: "endpointslice-controller"})
+		_, err = e.api.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, controllerSlice(i, perService), metav1.CreateOptions{FieldManager: "endpointslice-controller"})
 		return err
 	})
 }
+
+// manifestService is Service i (named m<i>) as `kubectl apply` of a
+// Helm-labelled manifest creates it: the manifest in the last-applied
+// annotation (the API server adds managedFields for kubectl's field
+// manager).
+func manifestService(i int) (*v1.Service, error) {
+	name := fmt.Sprintf("m%d", i)
+	svc := &v1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{
+			"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod", "app.kubernetes.io/version": "1.24.3",
+			"app.kubernetes.io/component": "server", "app.kubernetes.io/part-of": "shop", "app.kubernetes.io/managed-by": "Helm",
+			"helm.sh/chart": "shop-server-4.2.1", "team": "checkout"}},
+		Spec: v1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod"},
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromString("http")}}}}
+	applied, err := json.Marshal(svc)
+	if err != nil {
+		return nil, err
+	}
+	svc.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": string(applied) + "\n",
+		"meta.helm.sh/release-name": name + "-prod", "meta.helm.sh/release-namespace": "default"}
+	return svc, nil
+}
+
+// controllerSlice is Service i's EndpointSlice of perService endpoints as
+// the EndpointSlice controller writes it: besides the endpoints, its
+// owner, its labels, and the Pod behind each endpoint.
+func controllerSlice(i, perService int) *discovery.EndpointSlice {
+	name := fmt.Sprintf("m%d", i)
+	var addrs []string
+	for j := range perService {
+		addrs = append(addrs, fmt.Sprintf("10.%d.%d.%d", 100+j, (i>>8)&0xff, i&0xff))
+	}
+	s := slice(name, 8080, addrs...)
+	s.Namespace = "default"
+	s.Annotations = map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": time.Now().UTC().Format(time.RFC3339)}
+	s.Labels["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
+	s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name,
+		UID: serviceUID(i), Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}
+	for j := range s.Endpoints {
+		s.Endpoints[j].Conditions = discovery.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)}
+		s.Endpoints[j].NodeName = ptr(fmt.Sprintf("node-%d", j))
+		s.Endpoints[j].TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: "default", Name: fmt.Sprintf("%s-%d-x7k2p", name, j),
+			UID: types.UID(fmt.Sprintf("00000000-0000-0000-%04d-%012d", j, i))}
+	}
+	return s
+}
+
+// serviceUID is the UID Service i is given where the benchmark stores it
+// itself (storeServicesWithEndpoints), and its slice's owner's.
+func serviceUID(i int) types.UID { return types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", i)) }
 
 // inParallel calls do for 0..n-1 from workers goroutines (item i on worker
 // i mod workers), as many API clients creating objects at once; the first

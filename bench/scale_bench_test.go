@@ -31,10 +31,17 @@ const scaleServiceCIDR = "10.64.0.0/12"
 //     rchar: its lists and watches of the API server, nearly all of it);
 //   - rss-MB at the end.
 //
+// The N objects arrive two ways: via=api creates them through the API
+// server; via=etcd writes them straight into its etcd, which its watch
+// cache follows (storeServicesWithEndpoints): the API server creates a
+// Service in O(N), so 100,000 through it take hours. The last objects are
+// created through the API server either way.
+//
 // CI: 100 Services. SLUICE_BENCH_FULL=1: 10,000 and 100,000.
-// SLUICE_BENCH_SCALE_SIZES=a,b chooses the sizes; SLUICE_BENCH_SCALE_WAIT
-// bounds the wait for the last object (default 10m): a proxy that takes
-// longer is reported with timed-out 1 and the bound as its time.
+// SLUICE_BENCH_SCALE_SIZES=a,b chooses the sizes, SLUICE_BENCH_SCALE_VIA
+// one way; SLUICE_BENCH_SCALE_WAIT bounds the wait for the last object
+// (default 10m): a proxy that takes longer is reported with timed-out 1 and
+// the bound as its time.
 func BenchmarkProgrammedAtScale(b *testing.B) {
 	bpftest.Require(b)
 	if _, _, err := apiservertest.Binaries(); err != nil {
@@ -62,24 +69,30 @@ func BenchmarkProgrammedAtScale(b *testing.B) {
 			b.Fatalf("SLUICE_BENCH_SCALE_WAIT: %v", err)
 		}
 	}
+	vias := []string{"api", "etcd"}
+	if s := os.Getenv("SLUICE_BENCH_SCALE_VIA"); s != "" {
+		vias = []string{s}
+	}
 	for _, n := range sizes {
-		for _, proxy := range []string{"sluice", "nftables"} {
-			b.Run(fmt.Sprintf("services=%d/%s", n, proxy), func(b *testing.B) {
-				var at programmedAtScale
-				measured := false
-				for b.Loop() {
-					if !measured { // once: b.N's growth reuses it
-						at, measured = programmedAt(b, proxy, n, sluice, kubeProxy, wait), true
+		for _, via := range vias {
+			for _, proxy := range []string{"sluice", "nftables"} {
+				b.Run(fmt.Sprintf("services=%d/via=%s/%s", n, via, proxy), func(b *testing.B) {
+					var at programmedAtScale
+					measured := false
+					for b.Loop() {
+						if !measured { // once: b.N's growth reuses it
+							at, measured = programmedAt(b, proxy, via, n, sluice, kubeProxy, wait), true
+						}
 					}
-				}
-				b.ReportMetric(at.createS, "create-s")
-				b.ReportMetric(at.afterLastMs, "after-last-ms")
-				b.ReportMetric(at.timedOut, "timed-out")
-				b.ReportMetric(at.changeMs, "change-ms")
-				b.ReportMetric(at.cpuS, "cpu-s")
-				b.ReportMetric(at.readMB, "read-MB")
-				b.ReportMetric(at.rss.total, "rss-MB")
-			})
+					b.ReportMetric(at.createS, "create-s")
+					b.ReportMetric(at.afterLastMs, "after-last-ms")
+					b.ReportMetric(at.timedOut, "timed-out")
+					b.ReportMetric(at.changeMs, "change-ms")
+					b.ReportMetric(at.cpuS, "cpu-s")
+					b.ReportMetric(at.readMB, "read-MB")
+					b.ReportMetric(at.rss.total, "rss-MB")
+				})
+			}
 		}
 	}
 }
@@ -91,7 +104,7 @@ type programmedAtScale struct {
 	rss                            residentMemory
 }
 
-func programmedAt(b *testing.B, proxy string, n int, sluice, kubeProxy string, wait time.Duration) programmedAtScale {
+func programmedAt(b *testing.B, proxy, via string, n int, sluice, kubeProxy string, wait time.Duration) programmedAtScale {
 	e := newDirectEnv(b)
 	e.api = apiservertest.StartIn(b, e.node, apiservertest.ServiceCIDR(scaleServiceCIDR))
 	p := e.startProxy(b, proxy, sluice, kubeProxy)
@@ -101,7 +114,14 @@ func programmedAt(b *testing.B, proxy string, n int, sluice, kubeProxy string, w
 
 	cpu, read := processCPU(b, p.Pid), readBytes(b, p.Pid)
 	start := time.Now()
-	e.createServicesWithEndpoints(b, n, 10)
+	switch via {
+	case "api":
+		e.createServicesWithEndpoints(b, n, 10)
+	case "etcd":
+		e.storeServicesWithEndpoints(b, n, 10)
+	default:
+		b.Fatalf("SLUICE_BENCH_SCALE_VIA=%q: api or etcd", via)
+	}
 	var at programmedAtScale
 	at.createS = time.Since(start).Seconds()
 	probe := e.createServices(b, "probe", 1, e.backendIPs[0])

@@ -42,8 +42,14 @@ type Server struct {
 	Dir    string // kubeconfig and logs live here
 	// Kubeconfig is a kubeconfig file for the server (a system:masters token).
 	Kubeconfig string
-	token      string
-	ns         *bpftest.NetNS
+	// EtcdURL is the server's etcd, reached with Dial: a test may write
+	// objects straight into the store there (the server's watch cache
+	// follows it), where creating them through the server would take too
+	// long (each ClusterIP allocation walks every IPAddress object: N
+	// Services cost O(N²)).
+	EtcdURL string
+	token   string
+	ns      *bpftest.NetNS
 }
 
 // Dial connects from the server's namespace: the socket is made on a thread
@@ -208,7 +214,7 @@ func StartIn(tb testing.TB, ns *bpftest.NetNS, opts ...Option) *Server {
 		"--service-account-signing-key-file", keyFile, "--enable-priority-and-fairness=false",
 		"--disable-admission-plugins", "ServiceAccount", "--endpoint-reconciler-type", "none")
 
-	s := &Server{URL: "https://127.0.0.1:" + strconv.Itoa(apiPort), Dir: dir, token: token, ns: ns}
+	s := &Server{URL: "https://127.0.0.1:" + strconv.Itoa(apiPort), Dir: dir, token: token, ns: ns, EtcdURL: etcdURL}
 	s.Config = &rest.Config{Host: s.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}, QPS: 1000, Burst: 2000,
 		Dial: s.Dial}
 	if s.Client, err = kubernetes.NewForConfig(s.Config); err != nil {
