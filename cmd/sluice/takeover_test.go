@@ -26,7 +26,7 @@ import (
 )
 
 // The migration test: a dual-stack node where kube-proxy (nftables mode,
-// driven by a real API server) serves 20 IPv4 and 6 IPv6 Services, with
+// driven by a real API server) serves 21 IPv4 and 6 IPv6 Services, with
 // connections open through it — 30 pod -> ClusterIP TCP connections and 10
 // external -> NodePort ones, 6 and 4 of each over IPv6, a pod's UDP session
 // to a ClusterIP of each family and an external client's to a NodePort, each
